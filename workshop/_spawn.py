@@ -1,0 +1,35 @@
+"""Entry point of a rank started in a fresh interpreter (start_method="spawn").
+
+Run as ``python -m workshop._spawn PARENT_PID RESULT_FD`` with the pickled request on
+standard input and the rank's variables in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+
+from ._procs import die_with_parent
+
+
+def main() -> None:
+    parent, result_fd = int(sys.argv[1]), int(sys.argv[2])
+    die_with_parent(parent)
+    request = pickle.loads(sys.stdin.buffer.read())
+    from ._rank import child_main, prepare_stdio
+    from ._start import enter_request
+
+    prepare_stdio(1, 2)
+    try:
+        job = enter_request(request)
+    except BaseException as exc:
+        from ._rank import _error, write_message
+
+        write_message(result_fd, ("error", _error(exc), 0.0, 0.0))
+        os._exit(1)
+    child_main(job, result_fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Rank environment: who am I, how many are we, which backend and device.
+
+This is the one module that reads the variables launchers set. Every other part of the
+workshop asks it, so a worker behaves the same whether it was started from a notebook
+cell (``workshop.launch``), by ``torchrun``, by Slurm's ``srun`` or by Open MPI's
+``mpirun``.
+
+Order in which launchers are recognised (the first that matches wins):
+
+1. ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``: torchrun and ``workshop.launch``.
+2. ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_LOCAL_RANK``: mpirun.
+3. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``: srun (a step, not just a job).
+4. None of them: a single process, rank 0 of 1.
+
+Open MPI comes before Slurm because ``mpirun`` inside an allocation sees both sets and
+only Open MPI's describe its own processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "BACKENDS",
+    "RankInfo",
+    "SlurmAllocation",
+    "choose_backend",
+    "default_world_size",
+    "rank_info",
+    "slurm_allocation",
+    "visible_gpu_count",
+]
+
+#: Backends a user may ask for. "auto" picks NCCL or gloo, see :func:`choose_backend`.
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+
+# Set by workshop.launch: the rendezvous store at MASTER_ADDR:MASTER_PORT is served by
+# the launching process, so no rank hosts it (rank 0 would otherwise try to bind it).
+LAUNCHER_STORE_VAR = "WORKSHOP_LAUNCHER_STORE"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one process sits in a distributed job.
+
+    Attributes:
+        rank: global rank, 0 .. world_size-1.
+        local_rank: rank among the processes on this node (selects the GPU).
+        world_size: number of processes in the job.
+        local_world_size: number of processes on this node.
+        node_rank: index of this node, 0 .. nnodes-1.
+        master_addr: host of the rendezvous store (``MASTER_ADDR``), if known.
+        master_port: port of the rendezvous store (``MASTER_PORT``), if known.
+        launcher: who started the process: "workshop", "torchrun", "mpirun", "srun"
+            or "none".
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    launcher: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that prints, saves and plots."""
+        return self.rank == 0
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise KeyError(name)
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(
+            f"environment variable {name}={value!r} is not an integer; "
+            f"unset it or give it a whole number"
+        ) from None
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list ("gpu[003-005,9],cpu1" -> "gpu003").
+
+    ``scontrol show hostnames`` does this on a cluster; this covers the common forms so
+    a worker needs no subprocess to find its master.
+    """
+    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
+    prefix, bracket = match.group(1), match.group(3)
+    if not bracket:
+        return prefix
+    first = bracket.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
+    """Read this process's place in the job from its launcher's variables.
+
+    Args:
+        environ: variables to read; ``os.environ`` when omitted.
+
+    Returns:
+        A :class:`RankInfo`. With no launcher variables: rank 0 of 1.
+
+    Raises:
+        ValueError: a variable that must be an integer is not one, or the rank is not
+            inside ``0 .. world_size-1``.
+
+    Example:
+        >>> rank_info({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).rank
+        1
+    """
+    env = os.environ if environ is None else environ
+    master_addr = env.get("MASTER_ADDR") or None
+    master_port = _int(env, "MASTER_PORT", 0) or None
+
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "workshop" if LAUNCHER_STORE_VAR in env else "torchrun"
+        rank, world_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+        local_rank = _int(env, "LOCAL_RANK", rank)
+        local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
+        node_rank = _int(env, "GROUP_RANK", 0)
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        launcher = "mpirun"
+        rank = _int(env, "OMPI_COMM_WORLD_RANK")
+        world_size = _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
+        local_world_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
+        node_rank = _int(env, "OMPI_COMM_WORLD_NODE_RANK", 0)
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        launcher = "srun"
+        rank = _int(env, "SLURM_PROCID")
+        world_size = _int(env, "SLURM_NTASKS")
+        local_rank = _int(env, "SLURM_LOCALID", 0)
+        node_rank = _int(env, "SLURM_NODEID", 0)
+        # SLURM_NTASKS_PER_NODE may read "4(x2)"; SLURM_TASKS_PER_NODE likewise.
+        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        local_world_size = int(re.match(r"\d+", per_node).group()) if per_node else 1
+        if master_addr is None and env.get("SLURM_JOB_NODELIST"):
+            master_addr = _first_slurm_host(env["SLURM_JOB_NODELIST"])
+    else:
+        return RankInfo(master_addr=master_addr, master_port=master_port)
+
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"{launcher} set rank={rank} and world_size={world_size}; the rank must lie "
+            f"in 0..world_size-1. Check the launcher's variables in this environment"
+        )
+    return RankInfo(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        launcher=launcher,
+    )
+
+
+def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
+    """True when the launching process serves the rendezvous store (workshop.launch)."""
+    env = os.environ if environ is None else environ
+    return env.get(LAUNCHER_STORE_VAR) == "1"
+
+
+@dataclass(frozen=True)
+class SlurmAllocation:
+    """The Slurm job this process runs in (all None outside one)."""
+
+    job_id: str | None = None
+    nodes: int | None = None
+    nodelist: str | None = None
+    tasks: int | None = None
+    gpus_on_node: str | None = None
+    partition: str | None = None
+
+    @property
+    def inside(self) -> bool:
+        """True inside a Slurm allocation (batch job, salloc or srun)."""
+        return self.job_id is not None
+
+
+def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocation:
+    """Describe the Slurm allocation from ``SLURM_*`` variables.
+
+    Args:
+        environ: variables to read; ``os.environ`` when omitted.
+
+    Returns:
+        A :class:`SlurmAllocation`; its ``inside`` is False outside Slurm.
+    """
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        return SlurmAllocation()
+    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+    tasks = env.get("SLURM_NTASKS")
+    return SlurmAllocation(
+        job_id=env["SLURM_JOB_ID"],
+        nodes=int(nodes) if nodes else None,
+        nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
+        tasks=int(tasks) if tasks else None,
+        gpus_on_node=env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_JOB_GPUS"),
+        partition=env.get("SLURM_JOB_PARTITION"),
+    )
+
+
+def visible_gpu_count() -> int:
+    """Number of CUDA GPUs this process may use, without initialising CUDA.
+
+    ``torch.cuda.device_count()`` asks NVML, not the CUDA runtime, so a notebook kernel
+    that calls this can still fork ranks safely.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.device_count()
+
+
+def choose_backend(backend: str, world_size: int, gpus: int | None = None) -> str:
+    """Resolve ``backend`` for ``world_size`` local ranks, or say why it cannot run.
+
+    "auto" gives NCCL (one GPU per rank) when at least ``world_size`` GPUs are visible
+    and NCCL is built in, else gloo on the CPU.
+
+    Args:
+        backend: "auto", "gloo", "nccl" or "mpi".
+        world_size: ranks that will run on this machine.
+        gpus: visible GPUs; counted when omitted.
+
+    Returns:
+        "gloo", "nccl" or "mpi".
+
+    Raises:
+        ValueError: unknown backend, or NCCL without a GPU for every rank, or a backend
+            this torch was built without.
+
+    Example:
+        >>> choose_backend("auto", 4, gpus=0)
+        'gloo'
+    """
+    import torch.distributed as dist
+
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(
+            f"unknown backend={backend!r}; pass one of "
+            + ", ".join(repr(b) for b in BACKENDS)
+        )
+    backend = backend.lower()
+    gpus = visible_gpu_count() if gpus is None else gpus
+    if backend == "auto":
+        if gpus >= world_size and dist.is_nccl_available():
+            return "nccl"
+        return "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise ValueError(
+                'backend="nccl" but this torch was built without NCCL (a CPU build); '
+                'pass backend="gloo"'
+            )
+        if gpus == 0:
+            raise ValueError(
+                f'backend="nccl" needs one CUDA GPU per rank, but no GPU is visible '
+                f'(world_size={world_size}); pass backend="gloo" to run on CPU ranks'
+            )
+        if gpus < world_size:
+            raise ValueError(
+                f"world_size={world_size} but only {gpus} GPU"
+                f"{'s are' if gpus != 1 else ' is'} visible; "
+                f'pass backend="gloo" or world_size={gpus}'
+            )
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise ValueError('backend="gloo" but this torch was built without gloo')
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ValueError(
+            'backend="mpi" but this torch was built without MPI support (the usual '
+            'case for pip wheels); pass backend="gloo", or "nccl" on GPUs'
+        )
+    return backend
+
+
+def default_world_size(gpus: int | None = None) -> int:
+    """World size the workshop uses when none is given: one rank per GPU, else 4 CPU
+    ranks (2 where the machine has a single core)."""
+    gpus = visible_gpu_count() if gpus is None else gpus
+    if gpus:
+        return gpus
+    return 4 if (os.cpu_count() or 1) > 1 else 2

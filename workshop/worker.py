@@ -1,0 +1,128 @@
+"""The worker side: what runs inside every rank before and after the lesson's code.
+
+The same code path serves a rank started from a notebook cell by ``workshop.launch``
+and a rank started by ``torchrun``, ``srun`` or ``mpirun``::
+
+    with workshop.process_group() as info:      # rendezvous, device, process group
+        train(info.rank, info.world_size)
+    # the process group is destroyed here, whatever happened inside
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from .env import (
+    RankInfo,
+    choose_backend,
+    launcher_hosts_store,
+    rank_info,
+    slurm_allocation,
+)
+
+__all__ = ["process_group", "rank_device"]
+
+
+def _configure_threads(info: RankInfo) -> None:
+    # Several ranks on one machine each start one compute thread per core by default;
+    # 4 ranks on 2 cores then run 8 threads that fight for 2 cores. torchrun sets
+    # OMP_NUM_THREADS=1 for the same reason; a value the user set wins.
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.local_world_size))
+
+
+def _init_method(info: RankInfo) -> str:
+    addr = info.master_addr
+    port = info.master_port
+    if port is None and info.launcher in ("srun", "mpirun"):
+        # Every task of a job derives the same port from the job id, so a batch
+        # script need not choose one (and two jobs on one node do not collide).
+        job = slurm_allocation().job_id or "0"
+        port = 20000 + int("".join(c for c in job if c.isdigit()) or 0) % 20000
+    if addr is None or port is None:
+        raise RuntimeError(
+            f"{info.launcher} started rank {info.rank} of {info.world_size} but "
+            f"MASTER_ADDR={addr!r} and MASTER_PORT={port!r}; export both (the first "
+            "node's host name and a free port) before starting the ranks"
+        )
+    return f"tcp://{addr}:{port}"
+
+
+def rank_device(backend: str, info: RankInfo | None = None):
+    """The device a rank computes on: its own GPU for NCCL, the CPU otherwise.
+
+    Args:
+        backend: the resolved backend ("nccl", "gloo" or "mpi").
+        info: the rank's place; read from the environment when omitted.
+
+    Returns:
+        ``torch.device("cuda", local_rank)`` for NCCL, else ``torch.device("cpu")``.
+    """
+    import torch
+
+    info = info or rank_info()
+    if backend == "nccl":
+        return torch.device("cuda", info.local_rank)
+    return torch.device("cpu")
+
+
+@contextmanager
+def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[RankInfo]:
+    """Join the job's default process group for the duration of a ``with`` block.
+
+    Reads the rank from the launcher's variables (:func:`workshop.env.rank_info`),
+    picks the backend (NCCL with one GPU per rank, else gloo), selects this rank's GPU,
+    initialises ``torch.distributed`` and always destroys the group on the way out.
+
+    Args:
+        backend: "auto", "gloo", "nccl" or "mpi".
+        timeout: seconds a collective may wait for the other ranks before failing.
+
+    Yields:
+        This rank's :class:`~workshop.env.RankInfo`.
+
+    Raises:
+        ValueError: the backend cannot run here (see :func:`workshop.env.choose_backend`).
+        RuntimeError: the launcher gave no rendezvous address.
+
+    Example:
+        >>> with process_group() as info:                      # doctest: +SKIP
+        ...     print(f"rank {info.rank} of {info.world_size}")
+    """
+    import torch
+    import torch.distributed as dist
+
+    info = rank_info()
+    backend = choose_backend(backend, info.local_world_size)
+    _configure_threads(info)
+    if backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+    wait = timedelta(seconds=timeout)
+    if launcher_hosts_store():
+        # workshop.launch serves the store from the notebook kernel on a port it bound
+        # itself, so every rank connects as a client and no port is ever raced for.
+        store = dist.TCPStore(
+            info.master_addr, info.master_port, info.world_size, False, timeout=wait
+        )
+        dist.init_process_group(
+            backend, store=store, rank=info.rank, world_size=info.world_size, timeout=wait
+        )
+    else:
+        dist.init_process_group(
+            backend,
+            init_method=_init_method(info),
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=wait,
+        )
+    try:
+        yield info
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -68,7 +68,7 @@ def _serve(sock_fd: int, parent: int) -> None:
     die_with_parent(parent)
     # Preload what every rank needs; CUDA stays untouched so forking remains safe.
     import cloudpickle  # noqa: F401
-    import torch  # noqa: F401
+    import torch
     import torch.distributed  # noqa: F401
 
     from . import worker  # noqa: F401
@@ -183,7 +183,11 @@ class ForkServer:
 
     def alive(self) -> bool:
         """True while the server process runs and its socket is open."""
-        return self.popen is not None and self.sock is not None and self.popen.poll() is None
+        return (
+            self.popen is not None
+            and self.sock is not None
+            and self.popen.poll() is None
+        )
 
     def start(self, timeout: float = 180.0) -> None:
         """Start the server and wait until it has imported torch."""
@@ -195,9 +199,14 @@ class ForkServer:
         self.popen = subprocess.Popen(
             # -c rather than -m: the package already imports this module, and runpy
             # warns when a module it runs as __main__ is in sys.modules already.
-            [sys.executable, "-c", "import sys; from workshop._forkserver import _serve; "
-             "_serve(int(sys.argv[1]), int(sys.argv[2]))", str(theirs.fileno()),
-             str(os.getpid())],
+            [
+                sys.executable,
+                "-c",
+                "import sys; from workshop._forkserver import _serve; "
+                "_serve(int(sys.argv[1]), int(sys.argv[2]))",
+                str(theirs.fileno()),
+                str(os.getpid()),
+            ],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -280,4 +289,3 @@ class ForkServer:
                     self.popen.kill()
                     self.popen.wait(5)
             self.popen = None
-

@@ -40,7 +40,9 @@ class RankOutput:
             {"stdout": [], "stderr": []} for _ in range(world_size)
         ]
         self._last: list[str | None] = [None] * world_size
-        self._partial = {(r, s): "" for r in range(world_size) for s in ("stdout", "stderr")}
+        self._partial = {
+            (r, s): "" for r in range(world_size) for s in ("stdout", "stderr")
+        }
         self._decoders = {
             key: codecs.getincrementaldecoder("utf-8")("backslashreplace")
             for key in self._partial
@@ -71,7 +73,11 @@ class RankOutput:
         self._partial[key] = rest
         for line in complete:
             # A progress bar redraws with \r; keep what a terminal would show last.
-            line = line.rsplit("\r", 1)[-1] if "\r" in line.rstrip("\r") else line.rstrip("\r")
+            line = (
+                line.rsplit("\r", 1)[-1]
+                if "\r" in line.rstrip("\r")
+                else line.rstrip("\r")
+            )
             self.lines[rank][stream].append(line)
             if line.strip():
                 self._last[rank] = line
@@ -83,7 +89,9 @@ class RankOutput:
         marked = self._prefix[rank] + line
         if self.show == "lines":
             out = sys.stdout if stream == "stdout" else sys.stderr
-            out.write(marked + "\n")  # one write per line: never mixed with another rank
+            out.write(
+                marked + "\n"
+            )  # one write per line: never mixed with another rank
             out.flush()
         elif self.show == "notebook":
             self._live.append(marked)

@@ -6,6 +6,7 @@ Every start path (fork, server, spawn) ends up in :func:`run_rank`.
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import pickle
@@ -14,8 +15,9 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
@@ -69,7 +71,11 @@ class _ReturnPickler(cloudpickle.Pickler):
     # ranks quickly.
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+        if (
+            torch is not None
+            and isinstance(obj, torch.Tensor)
+            and obj.device.type != "cpu"
+        ):
             return obj.detach().cpu().__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         return super().reducer_override(obj)
 
@@ -104,7 +110,10 @@ def prepare_stdio(stdout_fd: int, stderr_fd: int) -> None:
     # the kernel; the rank gets plain files on its own pipes instead.
     sys.stdout = sys.__stdout__ = stream(1)
     sys.stderr = sys.__stderr__ = stream(2)
-    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    # A rank that crashes (segfault, abort) prints its Python stack to its own stderr,
+    # which the launcher shows, rather than to wherever the parent's handler pointed.
+    faulthandler.enable(file=sys.stderr)
 
 
 def reset_signals() -> None:
@@ -123,7 +132,9 @@ def _error(exc: BaseException) -> RankError:
     return RankError(
         type=type(exc).__qualname__,
         message=str(exc),
-        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        traceback="".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)
+        ),
         time=time.time(),
     )
 

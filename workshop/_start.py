@@ -25,9 +25,11 @@ START_METHODS = ("auto", "fork", "server", "spawn")
 
 
 class RankHandle:
-    """The launcher's view of one running rank: its pipes and how to poll and stop it."""
+    """The launcher's view of one running rank: its pipes, how to poll and stop it."""
 
-    def __init__(self, rank: int, pid: int, stdout_fd: int, stderr_fd: int, result_fd: int):
+    def __init__(
+        self, rank: int, pid: int, stdout_fd: int, stderr_fd: int, result_fd: int
+    ):
         self.rank = rank
         self.pid = pid
         self.fds = {"stdout": stdout_fd, "stderr": stderr_fd, "result": result_fd}
@@ -61,8 +63,14 @@ class ForkedRank(RankHandle):
 class SpawnedRank(RankHandle):
     """A rank in a fresh interpreter started with subprocess."""
 
-    def __init__(self, rank: int, popen: subprocess.Popen, stdout_fd: int, stderr_fd: int,
-                 result_fd: int):
+    def __init__(
+        self,
+        rank: int,
+        popen: subprocess.Popen,
+        stdout_fd: int,
+        stderr_fd: int,
+        result_fd: int,
+    ):
         super().__init__(rank, popen.pid, stdout_fd, stderr_fd, result_fd)
         self.popen = popen
 
@@ -83,7 +91,9 @@ def _pipes() -> tuple[list[int], list[int]]:
     return reads, writes
 
 
-def fork_rank(rank: int, env: dict[str, str], job: Job, keep_closed: list[int]) -> ForkedRank:
+def fork_rank(
+    rank: int, env: dict[str, str], job: Job, keep_closed: list[int]
+) -> ForkedRank:
     """Fork this process into rank ``rank`` running ``job``.
 
     Args:

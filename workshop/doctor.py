@@ -1,2 +1,452 @@
-def doctor():
-    raise NotImplementedError
+"""Doctor: what this machine and allocation have, and what the workshop will use.
+
+Run it before the first lesson, in a terminal (or inside an allocation with ``srun``)::
+
+    python -m workshop doctor
+
+or as the first cell of a notebook::
+
+    import workshop
+    workshop.doctor();
+
+It only reports: anything missing is a row saying so, never an error, and the command
+always exits with status 0. It never initialises CUDA in the calling process, so a
+notebook kernel can still fork ranks afterwards: the GPU count comes from NVML
+(``torch.cuda.device_count()``), names and memory from ``nvidia-smi`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple, TextIO
+
+from . import env
+
+__all__ = ["Row", "collect_rows", "doctor", "format_rows"]
+
+#: Columns of the printed table: fits a terminal and a projector.
+WIDTH = 88
+
+#: Seconds each outside command (``nvidia-smi``, ``mpirun --version``, ...) may take.
+COMMAND_TIMEOUT_S = 5.0
+
+
+class Row(NamedTuple):
+    """One line of the report: ``Row("Backends", "gloo", "available")``."""
+
+    section: str
+    item: str
+    value: str
+
+
+Items = list[tuple[str, str]]
+
+
+def _run(command: list[str], timeout_s: float) -> tuple[bool, str]:
+    """Run ``command`` in its own session; (True, output) or (False, why it failed).
+
+    On timeout the whole process group is killed, so nothing is left behind.
+    """
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+    except OSError as e:
+        return False, f"could not run {command[0]}: {e.strerror or e}"
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return False, f"no answer within {timeout_s:g} s"
+    if proc.returncode != 0:
+        first = _first_line(output)
+        return False, f"exited with status {proc.returncode}" + (
+            f": {first}" if first else ""
+        )
+    return True, output
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` and its process group, then reap it (waits at most ~2 s)."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # pragma: no cover - Windows
+            proc.kill()
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=1)
+    except subprocess.TimeoutExpired:
+        # A grandchild that left the group still holds the pipe: stop reading it.
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait(timeout=1)
+
+
+def _first_line(text: str) -> str:
+    return next(
+        (" ".join(line.split()) for line in text.splitlines() if line.strip()), ""
+    )
+
+
+def _version_line(output: str) -> str:
+    """The line of ``--version`` output that carries the version.
+
+    Open MPI and Slurm print it first ("mpirun (Open MPI) 4.1.5", "slurm 23.02.7");
+    MPICH starts with a heading, so take the first line holding a digit.
+    """
+    lines = [" ".join(line.split()) for line in output.splitlines() if line.strip()]
+    with_digit = [line for line in lines if any(c.isdigit() for c in line)]
+    if with_digit:
+        return with_digit[0]
+    return lines[0] if lines else "(printed no version)"
+
+
+def _torchvision_version() -> str:
+    """torchvision's version with its build tag ("0.20.1+cu124"), without importing it.
+
+    The wheel's metadata drops the tag ("+cu124", "+cpu") that tells whether it was
+    built for the same CUDA as torch; ``torchvision/version.py`` keeps it.
+    """
+    try:
+        dist = importlib.metadata.distribution("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    try:
+        text = Path(str(dist.locate_file("torchvision/version.py"))).read_text()
+        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    except OSError:
+        match = None
+    return match.group(1) if match else dist.version
+
+
+def _torch_build(cuda: str | None, hip: str | None) -> str:
+    """Name the build from ``torch.version``: "CUDA 12.4 build", "CPU build", ..."""
+    if cuda:
+        return f"CUDA {cuda} build"
+    if hip:
+        return f"ROCm {hip} build"
+    return "CPU build"
+
+
+def _gib(memory: str) -> str:
+    """nvidia-smi's "81559 MiB" as "79.6 GiB"; anything else unchanged."""
+    number, _, unit = memory.strip().partition(" ")
+    try:
+        mib = float(number)
+    except ValueError:
+        return memory.strip()
+    return f"{mib / 1024:.1f} GiB" if unit == "MiB" else memory.strip()
+
+
+def _nvidia_smi_gpus(output: str) -> Items:
+    """("GPU 0", "NVIDIA H100 80GB HBM3, 79.6 GiB") items from the lines of
+    ``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader``."""
+    items = []
+    for line in output.splitlines():
+        index, _, rest = line.partition(",")
+        name, _, memory = rest.rpartition(",")
+        if not index.strip().isdigit() or not name.strip():
+            continue  # a warning nvidia-smi printed among the GPUs
+        items.append((f"GPU {index.strip()}", f"{name.strip()}, {_gib(memory)}"))
+    return items
+
+
+def _nccl_version() -> str | None:
+    """NCCL's version, e.g. "2.21.5"; None where it cannot be read.
+
+    ``torch.cuda.nccl.version()`` returns the version NCCL was built with
+    (``ncclGetVersion``); it does not touch the GPU or initialise CUDA.
+    """
+    try:
+        import torch.cuda.nccl
+
+        version = torch.cuda.nccl.version()
+    except (ImportError, AttributeError, RuntimeError):  # a build without NCCL
+        return None
+    return ".".join(str(part) for part in version[:3]) + "".join(
+        str(part) for part in version[3:]
+    )
+
+
+# One function per section. Each returns (item, value) pairs; collect_rows turns an
+# exception in one of them into an "error" row, so one broken probe spoils nothing else.
+
+
+def _python_items() -> Items:
+    return [
+        (
+            "version",
+            f"{platform.python_version()} ({platform.python_implementation()})",
+        ),
+        ("executable", sys.executable),
+        ("platform", f"{platform.system()} {platform.machine()}"),
+    ]
+
+
+def _pytorch_items() -> Items:
+    import torch
+
+    build = _torch_build(torch.version.cuda, getattr(torch.version, "hip", None))
+    return [
+        ("torch", f"{torch.__version__} ({build})"),
+        ("torchvision", _torchvision_version()),
+    ]
+
+
+def _gpu_items() -> Items:
+    visible = env.visible_gpu_count()
+    items = [("visible to torch", str(visible) if visible else "0 (none: CPU ranks)")]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [*items, ("nvidia-smi", "not found")]
+    ok, output = _run(
+        [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+        COMMAND_TIMEOUT_S,
+    )
+    if not ok:
+        return [*items, ("nvidia-smi", output)]
+    listed = _nvidia_smi_gpus(output)
+    if not listed:
+        return [*items, ("nvidia-smi", "lists no GPU")]
+    items += listed
+    if len(listed) != visible:
+        note = (
+            f"torch sees {visible} of the {len(listed)} GPUs nvidia-smi lists "
+            "(CUDA_VISIBLE_DEVICES, the allocation or a CPU build of torch decides)"
+        )
+        items.append(("note", note))
+    return items
+
+
+def _cpu_items() -> Items:
+    total = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        usable = len(os.sched_getaffinity(0))
+        if usable != total:
+            return [("cores", f"{total} ({usable} usable by this process)")]
+    return [("cores", str(total))]
+
+
+def _backend_items() -> Items:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return [("torch.distributed", "not available in this torch build")]
+    if dist.is_nccl_available():
+        version = _nccl_version()
+        nccl = f"available (NCCL {version})" if version else "available"
+        if env.visible_gpu_count() == 0:
+            nccl += ", but it needs a GPU per rank"
+    else:
+        nccl = "not available (a CPU build of torch)"
+    gloo = "available" if dist.is_gloo_available() else "not available"
+    mpi = (
+        "available"
+        if dist.is_mpi_available()
+        else "not available (pip wheels are built without MPI)"
+    )
+    return [("nccl", nccl), ("gloo", gloo), ("mpi", mpi)]
+
+
+def _launcher_items() -> Items:
+    items = []
+    for name in ("mpirun", "srun"):
+        path = shutil.which(name)
+        if path is None:
+            items.append((name, "not found"))
+            continue
+        ok, output = _run([path, "--version"], COMMAND_TIMEOUT_S)
+        items.append((name, f"{_version_line(output)} ({path})" if ok else output))
+    items.append(("torchrun", _torchrun()))
+    return items
+
+
+def _torchrun() -> str:
+    """Where ``torchrun`` is; a kernel's environment is often not on PATH."""
+    path = shutil.which("torchrun")
+    if path:
+        return path
+    beside = Path(sys.executable).with_name("torchrun")
+    if beside.exists():
+        return f"not on PATH, but beside this Python: {beside}"
+    return "not found"
+
+
+def _slurm_items() -> Items:
+    allocation = env.slurm_allocation()
+    if not allocation.inside:
+        return [("allocation", "none (not inside a Slurm job)")]
+    nodes = "not set" if allocation.nodes is None else str(allocation.nodes)
+    if allocation.nodelist:
+        nodes += f" ({allocation.nodelist})"
+    return [
+        ("job id", str(allocation.job_id)),
+        ("partition", allocation.partition or "not set"),
+        ("nodes", nodes),
+        ("tasks", "not set" if allocation.tasks is None else str(allocation.tasks)),
+        ("GPUs on node", allocation.gpus_on_node or "none requested"),
+    ]
+
+
+def _process_items() -> Items:
+    info = env.rank_info()
+    if info.launcher == "none":
+        rank = "0 of 1 (no launcher)"
+    else:
+        rank = (
+            f"{info.rank} of {info.world_size}, local rank {info.local_rank} of "
+            f"{info.local_world_size}, node {info.node_rank} (from {info.launcher})"
+        )
+    items = [("rank", rank)]
+    if info.master_addr or info.master_port:
+        addr = info.master_addr or "address not set"
+        port = info.master_port or "not set"
+        items.append(("master", f"{addr}, port {port}"))
+    return items
+
+
+def _default_items() -> Items:
+    import torch
+
+    from .launcher import choose_start_method
+
+    gpus = env.visible_gpu_count()
+    world_size = env.default_world_size(gpus)
+    backend = env.choose_backend("auto", world_size, gpus=gpus)
+    if backend == "nccl":
+        backend += " (one GPU per rank)"
+    elif gpus == 0:
+        backend += " (CPU ranks: no GPU visible)"
+    else:
+        backend += " (CPU ranks: this torch has no NCCL)"
+    method, reason = choose_start_method("auto", torch.cuda.is_initialized())
+    return [
+        ("world_size", f"{world_size} ({'one per GPU' if gpus else 'CPU ranks'})"),
+        ("backend", backend),
+        ("start method", f"{method} ({reason})"),
+    ]
+
+
+_SECTIONS: tuple[tuple[str, Callable[[], Items]], ...] = (
+    ("Python", _python_items),
+    ("PyTorch", _pytorch_items),
+    ("GPUs", _gpu_items),
+    ("CPU", _cpu_items),
+    ("Backends", _backend_items),
+    ("Launchers", _launcher_items),
+    ("Slurm", _slurm_items),
+    ("This process", _process_items),
+    ("Workshop defaults", _default_items),
+)
+
+
+def collect_rows() -> list[Row]:
+    """Look at this machine and return what the report shows, as plain data.
+
+    Returns:
+        Rows in the printed order. A probe that fails gives a row with item "error"
+        and the exception, instead of raising.
+
+    Example:
+        >>> rows = collect_rows()
+        >>> {(r.section, r.item): r.value for r in rows}[("Backends", "gloo")]
+        'available'
+    """
+    rows = []
+    for section, probe in _SECTIONS:
+        try:
+            items = probe()
+        # The doctor reports what it finds; whatever a probe raises becomes its row.
+        except Exception as e:
+            items = [("error", f"{type(e).__name__}: {e}")]
+        rows.extend(Row(section, item, value) for item, value in items)
+    return rows
+
+
+def format_rows(rows: Iterable[Row], width: int = WIDTH) -> str:
+    """Lay rows out as a plain-text table: a heading per section, aligned values.
+
+    Args:
+        rows: what :func:`collect_rows` returns (or rows read back from a file).
+        width: longest line; values longer than the space left are wrapped.
+
+    Returns:
+        The table, lines joined by newlines, without a trailing newline.
+
+    Example:
+        >>> print(format_rows([Row("CPU", "cores", "8")]))
+        CPU
+          cores  8
+    """
+    rows = list(rows)
+    indent = "  "
+    key_width = min(max((len(row.item) for row in rows), default=0), 24)
+    value_width = max(width - len(indent) - key_width - 2, 20)
+    pad = " " * (len(indent) + key_width + 2)
+    lines: list[str] = []
+    section = None
+    for row in rows:
+        if row.section != section:
+            section = row.section
+            if lines:
+                lines.append("")
+            lines.append(section)
+        chunks = textwrap.wrap(row.value, value_width, break_on_hyphens=False) or [""]
+        if len(row.item) > key_width:
+            lines.append(indent + row.item)
+            lines.extend(pad + chunk for chunk in chunks)
+            continue
+        lines.append(f"{indent}{row.item:<{key_width}}  {chunks[0]}".rstrip())
+        lines.extend(pad + chunk for chunk in chunks[1:])
+    return "\n".join(lines)
+
+
+def doctor(file: TextIO | None = None) -> list[Row]:
+    """Print what this machine and allocation have and what the workshop will use.
+
+    Python, torch and its build, GPUs (without initialising CUDA here), CPU cores,
+    the process-group backends, ``mpirun``/``srun``, the Slurm allocation, and the
+    world size, backend and start method that ``workshop.launch`` picks by default.
+
+    Args:
+        file: where to print; ``sys.stdout`` when omitted.
+
+    Returns:
+        The printed rows, as :class:`Row` tuples (section, item, value).
+
+    Example:
+        >>> import workshop
+        >>> rows = workshop.doctor()  # doctest: +SKIP
+        workshop 0.1.0 doctor: what this machine has and what the workshop will use
+        ...
+
+    Note:
+        In a notebook, end the line with ``;`` (``workshop.doctor();``) so the cell
+        shows the table only, not the returned list as well.
+    """
+    from . import __version__
+
+    rows = collect_rows()
+    title = f"workshop {__version__} doctor: what this machine has and what the "
+    title += "workshop will use"
+    out = sys.stdout if file is None else file
+    print(title, "=" * min(len(title), WIDTH), format_rows(rows), sep="\n", file=out)
+    return rows

@@ -8,8 +8,11 @@ cell (``workshop.launch``), by ``torchrun``, by Slurm's ``srun`` or by Open MPI'
 Order in which launchers are recognised (the first that matches wins):
 
 1. ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``: torchrun and ``workshop.launch``.
-2. ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_LOCAL_RANK``: mpirun.
-3. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``: srun (a step, not just a job).
+2. ``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK``: mpirun.
+3. ``SLURM_PROCID`` / ``SLURM_STEP_NUM_TASKS`` / ``SLURM_LOCALID`` in a job step
+   (``SLURM_STEP_ID`` set): srun. A batch script or ``salloc`` shell has
+   ``SLURM_PROCID=0`` and ``SLURM_NTASKS`` too, but a plain ``python`` there is one
+   process, not rank 0 of many, so without a step it counts as no launcher.
 4. None of them: a single process, rank 0 of 1.
 
 Open MPI comes before Slurm because ``mpirun`` inside an allocation sees both sets and
@@ -77,7 +80,12 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     value = env.get(name)
     if value is None or value == "":
         if default is None:
-            raise KeyError(name)
+            # rank_info documents ValueError only: a bare KeyError named nothing.
+            raise ValueError(
+                f"environment variable {name} is missing or empty, but other "
+                f"variables of the same launcher are set; set {name} to a whole "
+                f"number or unset the others"
+            )
         return default
     try:
         return int(value)
@@ -126,7 +134,7 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     master_port = _int(env, "MASTER_PORT", 0) or None
 
     if "RANK" in env and "WORLD_SIZE" in env:
-        launcher = "workshop" if LAUNCHER_STORE_VAR in env else "torchrun"
+        launcher = "workshop" if launcher_hosts_store(env) else "torchrun"
         rank, world_size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
         local_rank = _int(env, "LOCAL_RANK", rank)
         local_world_size = _int(env, "LOCAL_WORLD_SIZE", world_size)
@@ -138,14 +146,19 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
         local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
         local_world_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
         node_rank = _int(env, "OMPI_COMM_WORLD_NODE_RANK", 0)
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+    elif "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         launcher = "srun"
         rank = _int(env, "SLURM_PROCID")
-        world_size = _int(env, "SLURM_NTASKS")
+        # The step's tasks, not the job's: `srun -n 2` inside a 4-task job makes 2.
+        world_size = _int(env, "SLURM_STEP_NUM_TASKS", 0) or _int(env, "SLURM_NTASKS")
         local_rank = _int(env, "SLURM_LOCALID", 0)
         node_rank = _int(env, "SLURM_NODEID", 0)
         # SLURM_NTASKS_PER_NODE may read "4(x2)"; SLURM_TASKS_PER_NODE likewise.
-        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        per_node = (
+            env.get("SLURM_STEP_TASKS_PER_NODE")
+            or env.get("SLURM_NTASKS_PER_NODE")
+            or env.get("SLURM_TASKS_PER_NODE")
+        )
         local_world_size = int(re.match(r"\d+", per_node).group()) if per_node else 1
         if master_addr is None and env.get("SLURM_JOB_NODELIST"):
             master_addr = _first_slurm_host(env["SLURM_JOB_NODELIST"])
@@ -154,8 +167,9 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
 
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(
-            f"{launcher} set rank={rank} and world_size={world_size}; the rank must lie "
-            f"in 0..world_size-1. Check the launcher's variables in this environment"
+            f"{launcher} set rank={rank} and world_size={world_size}; the rank must "
+            "lie in 0..world_size-1. Check the launcher's variables in this "
+            "environment"
         )
     return RankInfo(
         rank=rank,
@@ -220,13 +234,14 @@ def visible_gpu_count() -> int:
     """Number of CUDA GPUs this process may use, without initialising CUDA.
 
     ``torch.cuda.device_count()`` asks NVML, not the CUDA runtime, so a notebook kernel
-    that calls this can still fork ranks safely.
+    that calls this can still fork ranks safely. ``torch.cuda.is_available()`` must not
+    be called here: it asks the CUDA runtime (``cuInit``), after which a forked rank
+    cannot use CUDA. (Where NVML cannot answer, PyTorch itself falls back to the
+    runtime.)
     """
     import torch
 
-    if not torch.cuda.is_available():
-        return 0
-    return torch.cuda.device_count()
+    return max(torch.cuda.device_count(), 0)
 
 
 def choose_backend(backend: str, world_size: int, gpus: int | None = None) -> str:

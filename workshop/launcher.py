@@ -16,9 +16,10 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
@@ -104,30 +105,27 @@ class LaunchError(RuntimeError):
 # ------------------------------------------------------------------ validation
 
 
-def _check_serialisable(fn: Callable, args: tuple, kwargs: dict) -> bytes:
-    """Pickle the job once up front, and on failure say which part could not be."""
+def _serialise_job(job: Job) -> bytes:
+    """Pickle the job up front; on failure, say which part could not be pickled."""
     try:
-        return cloudpickle.dumps(fn)
+        cloudpickle.dumps(job.fn)
     except Exception as exc:
         raise TypeError(
-            f"fn={getattr(fn, '__name__', fn)!r} cannot be sent to the ranks: {exc}. "
-            "It (or a global it uses) holds something that cannot be serialised, such as "
-            "an open file, a lock or a generator; create that thing inside fn instead"
+            f"fn={getattr(job.fn, '__name__', job.fn)!r} cannot be sent to the ranks: "
+            f"{exc}. It (or a global it uses) holds something that cannot be "
+            "serialised, such as an open file, a lock or a generator; create that "
+            "thing inside fn instead"
         ) from exc
-
-
-def _serialise_job(job: Job) -> bytes:
-    _check_serialisable(job.fn, job.args, job.kwargs)
-    named = [(f"argument {i} ", a) for i, a in enumerate(job.args)]
-    named += [(f"keyword argument {k}=", v) for k, v in job.kwargs.items()]
+    named = [(f"argument {i}", a) for i, a in enumerate(job.args)]
+    named += [(f"keyword argument {k}", v) for k, v in job.kwargs.items()]
     for label, value in named:
         try:
             cloudpickle.dumps(value)
         except Exception as exc:
             raise TypeError(
-                f"{label}(a {type(value).__name__}) cannot be sent to the ranks: {exc}. "
-                "Pass plain data (numbers, strings, lists, dicts, tensors, a state_dict) "
-                "and build the object inside fn"
+                f"{label} (a {type(value).__name__}) cannot be sent to the ranks: "
+                f"{exc}. Pass plain data (numbers, strings, lists, dicts, tensors, a "
+                "state_dict) and build the object inside fn"
             ) from exc
     return cloudpickle.dumps(job)
 
@@ -138,13 +136,19 @@ def _validate(fn: Any, world_size: Any, timeout: Any, start_method: Any) -> None
             f"fn must be a function, got {type(fn).__name__} ({fn!r}); pass the "
             "function itself, launch(train, world_size=2), not its result train()"
         )
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, int)
+        or world_size < 1
+    ):
         raise ValueError(
-            f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}. "
-            "Pass world_size=2, for example"
+            "world_size must be a whole number of ranks, 1 or more; got "
+            f"{world_size!r}. Pass world_size=2, for example"
         )
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or timeout <= 0
     ):
         raise ValueError(
             f"timeout must be a number of seconds above 0, or None for no limit; "
@@ -182,8 +186,10 @@ def choose_start_method(
     can_fork = hasattr(os, "fork")
     if requested == "fork":
         if not can_fork:
-            raise ValueError("start_method='fork' is not possible on this system; "
-                             "pass start_method='spawn'")
+            raise ValueError(
+                "start_method='fork' is not possible on this system; "
+                "pass start_method='spawn'"
+            )
         if cuda_initialized:
             raise ValueError(
                 "start_method='fork' but CUDA is already initialised in this process, "
@@ -193,7 +199,9 @@ def choose_start_method(
         return "fork", "asked for"
     if requested in ("server", "spawn"):
         if requested == "server" and not can_fork:
-            raise ValueError("start_method='server' needs fork; pass start_method='spawn'")
+            raise ValueError(
+                "start_method='server' needs fork; pass start_method='spawn'"
+            )
         return requested, "asked for"
     if not can_fork:
         return "spawn", "this system cannot fork"
@@ -230,21 +238,30 @@ class _Rendezvous:
         listener.bind(("127.0.0.1", 0))
         listener.listen(128)
         self.port = listener.getsockname()[1]
-        kwargs = dict(is_master=True, timeout=timedelta(seconds=timeout),
-                      wait_for_workers=False)
+        kwargs = dict(
+            is_master=True, timeout=timedelta(seconds=timeout), wait_for_workers=False
+        )
         try:
             # The store takes ownership of the descriptor it is given and closes it.
             self.fd = os.dup(listener.fileno())
             try:
                 self.store = dist.TCPStore(
-                    "127.0.0.1", self.port, world_size, master_listen_fd=self.fd, **kwargs
+                    "127.0.0.1",
+                    self.port,
+                    world_size,
+                    master_listen_fd=self.fd,
+                    **kwargs,
                 )
             except (RuntimeError, TypeError, ValueError):
                 # Some torch releases serve a pre-bound socket only without libuv.
                 self.fd = os.dup(listener.fileno())
                 self.store = dist.TCPStore(
-                    "127.0.0.1", self.port, world_size, master_listen_fd=self.fd,
-                    use_libuv=False, **kwargs
+                    "127.0.0.1",
+                    self.port,
+                    world_size,
+                    master_listen_fd=self.fd,
+                    use_libuv=False,
+                    **kwargs,
                 )
         finally:
             listener.close()
@@ -291,11 +308,26 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _is_peer_loss(error: RankError) -> bool:
+    """True for the error a rank gets in a collective when another rank went away."""
+    return error.type.startswith("Dist") or any(s in error.message for s in _PEER_LOSS)
+
+
 class _Launch:
     """One launch in progress: its ranks, their pipes, and what they reported."""
 
-    def __init__(self, job: Job, world_size: int, backend: str, method: str,
-                 timeout: float | None, output: RankOutput):
+    def __init__(
+        self,
+        job: Job,
+        world_size: int,
+        backend: str,
+        method: str,
+        timeout: float | None,
+        output: RankOutput,
+    ):
         self.job = job
         self.world_size = world_size
         self.backend = backend
@@ -316,7 +348,9 @@ class _Launch:
         for rank in range(self.world_size):
             env = _rank_env(rank, self.world_size, port)
             if self.method == "fork":
-                closed = keep_closed + [fd for h in self.handles for fd in h.fds.values()]
+                closed = keep_closed + [
+                    fd for h in self.handles for fd in h.fds.values()
+                ]
                 handle = _start.fork_rank(rank, env, self.job, closed)
             elif self.method == "server":
                 handle = _SERVER.start_rank(rank, env, payload)
@@ -426,7 +460,9 @@ class _Launch:
                 if handle.poll() is None:
                     handle.signal(sig)
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(h.poll() is None for h in running):
+            while time.monotonic() < deadline and any(
+                h.poll() is None for h in running
+            ):
                 if self.fd_owner:
                     ready, _, _ = select.select(list(self.fd_owner), [], [], 0.02)
                     for fd in ready:
@@ -435,7 +471,10 @@ class _Launch:
                 else:
                     time.sleep(0.02)
         self._poll_exits()
-        return [h.rank for h in terminated]
+        # Stopped: ended by our signals. A rank that ended otherwise meanwhile (it
+        # crashed, say) is reported for what it did.
+        ours = (-signal.SIGTERM, -signal.SIGKILL)
+        return [h.rank for h in terminated if h.exit_code in ours]
 
     def close(self) -> None:
         """Kill what is left (only after an error in the launcher itself), reap every
@@ -447,7 +486,9 @@ class _Launch:
             if handle.poll() is None:
                 handle.signal(signal.SIGKILL)
         deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and any(h.poll() is None for h in self.handles):
+        while time.monotonic() < deadline and any(
+            h.poll() is None for h in self.handles
+        ):
             time.sleep(0.01)
         self._poll_exits()
         for handle in self.handles:
@@ -487,16 +528,26 @@ class _Launch:
             exit_codes=[h.exit_code for h in self.handles]
             + [None] * (self.world_size - len(self.handles)),
             wall_times=walls,
-            pids=[h.pid for h in self.handles] + [None] * (self.world_size - len(self.handles)),
+            pids=[h.pid for h in self.handles]
+            + [None] * (self.world_size - len(self.handles)),
         )
 
     def failure(self, stopped: list[int]) -> LaunchError:
         errors = {r: m[1] for r, m in self.results.items() if m[0] == "error"}
         raised = sorted(errors, key=lambda r: errors[r].time)
         crashed = [
-            h.rank for h in self.handles
-            if h.rank not in errors and h.exit_code not in (None, 0) and h.rank not in stopped
+            h.rank
+            for h in self.handles
+            if h.rank not in errors
+            and h.exit_code not in (None, 0)
+            and h.rank not in stopped
         ]
+        # A rank whose peer died fails in its next collective ("Connection closed by
+        # peer"). That is a consequence, not the cause: name the cause first.
+        followers = [r for r in raised if _is_peer_loss(errors[r])]
+        if len(followers) == len(raised) and not crashed:
+            followers = []
+        raised = [r for r in raised if r not in followers]
         lines = []
         if raised:
             first = errors[raised[0]]
@@ -506,10 +557,9 @@ class _Launch:
                 f"rank {raised[0]} first, with {first.type}: {first.message}"
             )
             for rank in raised[1:]:
-                lines.append(f"  rank {rank}: {errors[rank].type}: {errors[rank].message}")
-            lines.append("")
-            lines.append(f"Traceback of rank {raised[0]}:")
-            lines.append(first.traceback.rstrip())
+                lines.append(
+                    f"  rank {rank}: {errors[rank].type}: {errors[rank].message}"
+                )
         for rank in crashed:
             code = self.handles[rank].exit_code
             last = self.output.last_line(rank)
@@ -518,24 +568,43 @@ class _Launch:
                 + (f"; its last line: {last!r}" if last else "; it printed nothing")
             )
             if code == -signal.SIGKILL:
-                lines.append("  HINT: the machine may have run out of memory (dmesg says)")
+                lines.append(
+                    "  HINT: the machine may have run out of memory (dmesg says)"
+                )
+        if followers:
+            lines.append(
+                f"Then rank(s) {', '.join(map(str, followers))} lost a peer in a "
+                f"collective ({errors[followers[0]].type}), a consequence of the above."
+            )
         if stopped:
-            lines.append(f"The launcher stopped rank(s) {', '.join(map(str, stopped))}.")
+            lines.append(
+                f"The launcher stopped rank(s) {', '.join(map(str, stopped))}."
+            )
+        if raised:
+            lines += [
+                "",
+                f"Traceback of rank {raised[0]}:",
+                errors[raised[0]].traceback.rstrip(),
+            ]
         return LaunchError(
-            "\n".join(lines), self.result(), failed_ranks=sorted(raised + crashed),
+            "\n".join(lines),
+            self.result(),
+            failed_ranks=sorted(raised + crashed),
             errors=errors,
         )
 
     def timeout_error(self, running: list[int]) -> LaunchError:
         lines = [
-            f"timeout={self.timeout:g} s passed and rank(s) {', '.join(map(str, running))} "
-            f"of {self.world_size} were still running; all were stopped."
+            f"timeout={self.timeout:g} s passed and rank(s) "
+            f"{', '.join(map(str, running))} of {self.world_size} were still running; "
+            "all were stopped."
         ]
         for rank in running:
             last = self.output.last_line(rank)
             lines.append(
-                f"  rank {rank} last printed: {last!r}" if last else
-                f"  rank {rank} printed nothing"
+                f"  rank {rank} last printed: {last!r}"
+                if last
+                else f"  rank {rank} printed nothing"
             )
         lines.append(
             "HINT: a rank that never returns is often waiting in a collective that "
@@ -605,10 +674,10 @@ def launch(
     if method == "server" and cuda and not _told_cuda:
         _told_cuda = True
         print(
-            "workshop.launch: CUDA is already initialised in this kernel, and a process "
-            "that has initialised CUDA cannot be forked safely. Ranks are started from a "
-            "clean fork server instead (torch preloaded, CUDA untouched); its first start "
-            "takes a few seconds.",
+            "workshop.launch: CUDA is already initialised in this kernel, and a "
+            "process that has initialised CUDA cannot be forked safely. Ranks are "
+            "started from a clean fork server instead (torch preloaded, CUDA "
+            "untouched); its first start takes a few seconds.",
             file=sys.stderr,
         )
     job = Job(fn, args, kwargs, backend, collective_timeout=timeout or 3600.0)
@@ -617,13 +686,18 @@ def launch(
         try:
             _SERVER.start()
         except (RuntimeError, TimeoutError, OSError) as exc:
-            print(f"workshop.launch: {exc}; starting ranks with spawn instead",
-                  file=sys.stderr)
+            print(
+                f"workshop.launch: {exc}; starting ranks with spawn instead",
+                file=sys.stderr,
+            )
             method, reason = "spawn", "the fork server could not start"
     header = (
         f"launch: world_size={world_size}, backend={backend}, start_method={method}"
-        + ("" if reason in ("asked for", "fastest: ranks are forked from this kernel")
-           else f" ({reason})")
+        + (
+            ""
+            if reason in ("asked for", "fastest: ranks are forked from this kernel")
+            else f" ({reason})"
+        )
     )
     rendezvous = _Rendezvous(world_size, timeout or 3600.0)
     output = RankOutput(world_size, header, show)
@@ -636,8 +710,11 @@ def launch(
             # rank only replaces its stdio and then runs fresh code, and CUDA (the
             # real danger) is checked above.
             warnings.simplefilter("ignore", DeprecationWarning)
-            run.start(None if method == "fork" else job_bytes, rendezvous.port,
-                      [rendezvous.fd])
+            run.start(
+                None if method == "fork" else job_bytes,
+                rendezvous.port,
+                [rendezvous.fd],
+            )
         try:
             run.wait()
         except TimeoutError:

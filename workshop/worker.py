@@ -88,7 +88,8 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
         This rank's :class:`~workshop.env.RankInfo`.
 
     Raises:
-        ValueError: the backend cannot run here (see :func:`workshop.env.choose_backend`).
+        ValueError: the backend cannot run here (see
+            :func:`workshop.env.choose_backend`).
         RuntimeError: the launcher gave no rendezvous address.
 
     Example:
@@ -111,7 +112,11 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             info.master_addr, info.master_port, info.world_size, False, timeout=wait
         )
         dist.init_process_group(
-            backend, store=store, rank=info.rank, world_size=info.world_size, timeout=wait
+            backend,
+            store=store,
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=wait,
         )
     else:
         dist.init_process_group(

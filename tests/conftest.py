@@ -1,0 +1,125 @@
+"""Shared test helpers: process checks and a way to run a small script as a 'kernel'."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gone(pids, within: float = 10.0) -> list[int]:
+    """Wait for all of ``pids`` to end; return those alive after ``within``."""
+    from workshop._procs import is_alive
+
+    deadline = time.monotonic() + within
+    while True:
+        alive = [p for p in pids if p and is_alive(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (non-zombie) child processes of ``pid``, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def no_leftover_children():
+    """Fail a test that leaves a child process of the test process behind (the fork
+    server is the one child that is meant to outlive a launch)."""
+    from workshop.launcher import _SERVER
+
+    yield
+    server = _SERVER.popen.pid if _SERVER.popen else None
+    deadline = time.monotonic() + 10
+    while True:
+        left = [p for p in children_of(os.getpid()) if p != server]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"processes left behind: {left}"
+
+
+class Script:
+    """A Python script that plays a notebook kernel, with its output collected by a
+    thread so a test can wait for a line without blocking on a pipe."""
+
+    def __init__(self, path: Path):
+        import threading
+
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.popen = subprocess.Popen(
+            [sys.executable, str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, marker: str, timeout: float = 60.0) -> str:
+        """Wait for a line containing ``marker`` and return it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if marker in line:
+                    return line
+            if self.popen.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(
+            f"{marker!r} did not appear within {timeout} s; output:\n"
+            + "".join(self.lines)
+        )
+
+    def finish(self, timeout: float = 60.0) -> str:
+        """Wait for the script to end; return all it printed."""
+        self.popen.wait(timeout)
+        self._reader.join(5)
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+@pytest.fixture
+def script(tmp_path):
+    """Start a script (source text) as a separate 'kernel' process; killed after."""
+    started: list[Script] = []
+
+    def start(source: str) -> Script:
+        path = tmp_path / f"kernel{len(started)}.py"
+        path.write_text(textwrap.dedent(source))
+        started.append(Script(path))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.kill()

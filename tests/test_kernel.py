@@ -1,0 +1,99 @@
+"""workshop.launch inside a real Jupyter kernel: the stop button stops every rank and
+leaves the kernel usable, and restarting the kernel leaves no rank behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from queue import Empty
+
+import pytest
+from conftest import ROOT, gone
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+
+def _execute(kc, code: str, timeout: float = 60.0) -> dict:
+    """Run ``code`` in the kernel; return its reply content and what it printed."""
+    msg_id = kc.execute(code)
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply["content"]
+
+
+def _drain_iopub(kc) -> list[dict]:
+    messages = []
+    while True:
+        try:
+            messages.append(kc.get_iopub_msg(timeout=0.5))
+        except Empty:
+            return messages
+
+
+def _wait_for_pids(directory, count: int, timeout: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = sorted(directory.glob("pid-*"))
+        texts = [f.read_text() for f in files]
+        if len(files) == count and all(texts):
+            return [int(t) for t in texts]
+        time.sleep(0.05)
+    raise AssertionError(f"ranks did not start; found {list(directory.iterdir())}")
+
+
+HANG = """
+import os, time, workshop
+def hang(directory):
+    import torch.distributed as dist
+    with open(os.path.join(directory, f"pid-{{dist.get_rank()}}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+workshop.launch(hang, {directory!r}, world_size=3)
+"""
+
+
+@pytest.fixture
+def kernel():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_stop_button_and_restart_leave_no_rank(kernel, tmp_path):
+    km, kc = kernel
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+
+    msg_id = kc.execute(HANG.format(directory=str(first)))
+    pids = _wait_for_pids(first, 3)
+    t0 = time.monotonic()
+    km.interrupt_kernel()  # the stop button
+    reply = kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - t0 < 5
+    assert not gone(pids, within=2)
+    printed = "".join(
+        m["content"].get("text", "")
+        for m in _drain_iopub(kc)
+        if m["msg_type"] == "stream"
+    )
+    assert "workshop.launch: interrupted; stopped rank(s) 0, 1, 2" in printed
+
+    # The kernel is still usable: the next launch works.
+    content = _execute(
+        kc,
+        "r = workshop.launch(lambda: 7, world_size=2, show='none')\n"
+        "assert r.returns == [7, 7], r",
+    )
+    assert content["status"] == "ok", content
+
+    kc.execute(HANG.format(directory=str(second)))
+    pids = _wait_for_pids(second, 3)
+    km.restart_kernel(now=True)  # kills the kernel process outright
+    assert not gone(pids, within=5), "ranks outlived a kernel restart"

@@ -1,0 +1,31 @@
+"""Command line of the workshop's benchmarks: ``python -m workshop.bench launch``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m workshop.bench", description="Benchmarks that print figures."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from . import launch_bench
+
+    launch_bench.add_arguments(
+        commands.add_parser(
+            "launch", help="start-up time of workshop.launch vs torchrun"
+        )
+    )
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.command == "launch":
+        return launch_bench.main(args)
+    return 2  # pragma: no cover - argparse rejects unknown commands first
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""One worker code path: the script that notebook 02's lesson becomes runs unchanged
+under torchrun and with the variables srun and mpirun give each task."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from workshop.env import RankInfo
+from workshop.worker import _init_method, process_group
+
+HELLO = str(ROOT / "slurm" / "hello_ranks.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))
+    }
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _run_tasks(task_envs: list[dict[str, str]]) -> list[str]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, HELLO],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for env in task_envs
+    ]
+    outputs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out
+        outputs.append(out)
+    return outputs
+
+
+def test_the_hello_script_under_torchrun():
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            HELLO,
+        ],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    for rank in (0, 1):
+        assert (
+            f"hello from rank {rank} of 2 (local rank {rank}, node 0, started by "
+            f"torchrun, gloo): sum of ranks = 1"
+        ) in run.stdout
+
+
+def test_the_hello_script_as_srun_tasks():
+    port = _free_port()
+    envs = []
+    for rank in (0, 1):
+        env = _clean_env()
+        env.update(
+            SLURM_JOB_ID="77",
+            SLURM_STEP_ID="0",
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE="2",
+            SLURM_JOB_NODELIST="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        envs.append(env)
+    outputs = _run_tasks(envs)
+    for rank, out in enumerate(outputs):
+        assert (
+            f"hello from rank {rank} of 2 (local rank {rank}, node 0, started by "
+            f"srun, gloo): sum of ranks = 1"
+        ) in out
+
+
+def test_the_hello_script_as_mpirun_processes():
+    port = _free_port()
+    envs = []
+    for rank in (0, 1):
+        env = _clean_env()
+        env.update(
+            OMPI_COMM_WORLD_RANK=str(rank),
+            OMPI_COMM_WORLD_SIZE="2",
+            OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
+            OMPI_COMM_WORLD_LOCAL_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        envs.append(env)
+    outputs = _run_tasks(envs)
+    assert (
+        "hello from rank 1 of 2 (local rank 1, node 0, started by mpirun" in outputs[1]
+    )
+
+
+def test_srun_port_comes_from_the_job_id(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    info = RankInfo(rank=0, world_size=2, master_addr="gpu003", launcher="srun")
+    assert _init_method(info) == "tcp://gpu003:23456"  # 20000 + 123456 % 20000
+
+
+def test_missing_rendezvous_address_is_explained(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    info = RankInfo(rank=1, world_size=2, launcher="mpirun")
+    with pytest.raises(
+        RuntimeError,
+        match=r"mpirun started rank 1 of 2 but "
+        r"MASTER_ADDR=None and MASTER_PORT=\d+; export both",
+    ):
+        _init_method(info)
+
+
+def test_a_single_process_gets_a_group_of_one(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    import torch.distributed as dist
+
+    with process_group() as info:
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert info.launcher == "torchrun"
+    assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_scripts_parse():
+    for script in (ROOT / "slurm").glob("*.sbatch"):
+        run = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, f"{script.name}: {run.stderr}"
+        text = script.read_text()
+        assert "set -euo pipefail" in text
+        assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
+        assert "# Submit from the repository root:" in text

@@ -97,3 +97,49 @@ def test_stop_button_and_restart_leave_no_rank(kernel, tmp_path):
     pids = _wait_for_pids(second, 3)
     km.restart_kernel(now=True)  # kills the kernel process outright
     assert not gone(pids, within=5), "ranks outlived a kernel restart"
+
+
+LIVE = """
+import time, workshop
+import torch.distributed as dist
+def slow():
+    print(f"started {dist.get_rank()}", flush=True)
+    time.sleep(1.5)
+    print(f"finished {dist.get_rank()}", flush=True)
+workshop.launch(slow, world_size=2)
+"""
+
+
+def test_output_is_live_while_ranks_run_and_rank_ordered_after(kernel):
+    _km, kc = kernel
+    msg_id = kc.execute(LIVE)
+    messages = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append(msg)
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    kinds = [m["msg_type"] for m in messages]
+    # The launch opens a display area with its header ...
+    first = messages[kinds.index("display_data")]["content"]["data"]["text/plain"]
+    assert first == "launch: world_size=2, backend=gloo, start_method=fork"
+    # ... shows the ranks' lines in it while they run ...
+    updates = [
+        m["content"]["data"]["text/plain"]
+        for m in messages
+        if m["msg_type"] == "update_display_data"
+    ]
+    live = [u for u in updates if "started" in u and "finished" not in u]
+    assert live, f"no live update before the ranks finished: {updates}"
+    assert "[rank 0] started 0" in live[0] or "[rank 1] started 1" in live[0]
+    # ... and finally leaves the header there and the output below it, in rank order.
+    assert updates[-1] == first
+    stream = "".join(
+        m["content"]["text"] for m in messages if m["msg_type"] == "stream"
+    )
+    assert stream == (
+        "[rank 0] started 0\n[rank 0] finished 0\n"
+        "[rank 1] started 1\n[rank 1] finished 1\n"
+    )

@@ -100,16 +100,17 @@ class LaunchSession:
                 self.fd_owner[fd] = (handle, kind)
 
     # -- reading
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int) -> bool:
+        """Read what ``fd`` holds now; False once it is empty or closed."""
         handle, kind = self.fd_owner[fd]
         try:
             data = os.read(fd, 1 << 16)
         except BlockingIOError:
-            return
+            return False
         if not data:
             del self.fd_owner[fd]
             os.close(fd)
-            return
+            return False
         if kind == "result":
             buffer = self.buffers[handle.rank]
             buffer += data
@@ -118,31 +119,24 @@ class LaunchSession:
                 self.results.setdefault(handle.rank, message)
         else:
             self.output.feed(handle.rank, kind, data)
+        return True
 
     def _drain(self, handle: RankHandle) -> None:
+        # A finished rank's output is all in its pipes already; a child it started
+        # may still hold them open, so read what is there rather than to the end.
         for fd in list(handle.fds.values()):
-            try:
-                self._read_all_now(fd)
-            except BlockingIOError:
+            while fd in self.fd_owner and self._read(fd):
                 pass
 
-    def _read_all_now(self, fd: int) -> None:
-        # Read until the pipe is empty (or closed). A finished rank's output is all in
-        # the pipe already; a child it started may still hold the pipe open.
-        while fd in self.fd_owner:
-            handle, kind = self.fd_owner[fd]
-            data = os.read(fd, 1 << 16)
-            if not data:
-                del self.fd_owner[fd]
-                os.close(fd)
-                return
-            if kind == "result":
-                buffer = self.buffers[handle.rank]
-                buffer += data
-                for message in split_messages(buffer):
-                    self.results.setdefault(handle.rank, message)
-            else:
-                self.output.feed(handle.rank, kind, data)
+    def _pump(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for output and read whatever arrived."""
+        if not self.fd_owner:
+            time.sleep(wait)
+            return
+        ready, _, _ = select.select(list(self.fd_owner), [], [], wait)
+        for fd in ready:
+            if fd in self.fd_owner:
+                self._read(fd)
 
     def _poll_exits(self) -> None:
         for handle in self.handles:
@@ -170,15 +164,7 @@ class LaunchSession:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError
-            wait = 0.02 if left is None else max(0.0, min(0.02, left))
-            fds = list(self.fd_owner)
-            if fds:
-                ready, _, _ = select.select(fds, [], [], wait)
-                for fd in ready:
-                    if fd in self.fd_owner:
-                        self._read(fd)
-            else:
-                time.sleep(wait)
+            self._pump(0.02 if left is None else max(0.0, min(0.02, left)))
             self._poll_exits()
 
     def stop(self, grace: float = GRACE) -> list[int]:
@@ -199,13 +185,7 @@ class LaunchSession:
             while time.monotonic() < deadline and any(
                 h.poll() is None for h in running
             ):
-                if self.fd_owner:
-                    ready, _, _ = select.select(list(self.fd_owner), [], [], 0.02)
-                    for fd in ready:
-                        if fd in self.fd_owner:
-                            self._read(fd)
-                else:
-                    time.sleep(0.02)
+                self._pump(0.02)
         self._poll_exits()
         # Stopped: ended by our signals. A rank that ended otherwise meanwhile (it
         # crashed, say) is reported for what it did.
@@ -229,11 +209,9 @@ class LaunchSession:
         self._poll_exits()
         for handle in self.handles:
             LIVE.discard(handle)
+        for handle in self.handles:
+            self._drain(handle)
         for fd in list(self.fd_owner):
-            try:
-                self._read_all_now(fd)
-            except OSError:
-                pass
             if fd in self.fd_owner:
                 del self.fd_owner[fd]
                 os.close(fd)

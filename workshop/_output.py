@@ -55,6 +55,7 @@ class RankOutput:
         self._live: list[str] = []
         self._handle = None
         self._last_update = 0.0
+        self._shown = 0
         if show == "notebook":
             from IPython.display import display
 
@@ -82,8 +83,7 @@ class RankOutput:
             if line.strip():
                 self._last[rank] = line
             self._show(rank, stream, line)
-        if self._handle is not None and time.monotonic() - self._last_update > 0.2:
-            self._update()
+        self.refresh()
 
     def _show(self, rank: int, stream: str, line: str) -> None:
         marked = self._prefix[rank] + line
@@ -96,8 +96,19 @@ class RankOutput:
         elif self.show == "notebook":
             self._live.append(marked)
 
+    def refresh(self) -> None:
+        """Redraw the notebook's live area if lines arrived since the last redraw;
+        at most five times a second, to keep the browser's work small."""
+        if (
+            self._handle is not None
+            and len(self._live) != self._shown
+            and time.monotonic() - self._last_update > 0.2
+        ):
+            self._update()
+
     def _update(self) -> None:
         self._last_update = time.monotonic()
+        self._shown = len(self._live)
         self._handle.update(_Text("\n".join([self.header, *self._live[-200:]])))
 
     def close(self) -> None:

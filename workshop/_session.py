@@ -130,6 +130,7 @@ class LaunchSession:
 
     def _pump(self, wait: float) -> None:
         """Wait up to ``wait`` seconds for output and read whatever arrived."""
+        self.output.refresh()  # lines held back by the redraw limit show up now
         if not self.fd_owner:
             time.sleep(wait)
             return

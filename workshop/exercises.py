@@ -1,0 +1,110 @@
+"""Self-checking exercises: ``check("01.bubble", my_answer)`` says whether an answer is
+right and, when it is not, gives a hint without giving the answer away.
+
+Each notebook's exercises are registered here by name ("01.bubble" is notebook 01's
+exercise on pipeline bubbles), so the answers are tested with the package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["EXERCISES", "check"]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise: how to judge an answer, and a hint for a wrong one."""
+
+    question: str
+    judge: Callable[[Any], bool]
+    hint: str
+
+
+def _close(expected: float, tolerance: float = 0.01) -> Callable[[Any], bool]:
+    def judge(answer: Any) -> bool:
+        return isinstance(answer, (int, float)) and math.isclose(
+            answer, expected, rel_tol=tolerance, abs_tol=tolerance / 100
+        )
+
+    return judge
+
+
+def _bubble_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [(1, 1), (2, 1), (2, 4), (4, 8), (8, 32), (3, 3)]
+    return all(
+        math.isclose(answer(s, m), (s - 1) / (m + s - 1), rel_tol=1e-9, abs_tol=1e-12)
+        for s, m in cases
+    )
+
+
+EXERCISES: dict[str, Exercise] = {
+    "01.dp": Exercise(
+        "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
+        "weights during the forward pass)",
+        lambda a: tuple(a) == (64, 4) if isinstance(a, (tuple, list)) else False,
+        "scatter splits the batch evenly; replicate puts one copy of the model on "
+        "every device",
+    ),
+    "01.bubble": Exercise(
+        "a function bubble(stages, micro_batches) giving the idle fraction of a "
+        "pipeline (all forwards, then all backwards)",
+        _bubble_function,
+        "count the time steps of one pass: micro_batches + stages - 1; each stage is "
+        "busy for micro_batches of them",
+    ),
+    "01.accumulate": Exercise(
+        "accumulate= for micro-batches of 16 to give the gradient of a batch of 128",
+        lambda a: isinstance(a, int) and not isinstance(a, bool) and a == 8,
+        "each optimizer step should have seen 128 samples in total",
+    ),
+    "01.speedup": Exercise(
+        "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "
+        "per-sample work, the batch split 4 ways",
+        _close(8 / 6.5),
+        "only the per-sample part shrinks: 2 ms becomes 0.5 ms; the 6 ms stay",
+    ),
+}
+
+
+def check(name: str, answer: Any) -> bool:
+    """Say whether ``answer`` solves exercise ``name``; print a hint if it does not.
+
+    Args:
+        name: the exercise, e.g. "01.bubble".
+        answer: your answer (a number, a tuple, or a function, as the exercise asks).
+
+    Returns:
+        True when right.
+
+    Raises:
+        KeyError: no exercise of that name (the message lists them).
+
+    Example:
+        >>> check("01.accumulate", 8)
+        Right: 01.accumulate
+        True
+    """
+    if name not in EXERCISES:
+        raise KeyError(
+            f"no exercise named {name!r}; the exercises are "
+            + ", ".join(repr(n) for n in EXERCISES)
+        )
+    exercise = EXERCISES[name]
+    try:
+        right = bool(exercise.judge(answer))
+    except Exception as exc:  # a learner's function may raise: that is an answer too
+        print(f"Not yet: {name} raised {type(exc).__name__}: {exc}")
+        print(f"Hint: {exercise.hint}")
+        return False
+    if right:
+        print(f"Right: {name}")
+    else:
+        print(f"Not yet: {name} wants {exercise.question}.")
+        print(f"Hint: {exercise.hint}")
+    return right

@@ -342,6 +342,20 @@ def test_start_method_choice_and_reasons():
         choose_start_method("fork", True, "linux")
 
 
+def test_a_started_cuda_driver_counts_as_initialised(tmp_path):
+    from workshop.launcher import _cuda_initialized
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert _cuda_initialized(str(maps)) is False
+    maps.write_text(
+        maps.read_text() + "7f02-7f03 r-xp 0 08:01 2 /usr/lib/libcuda.so.1\n"
+    )
+    assert _cuda_initialized(str(maps)) is True
+    assert _cuda_initialized(str(tmp_path / "missing")) is False
+    assert _cuda_initialized() is False  # this test process never touched a GPU
+
+
 def test_a_kernel_that_touched_cuda_uses_the_server_and_is_told(monkeypatch, capsys):
     import workshop.launcher as launcher
 

@@ -89,10 +89,24 @@ def _validate(fn: Any, world_size: Any, timeout: Any, start_method: Any) -> None
         )
 
 
-def _cuda_initialized() -> bool:
+def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
+    """True once this process has started the CUDA driver, which a fork cannot keep.
+
+    ``torch.cuda.is_initialized()`` only knows about torch's own CUDA context; a call
+    such as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it,
+    and a child forked after that cannot use the GPU either. The driver library
+    (``libcuda.so``) is loaded at that moment and never before, so its presence in
+    this process's memory map is the sign to look for.
+    """
     import torch
 
-    return torch.cuda.is_initialized()
+    if torch.cuda.is_initialized():
+        return True
+    try:
+        with open(maps_file) as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:  # no /proc (macOS): torch's own answer is all there is
+        return False
 
 
 def choose_start_method(

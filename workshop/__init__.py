@@ -1,30 +1,86 @@
 """Scaling PyTorch on HPC: the helper package the workshop's notebooks import.
 
-Public names:
+Starting ranks (notebook 02 on): :func:`launch` runs a function on N real ranks from a
+notebook cell and returns a :class:`RunResult`, or raises :class:`LaunchError` with
+every rank stopped; :func:`process_group` is what every rank runs around the lesson's
+code, whether started by ``launch``, ``torchrun``, ``srun`` or ``mpirun``.
 
-* :func:`launch` runs a function on N real ranks from a notebook cell and returns a
-  :class:`RunResult`; a failing, hanging or interrupted launch raises
-  :class:`LaunchError` (or KeyboardInterrupt) with every rank stopped.
-* :func:`process_group` is what every rank runs around the lesson's code, whether
-  started by ``launch``, ``torchrun``, ``srun`` or ``mpirun``.
-* :func:`rank_info` reads a process's rank, local rank and world size from its launcher.
-* :func:`doctor` tells what this machine has and what the workshop will use.
+Training (every notebook): :func:`digits`, :func:`cifar10`, :func:`synthetic` and
+:func:`make_loader` for data; :class:`SmallCNN` and :func:`resnet` for models;
+:func:`train` and :func:`evaluate` for the loop.
+
+One node, many devices (notebook 01): :func:`lesson_devices`,
+:func:`data_parallel_step`, :func:`torch_data_parallel`, :class:`TwoStageModel`,
+:func:`pipeline_forward_backward`, :func:`pipeline_schedule`, :func:`bubble_fraction`,
+the ``draw_*`` diagrams, :func:`profile_steps`, :func:`saved_activation_bytes`,
+:func:`time_steps` and the plots of measurements.
+
+:func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
+from .data import cifar10, digits, make_loader, synthetic, time_loader
+from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .doctor import doctor
-from .env import RankInfo, rank_info
+from .env import RankInfo, rank_info, visible_gpu_count
+from .exercises import check
 from .launcher import LaunchError, RunResult, launch
+from .models import SmallCNN, count_parameters, resnet
+from .pipeline import (
+    TwoStageModel,
+    bubble_fraction,
+    pipeline_forward_backward,
+    pipeline_schedule,
+)
+from .plots import plot_speedup, plot_throughput
+from .precision import saved_activation_bytes
+from .profiling import profile_steps
+from .progress import History, Progress
+from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
+from .throughput import fit_step_cost, projected_speedup, time_steps
+from .training import evaluate, train, train_step
 from .worker import process_group, rank_device
 
 __all__ = [
+    "History",
     "LaunchError",
+    "Progress",
     "RankInfo",
     "RunResult",
+    "SmallCNN",
+    "TwoStageModel",
+    "bubble_fraction",
+    "check",
+    "cifar10",
+    "count_parameters",
+    "data_parallel_step",
+    "digits",
     "doctor",
+    "draw_data_parallel_step",
+    "draw_schedule",
+    "draw_timeline",
+    "evaluate",
+    "fit_step_cost",
     "launch",
+    "lesson_devices",
+    "make_loader",
+    "pipeline_forward_backward",
+    "pipeline_schedule",
+    "plot_speedup",
+    "plot_throughput",
     "process_group",
+    "profile_steps",
+    "projected_speedup",
     "rank_device",
     "rank_info",
+    "resnet",
+    "saved_activation_bytes",
+    "synthetic",
+    "time_loader",
+    "time_steps",
+    "torch_data_parallel",
+    "train",
+    "train_step",
+    "visible_gpu_count",
 ]
 
 __version__ = "0.1.0"

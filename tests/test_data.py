@@ -1,0 +1,327 @@
+"""workshop.data: the shipped digits, CIFAR-10 from a local folder, synthetic images,
+seeded loaders and the loader timer."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from workshop.data import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    cifar10,
+    digits,
+    make_loader,
+    synthetic,
+    time_loader,
+)
+
+# --- digits ---------------------------------------------------------------------------
+
+
+def test_digits_splits_80_20_with_images_and_labels_of_the_right_kind():
+    train, test = digits("train"), digits("test")
+    images, labels = train.tensors
+    assert (len(train), len(test)) == (1437, 360)
+    assert images.shape == (1437, 1, 16, 16)
+    assert images.dtype == torch.float32
+    assert labels.dtype == torch.int64
+    assert set(labels.tolist()) == set(range(10))
+
+
+def test_digits_split_is_stratified():
+    from sklearn.datasets import load_digits
+
+    everything = np.bincount(load_digits().target, minlength=10)
+    in_test = np.bincount(digits("test").tensors[1].numpy(), minlength=10)
+    # Each digit's share of the test split is its share of the data, to one image.
+    assert np.all(np.abs(in_test - everything * 0.2) <= 1), (in_test, everything)
+
+
+def test_digits_are_normalised_with_the_training_statistics():
+    train_images = digits("train").tensors[0]
+    assert abs(train_images.mean().item()) < 1e-5
+    assert abs(train_images.std().item() - 1) < 1e-5
+    # The test split uses the training statistics, so its own are near but not equal.
+    test_images = digits("test").tensors[0]
+    assert abs(test_images.mean().item()) < 0.1
+    assert test_images.mean().item() != pytest.approx(0, abs=1e-5)
+
+
+def test_digits_at_size_8_are_the_original_pixels_normalised():
+    from sklearn.datasets import load_digits
+
+    images = digits("train", size=8).tensors[0]
+    assert images.shape == (1437, 1, 8, 8)
+    # Undo the normalisation: back to 17 ink levels, 0/16 .. 16/16.
+    pixels = (images - images.min()) / (images.max() - images.min())
+    levels = torch.unique(torch.round(pixels * 16))
+    assert levels.tolist() == [float(v) for v in range(17)]
+    assert load_digits().images.max() == 16
+
+
+def test_digits_are_deterministic_and_the_seed_changes_the_split():
+    first, again = digits("train", seed=0), digits("train", seed=0)
+    assert all(
+        torch.equal(a, b) for a, b in zip(first.tensors, again.tensors, strict=True)
+    )
+    other = digits("train", seed=1)
+    assert not torch.equal(first.tensors[1], other.tensors[1])
+
+
+def test_digits_upsamples_to_any_size():
+    assert digits("test", size=28).tensors[0].shape == (360, 1, 28, 28)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"split": "val"},
+            r"split='val' is not known; pass split=\"train\" or \"test\"",
+        ),
+        ({"size": 0}, r"size=0 must be a whole number of pixels, 1 or more"),
+        ({"size": 16.0}, r"size=16.0 must be a whole number"),
+    ],
+)
+def test_digits_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        digits(**kwargs)
+
+
+# --- CIFAR-10 from a folder -----------------------------------------------------------
+
+_PER_BATCH = 3
+_NAMES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def _write_cifar(root: Path, skip: tuple[str, ...] = ()) -> Path:
+    """A stand-in CIFAR-10 in the real format (pickled dicts of uint8 rows), with
+    _PER_BATCH images per batch file. Image j of file i is filled with the value
+    10 * i + j in every pixel, and its label is (i + j) % 10."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for i, name in enumerate(_NAMES):
+        if name in skip:
+            continue
+        values = [10 * i + j for j in range(_PER_BATCH)]
+        batch = {
+            "batch_label": f"fake {name}",
+            "labels": [(i + j) % 10 for j in range(_PER_BATCH)],
+            "data": np.repeat(np.array(values, dtype=np.uint8)[:, None], 3072, axis=1),
+            "filenames": [f"{name}_{j}.png" for j in range(_PER_BATCH)],
+        }
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    if "batches.meta" not in skip:
+        classes = ["airplane", "automobile", "bird", "cat", "deer"]
+        classes += ["dog", "frog", "horse", "ship", "truck"]
+        with open(folder / "batches.meta", "wb") as f:
+            pickle.dump({"label_names": classes, "num_vis": 3072}, f)
+    return folder
+
+
+def test_cifar10_reads_the_python_version_from_a_local_folder(tmp_path):
+    _write_cifar(tmp_path)
+    train, test = cifar10(tmp_path), cifar10(str(tmp_path), split="test")
+    assert (len(train), len(test)) == (5 * _PER_BATCH, _PER_BATCH)
+    assert train.classes[3] == "cat"
+
+    image, label = train[_PER_BATCH + 1]  # file 1 (data_batch_2), image 1
+    assert image.shape == (3, 32, 32)
+    assert image.dtype == torch.float32
+    assert label == 2
+    expected = [
+        (11 / 255 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD, strict=True)
+    ]
+    assert image[:, 0, 0].tolist() == pytest.approx(expected, abs=1e-6)
+    assert image.std(dim=(1, 2)).max().item() < 1e-6  # one value per channel
+
+    test_image, test_label = test[2]  # test_batch is file 5
+    assert test_label == (5 + 2) % 10
+    assert test_image[0, 0, 0].item() == pytest.approx((52 / 255 - 0.4914) / 0.2470)
+
+
+def test_cifar10_accepts_the_batches_folder_itself(tmp_path):
+    folder = _write_cifar(tmp_path)
+    assert len(cifar10(folder, split="test")) == _PER_BATCH
+
+
+def test_cifar10_goes_through_a_loader_and_survives_pickling(tmp_path):
+    _write_cifar(tmp_path)
+    train = cifar10(tmp_path)
+    images, labels = next(iter(make_loader(train, 4, shuffle=False)))
+    assert images.shape == (4, 3, 32, 32)
+    assert labels.tolist() == [0, 1, 2, 1]
+    # What a spawned loader worker, or a rank, does with the dataset.
+    copy = pickle.loads(pickle.dumps(train))
+    assert torch.equal(copy[7][0], train[7][0])
+
+
+def test_cifar10_in_a_folder_without_it_names_the_path_and_the_fix(tmp_path):
+    with pytest.raises(
+        FileNotFoundError,
+        match=(
+            rf"no CIFAR-10 found in '{tmp_path}': expected the folder "
+            r"'cifar-10-batches-py' \(the python version from the CIFAR-10 site\) "
+            r"inside it, but it is not there; pass the directory that contains it"
+        ),
+    ):
+        cifar10(tmp_path)
+
+
+def test_cifar10_at_a_missing_path_says_it_does_not_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"but that path does not exist"):
+        cifar10(tmp_path / "nowhere")
+
+
+def test_cifar10_next_to_its_archive_says_to_unpack_it(tmp_path):
+    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"not yet unpacked; run `tar -xzf "):
+        cifar10(tmp_path)
+
+
+def test_cifar10_with_files_missing_lists_them(tmp_path):
+    _write_cifar(tmp_path, skip=("data_batch_3", "batches.meta"))
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"is incomplete: data_batch_3, batches.meta missing",
+    ):
+        cifar10(tmp_path)
+
+
+def test_cifar10_rejects_an_unknown_split(tmp_path):
+    _write_cifar(tmp_path)
+    with pytest.raises(ValueError, match=r"split='validation' is not known"):
+        cifar10(tmp_path, split="validation")
+
+
+# --- synthetic ------------------------------------------------------------------------
+
+
+def test_synthetic_samples_have_the_asked_shape_and_labels():
+    data = synthetic(100, image_size=32, channels=3, num_classes=7)
+    image, label = data[99]
+    assert len(data) == 100
+    assert image.shape == (3, 32, 32)
+    assert image.dtype == torch.float32
+    assert label.dtype == torch.int64
+    assert {int(data[i][1]) for i in range(100)} <= set(range(7))
+
+
+def test_synthetic_is_made_per_index_and_deterministic():
+    # A billion ImageNet-sized images would be 600 TB if made up front.
+    start = time.perf_counter()
+    huge = synthetic(10**9)
+    assert time.perf_counter() - start < 0.1
+    assert not any(isinstance(v, torch.Tensor) for v in vars(huge).values())
+
+    a, b = synthetic(50, image_size=8), synthetic(50, image_size=8)
+    assert torch.equal(a[7][0], b[7][0]) and a[7][1] == b[7][1]
+    assert torch.equal(a[-1][0], a[49][0])
+    assert not torch.equal(a[7][0], a[8][0])
+    assert not torch.equal(a[7][0], synthetic(50, image_size=8, seed=1)[7][0])
+
+
+def test_synthetic_rejects_out_of_range_indices_and_bad_sizes():
+    with pytest.raises(IndexError, match=r"index 10 is out of range for 10 samples"):
+        synthetic(10, image_size=4)[10]
+    with pytest.raises(ValueError, match=r"image_size=0 must be a whole number"):
+        synthetic(10, image_size=0)
+
+
+# --- loaders --------------------------------------------------------------------------
+
+
+def _order(loader) -> list[int]:
+    return [int(v) for _, labels in loader for v in labels]
+
+
+def test_make_loader_shuffles_reproducibly_by_seed():
+    data = torch.utils.data.TensorDataset(torch.zeros(40, 1), torch.arange(40))
+    first = _order(make_loader(data, 8, shuffle=True, seed=3))
+    assert first == _order(make_loader(data, 8, shuffle=True, seed=3))
+    assert first != _order(make_loader(data, 8, shuffle=True, seed=4))
+    assert sorted(first) == list(range(40))
+    assert _order(make_loader(data, 8, shuffle=False)) == list(range(40))
+
+
+def test_make_loader_with_persistent_workers_shuffles_reproducibly():
+    data = torch.utils.data.TensorDataset(torch.zeros(24, 1), torch.arange(24))
+
+    def persistent():
+        return make_loader(
+            data, 4, shuffle=True, seed=1, num_workers=2, persistent_workers=True
+        )
+
+    first, second = persistent(), persistent()
+    passes = [_order(first), _order(first)]
+    assert passes == [_order(second), _order(second)]
+    # The first pass is that of a loader without workers. Later ones differ from
+    # its later ones, still reproducibly: a loader without persistent workers draws
+    # a seed for its (absent) workers from the generator at every pass, which
+    # shifts the shuffling; persistent workers drew theirs once.
+    assert passes[0] == _order(make_loader(data, 4, shuffle=True, seed=1))
+    assert sorted(passes[1]) == list(range(24))
+
+
+def test_make_loader_takes_a_distributed_sampler_and_drop_last():
+    data = torch.utils.data.TensorDataset(torch.zeros(10, 1), torch.arange(10))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+    loader = make_loader(data, 2, shuffle=False, sampler=sampler, drop_last=True)
+    assert _order(loader) == [1, 3, 5, 7]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, r"batch_size=0 must be a whole number, 1 or more"),
+        ({"num_workers": -1}, r"num_workers=-1 is negative"),
+        (
+            {"persistent_workers": True},
+            r"persistent_workers=True keeps worker processes alive between epochs, "
+            r"but num_workers=0 starts none; pass num_workers=2 \(or more\), or "
+            r"persistent_workers=False",
+        ),
+        (
+            {"shuffle": True, "sampler": "sampler"},
+            r"shuffle=True with sampler=DistributedSampler: the sampler chooses the "
+            r"order; pass shuffle=False",
+        ),
+    ],
+)
+def test_make_loader_rejects_bad_combinations(kwargs, message):
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.arange(4))
+    if kwargs.get("sampler") == "sampler":
+        kwargs["sampler"] = DistributedSampler(data, num_replicas=1, rank=0)
+    kwargs = {"batch_size": 2, "shuffle": False, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        make_loader(data, **kwargs)
+
+
+def test_time_loader_counts_samples_and_stops_after_the_asked_batches():
+    pulled = []
+
+    def batches():
+        for i in range(100):
+            pulled.append(i)
+            yield torch.zeros(5, 2), torch.zeros(5)
+
+    rate = time_loader(batches(), batches=3)
+    assert rate > 0
+    assert pulled == [0, 1, 2]
+    loader = make_loader(synthetic(64, image_size=8), 16, shuffle=False)
+    assert time_loader(loader, batches=100) > 0  # fewer batches than asked: fine
+
+
+def test_time_loader_rejects_no_batches():
+    with pytest.raises(ValueError, match=r"batches=0 must be a whole number"):
+        time_loader([], batches=0)
+    with pytest.raises(ValueError, match=r"the loader yielded no batch"):
+        time_loader([], batches=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workshop.exercises import EXERCISES, check
+from workshop.exercises import EXERCISES, check, judge
 from workshop.pipeline import bubble_fraction
 from workshop.throughput import StepCost, projected_speedup
 
@@ -25,25 +25,27 @@ WRONG = {
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_reference_answers_pass_and_wrong_ones_get_a_hint(name, capsys):
-    assert check(name, RIGHT[name]) is True
+    assert check(name, RIGHT[name]) is None  # a notebook cell shows the verdict only
     assert capsys.readouterr().out == f"Right: {name}\n"
-    assert check(name, WRONG[name]) is False
+    assert judge(name, RIGHT[name]) is True
+    assert capsys.readouterr().out == f"Right: {name}\n"
+    assert judge(name, WRONG[name]) is False
     out = capsys.readouterr().out
     assert out.startswith(f"Not yet: {name} wants ") and "\nHint: " in out
 
 
 def test_reference_answers_agree_with_the_package():
-    assert check("01.bubble", bubble_fraction)
+    assert judge("01.bubble", bubble_fraction)
     fixed_and_per_sample = StepCost(fixed_s=0.006, per_sample_s=0.002 / 64)
-    assert check("01.speedup", projected_speedup(fixed_and_per_sample, 64, [4])[0])
+    assert judge("01.speedup", projected_speedup(fixed_and_per_sample, 64, [4])[0])
 
 
 def test_a_raising_answer_and_an_unknown_name(capsys):
-    assert check("01.bubble", lambda s, m: 1 / 0) is False
+    assert judge("01.bubble", lambda s, m: 1 / 0) is False
     assert "Not yet: 01.bubble raised ZeroDivisionError" in capsys.readouterr().out
     with pytest.raises(
         KeyError,
         match=r"no exercise named '01.nope'; the exercises "
         r"are '01.dp'",
     ):
-        check("01.nope", 1)
+        judge("01.nope", 1)

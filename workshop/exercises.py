@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXERCISES", "check"]
+__all__ = ["EXERCISES", "check", "judge"]
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,15 @@ EXERCISES: dict[str, Exercise] = {
 }
 
 
-def check(name: str, answer: Any) -> bool:
+def check(name: str, answer: Any) -> None:
     """Say whether ``answer`` solves exercise ``name``; print a hint if it does not.
+
+    Returns nothing, so a notebook cell shows the verdict alone; :func:`judge` gives
+    the same verdict as a bool.
 
     Args:
         name: the exercise, e.g. "01.bubble".
         answer: your answer (a number, a tuple, or a function, as the exercise asks).
-
-    Returns:
-        True when right.
 
     Raises:
         KeyError: no exercise of that name (the message lists them).
@@ -88,8 +88,13 @@ def check(name: str, answer: Any) -> bool:
     Example:
         >>> check("01.accumulate", 8)
         Right: 01.accumulate
-        True
     """
+    judge(name, answer)
+
+
+def judge(name: str, answer: Any) -> bool:
+    """Print the verdict on ``answer`` to exercise ``name`` and return it (True when
+    right); see :func:`check`."""
     if name not in EXERCISES:
         raise KeyError(
             f"no exercise named {name!r}; the exercises are "

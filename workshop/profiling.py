@@ -83,6 +83,10 @@ def profile_steps(
 
     from .env import visible_gpu_count
 
+    # Kineto, the profiler's engine, logs an error per run on a machine without a
+    # GPU ("gpuGetDeviceCount failed"): noise in a learner's cell. A level the user
+    # set wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     if steps < 1 or warmup < 0:
         raise ValueError(
             f"profile_steps needs steps >= 1 and warmup >= 0, got steps={steps} and "

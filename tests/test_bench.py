@@ -62,3 +62,30 @@ def test_bench_without_a_command_shows_usage():
     run = _bench()
     assert run.returncode == 2
     assert "usage: python -m workshop.bench" in run.stderr
+
+
+def test_train_benchmark_reports_samples_per_second(tmp_path):
+    out = tmp_path / "train.json"
+    run = _bench(
+        "train",
+        "--model",
+        "smallcnn",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "16",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--channels-last",
+        "--json",
+        str(out),
+    )
+    assert run.returncode == 0, run.stderr
+    assert "smallcnn on CPU (cpu), batch 16, 16px, amp=bf16, channels_last=True: " in (
+        run.stdout
+    )
+    report = json.loads(out.read_text())
+    assert report["samples_per_second"] > 0 and report["steps"] == 3
+    assert report["amp"] == "bf16" and report["batch_size"] == 16

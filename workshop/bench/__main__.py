@@ -1,4 +1,4 @@
-"""Command line of the workshop's benchmarks: ``python -m workshop.bench launch``."""
+"""Command line of the workshop's benchmarks: ``python -m workshop.bench COMMAND``."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m workshop.bench", description="Benchmarks that print figures."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import launch_bench
+    from . import launch_bench, train_bench
 
     launch_bench.add_arguments(
         commands.add_parser(
             "launch", help="start-up time of workshop.launch vs torchrun"
         )
+    )
+    train_bench.add_arguments(
+        commands.add_parser("train", help="training samples per second on one device")
     )
     args = parser.parse_args(argv)
     if args.command is None:
@@ -24,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "launch":
         return launch_bench.main(args)
+    if args.command == "train":
+        return train_bench.main(args)
     return 2  # pragma: no cover - argparse rejects unknown commands first
 
 

@@ -4,11 +4,18 @@ GPU-only checks are skipped, with the reason, where GPUs are missing."""
 
 from __future__ import annotations
 
-import copy
 import time
 
 import pytest
 import torch
+from lesson_helpers import (
+    CPU2,
+    assert_same_grads,
+    batch,
+    lane,
+    mlp,
+    whole_batch_grads,
+)
 from torch import nn
 
 from workshop import pipeline
@@ -23,34 +30,6 @@ from workshop.pipeline import (
 from workshop.single_node import lesson_devices
 
 GPUS = visible_gpu_count()
-CPU2 = [torch.device("cpu")] * 2
-
-
-def _mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    # No BatchNorm: it normalises each chunk on its own, so chunked gradients differ.
-    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 5))
-
-
-def _batch(n: int = 10, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 12, generator=g), torch.randint(5, (n,), generator=g)
-
-
-def _whole_batch_grads(model: nn.Module, x, y, loss_fn) -> tuple[list, float]:
-    ref = copy.deepcopy(model)
-    loss = loss_fn(ref(x), y)
-    loss.backward()
-    return [p.grad.clone() for p in ref.parameters()], float(loss.detach())
-
-
-def _assert_same_grads(model: nn.Module, expected: list) -> None:
-    for p, g in zip(model.parameters(), expected, strict=True):
-        torch.testing.assert_close(p.grad.cpu(), g.cpu(), rtol=1e-5, atol=1e-6)
-
-
-def _lane(events, device):
-    return [(e.phase, e.micro_batch) for e in events if e.device == device]
 
 
 def _two_stage(seed: int = 0) -> TwoStageModel:
@@ -127,11 +106,11 @@ def test_two_stage_model_puts_a_stage_on_each_device():
         TwoStageModel(["cpu"])
 
 
-def test_the_pipeline_gives_the_gradients_of_the_whole_batch():
-    model, (x, y), loss_fn = _two_stage(), _batch(10), nn.CrossEntropyLoss()
-    expected, expected_loss = _whole_batch_grads(model, x, y, loss_fn)
+def test_the_pipeline_gives_the_gradients_of_the_wholebatch():
+    model, (x, y), loss_fn = _two_stage(), batch(10), nn.CrossEntropyLoss()
+    expected, expected_loss = whole_batch_grads(model, x, y, loss_fn)
     timeline = pipeline_forward_backward(model, x, y, 4, loss_fn)
-    _assert_same_grads(model, expected)
+    assert_same_grads(model, expected)
     assert timeline.loss == pytest.approx(expected_loss, rel=1e-6)
     assert timeline.micro_batch_sizes == [3, 3, 2, 2]  # uneven, weighted by size
     assert timeline.devices == ["cpu", "cpu"]
@@ -139,7 +118,7 @@ def test_the_pipeline_gives_the_gradients_of_the_whole_batch():
 
 
 def test_the_pipeline_follows_the_schedule_and_says_why_it_did_not_overlap():
-    model, (x, y) = _two_stage(), _batch(8)
+    model, (x, y) = _two_stage(), batch(8)
     timeline = pipeline_forward_backward(model, x, y, 4, nn.CrossEntropyLoss())
     assert len(timeline.events) == 16
     ran = [(e.device, e.micro_batch, e.phase) for e in timeline.events]
@@ -156,10 +135,10 @@ def test_the_pipeline_follows_the_schedule_and_says_why_it_did_not_overlap():
 def test_stages_in_threads_give_the_same_gradients_in_order(monkeypatch):
     # What runs on two GPUs (one thread per stage), exercised on the CPU.
     monkeypatch.setattr(pipeline, "_distinct_gpus", lambda devices: True)
-    model, (x, y), loss_fn = _two_stage(), _batch(10), nn.CrossEntropyLoss()
-    expected, _ = _whole_batch_grads(model, x, y, loss_fn)
+    model, (x, y), loss_fn = _two_stage(), batch(10), nn.CrossEntropyLoss()
+    expected, _ = whole_batch_grads(model, x, y, loss_fn)
     timeline = pipeline_forward_backward(model, x, y, 5, loss_fn)
-    _assert_same_grads(model, expected)
+    assert_same_grads(model, expected)
     assert timeline.parallel is True
     assert "one thread per stage" in timeline.note
     done = {(e.device, e.micro_batch, e.phase): e for e in timeline.events}
@@ -168,7 +147,7 @@ def test_stages_in_threads_give_the_same_gradients_in_order(monkeypatch):
         assert done[1, m, "forward"].start >= done[0, m, "forward"].end
         assert done[0, m, "backward"].start >= done[1, m, "backward"].end
     for stage in (0, 1):
-        assert _lane(timeline.events, stage) == [
+        assert lane(timeline.events, stage) == [
             (s.phase, s.micro_batch) for s in timeline.schedule if s.stage == stage
         ]
 
@@ -183,18 +162,18 @@ def test_a_failing_stage_stops_the_other_at_once(monkeypatch):
     model = TwoStageModel(CPU2, in_features=12, hidden=16, stage2=Broken())
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="stage two is broken"):
-        pipeline_forward_backward(model, *_batch(8), 4, nn.CrossEntropyLoss())
+        pipeline_forward_backward(model, *batch(8), 4, nn.CrossEntropyLoss())
     assert time.monotonic() - start < 10  # not the 120 s a stage waits at most
 
 
 def test_bad_micro_batches_and_models_are_explained():
-    x, y = _batch(10)
+    x, y = batch(10)
     with pytest.raises(
         ValueError, match=r"micro_batches=0 for a batch of 10; pass a whole number "
     ):
         pipeline_forward_backward(_two_stage(), x, y, 0, nn.CrossEntropyLoss())
     with pytest.raises(TypeError, match=r"Sequential has no matching 'stages'"):
-        pipeline_forward_backward(_mlp(), x, y, 2, nn.CrossEntropyLoss())
+        pipeline_forward_backward(mlp(), x, y, 2, nn.CrossEntropyLoss())
 
 
 @pytest.mark.gpu

@@ -8,6 +8,14 @@ import copy
 
 import pytest
 import torch
+from lesson_helpers import (
+    CPU2,
+    assert_same_grads,
+    batch,
+    lane,
+    mlp,
+    whole_batch_grads,
+)
 from torch import nn
 
 from workshop import single_node
@@ -19,35 +27,6 @@ from workshop.single_node import (
 )
 
 GPUS = visible_gpu_count()
-CPU2 = [torch.device("cpu")] * 2
-
-
-def _mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    # No BatchNorm: it normalises each chunk on its own, so chunked gradients differ.
-    return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 5))
-
-
-def _batch(n: int = 10, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, 12, generator=g), torch.randint(5, (n,), generator=g)
-
-
-def _whole_batch_grads(model: nn.Module, x, y, loss_fn) -> tuple[list, float]:
-    ref = copy.deepcopy(model)
-    loss = loss_fn(ref(x), y)
-    loss.backward()
-    return [p.grad.clone() for p in ref.parameters()], float(loss.detach())
-
-
-def _assert_same_grads(model: nn.Module, expected: list) -> None:
-    for p, g in zip(model.parameters(), expected, strict=True):
-        torch.testing.assert_close(p.grad.cpu(), g.cpu(), rtol=1e-5, atol=1e-6)
-
-
-def _lane(events, device):
-    return [(e.phase, e.micro_batch) for e in events if e.device == device]
-
 
 # --- lesson_devices ----------------------------------------------------------------
 
@@ -91,11 +70,11 @@ def test_asking_for_no_devices_is_explained():
 # --- data parallel -----------------------------------------------------------------
 
 
-def test_data_parallel_step_gives_the_gradients_of_the_whole_batch():
-    model, (x, y), loss_fn = _mlp(), _batch(10), nn.CrossEntropyLoss()
-    expected, expected_loss = _whole_batch_grads(model, x, y, loss_fn)
+def test_data_parallel_step_gives_the_gradients_of_the_wholebatch():
+    model, (x, y), loss_fn = mlp(), batch(10), nn.CrossEntropyLoss()
+    expected, expected_loss = whole_batch_grads(model, x, y, loss_fn)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, loss_fn)
-    _assert_same_grads(model, expected)
+    assert_same_grads(model, expected)
     assert record.loss == pytest.approx(expected_loss, rel=1e-6)
     assert record.chunk_sizes == [4, 4, 2]  # torch.chunk, as DataParallel scatters
     assert record.devices == ["cpu", "cpu", "cpu"]
@@ -103,18 +82,18 @@ def test_data_parallel_step_gives_the_gradients_of_the_whole_batch():
 
 
 def test_the_record_holds_every_phase_on_the_right_device():
-    model, (x, y) = _mlp(), _batch(10)
+    model, (x, y) = mlp(), batch(10)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, nn.CrossEntropyLoss())
     per_device = ["scatter", "replicate", "forward", "backward"]
-    assert [p for p, _ in _lane(record.events, 0)] == [
+    assert [p for p, _ in lane(record.events, 0)] == [
         *per_device[:3],
         "gather",
         "loss",
         "backward",
         "reduce",
     ]
-    for lane in (1, 2):
-        assert [p for p, _ in _lane(record.events, lane)] == per_device
+    for device in (1, 2):
+        assert [p for p, _ in lane(record.events, device)] == per_device
     # On CPU stand-ins nothing overlaps: each phase starts after the one before ends.
     for before, after in zip(record.events, record.events[1:], strict=False):
         assert 0 <= before.start <= before.end <= after.start
@@ -123,35 +102,35 @@ def test_the_record_holds_every_phase_on_the_right_device():
 
 
 def test_gradients_accumulate_like_backward():
-    model, (x, y), loss_fn = _mlp(), _batch(8), nn.MSELoss()
+    model, (x, y), loss_fn = mlp(), batch(8), nn.MSELoss()
     y = torch.randn(8, 5)
-    expected, _ = _whole_batch_grads(model, x, y, loss_fn)
+    expected, _ = whole_batch_grads(model, x, y, loss_fn)
     data_parallel_step(model, x, y, CPU2, loss_fn)
     data_parallel_step(model, x, y, CPU2, loss_fn)
     # Twice the gradient, not three times: replicas do not carry the model's .grad.
-    _assert_same_grads(model, [2 * g for g in expected])
+    assert_same_grads(model, [2 * g for g in expected])
 
 
 def test_a_batch_smaller_than_the_devices_uses_fewer_devices():
-    model, (x, y) = _mlp(), _batch(2)
+    model, (x, y) = mlp(), batch(2)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, nn.CrossEntropyLoss())
     assert record.chunk_sizes == [1, 1]
-    assert _lane(record.events, 2) == []
+    assert lane(record.events, 2) == []
 
 
 def test_replicas_in_threads_give_the_same_gradients(monkeypatch):
     # What runs on distinct GPUs (one thread per replica), exercised on the CPU.
     monkeypatch.setattr(single_node, "_distinct_gpus", lambda devices: True)
-    model, (x, y), loss_fn = _mlp(), _batch(9), nn.CrossEntropyLoss()
-    expected, _ = _whole_batch_grads(model, x, y, loss_fn)
+    model, (x, y), loss_fn = mlp(), batch(9), nn.CrossEntropyLoss()
+    expected, _ = whole_batch_grads(model, x, y, loss_fn)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, loss_fn)
-    _assert_same_grads(model, expected)
+    assert_same_grads(model, expected)
     assert record.parallel is True
     assert "at the same time, one thread per GPU" in record.note
 
 
 def test_a_model_elsewhere_than_the_first_device_is_explained():
-    model, (x, y) = _mlp().to("meta"), _batch(4)
+    model, (x, y) = mlp().to("meta"), batch(4)
     with pytest.raises(
         ValueError,
         match=r"the model's parameters are on meta but devices\[0\] is cpu; .*"
@@ -162,11 +141,11 @@ def test_a_model_elsewhere_than_the_first_device_is_explained():
 
 def test_no_devices_is_explained():
     with pytest.raises(ValueError, match=r"devices is empty; pass at least one"):
-        data_parallel_step(_mlp(), *_batch(4), [], nn.CrossEntropyLoss())
+        data_parallel_step(mlp(), *batch(4), [], nn.CrossEntropyLoss())
 
 
 def test_torch_data_parallel_leaves_the_model_alone_without_two_gpus():
-    model = _mlp()
+    model = mlp()
     module, note = torch_data_parallel(model, CPU2)
     assert module is model
     assert note.startswith("Not wrapped: nn.DataParallel needs two GPUs or more")
@@ -181,11 +160,11 @@ def test_torch_data_parallel_leaves_the_model_alone_without_two_gpus():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU; none is visible here")
-def test_one_gpu_and_the_cpu_give_the_gradients_of_the_whole_batch():
-    model, (x, y), loss_fn = _mlp().cuda(), _batch(10), nn.CrossEntropyLoss()
-    expected, _ = _whole_batch_grads(model, x.cuda(), y.cuda(), loss_fn)
+def test_one_gpu_and_the_cpu_give_the_gradients_of_the_wholebatch():
+    model, (x, y), loss_fn = mlp().cuda(), batch(10), nn.CrossEntropyLoss()
+    expected, _ = whole_batch_grads(model, x.cuda(), y.cuda(), loss_fn)
     record = data_parallel_step(model, x, y, ["cuda:0", "cpu"], loss_fn)
-    _assert_same_grads(model, expected)
+    assert_same_grads(model, expected)
     assert record.parallel is False
     assert "are not 2 distinct GPUs" in record.note
 
@@ -194,7 +173,7 @@ def test_one_gpu_and_the_cpu_give_the_gradients_of_the_whole_batch():
 @pytest.mark.skipif(GPUS < 2, reason=f"needs two CUDA GPUs; {GPUS} visible here")
 def test_on_two_gpus_the_step_matches_torch_data_parallel():
     devices = lesson_devices(2).devices
-    model, (x, y), loss_fn = _mlp().to(devices[0]), _batch(10), nn.CrossEntropyLoss()
+    model, (x, y), loss_fn = mlp().to(devices[0]), batch(10), nn.CrossEntropyLoss()
     reference = copy.deepcopy(model)
     record = data_parallel_step(model, x, y, devices, loss_fn)
     assert record.parallel is True
@@ -202,4 +181,4 @@ def test_on_two_gpus_the_step_matches_torch_data_parallel():
     assert isinstance(wrapped, nn.DataParallel)
     assert note.startswith("nn.DataParallel over cuda:0, cuda:1")
     loss_fn(wrapped(x.to(devices[0])), y.to(devices[0])).backward()
-    _assert_same_grads(model, [p.grad for p in reference.parameters()])
+    assert_same_grads(model, [p.grad for p in reference.parameters()])

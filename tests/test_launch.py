@@ -426,3 +426,24 @@ def test_public_api():
         == "RunResult(world_size=1, backend='gloo', start_method='fork', "
         "returns=[0], exit_codes=[0])"
     )
+
+
+def _traced_then_fail():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        raise RuntimeError("after one all_reduce")
+    return t.item()
+
+
+def test_trace_brings_back_every_ranks_calls_even_from_a_failed_launch():
+    result = launch(_rank_facts, world_size=2, trace=True, show="none")
+    for rank, events in enumerate(result.traces):
+        assert [e.op for e in events] == ["all_reduce"]
+        assert events[0].rank == rank and events[0].after == [3.0]
+    assert launch(_rank_facts, world_size=2, show="none").traces == [[], []]
+    with pytest.raises(LaunchError) as info:
+        launch(_traced_then_fail, world_size=2, trace=True, show="none")
+    assert [e.op for e in info.value.result.traces[1]] == ["all_reduce"]
+    with pytest.raises(TypeError, match=r"trace must be True or False, got 'yes'"):
+        launch(_rank_facts, world_size=2, trace="yes")

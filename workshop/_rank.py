@@ -33,6 +33,7 @@ class Job:
     kwargs: dict = field(default_factory=dict)
     backend: str = "gloo"
     collective_timeout: float = 600.0
+    trace: bool = False
 
 
 @dataclass
@@ -142,21 +143,31 @@ def _error(exc: BaseException) -> RankError:
 def run_rank(job: Job, result_fd: int) -> int:
     """Run ``job`` in this rank's process group and report to the launcher.
 
-    Sends ("ok", pickled value, start, end) or ("error", RankError, start, end) on
-    ``result_fd``. Returns the exit code: 0 on success, 1 on an error.
+    Sends ("ok", pickled value, start, end, trace) or ("error", RankError, start,
+    end, trace) on ``result_fd``; the trace is the list of communication events
+    recorded when ``job.trace`` is set (see :mod:`workshop.tracing`), else empty.
+    Returns the exit code: 0 on success, 1 on an error.
     """
     from .worker import process_group
 
     start = time.time()
     reported = False
+    events: list = []
     try:
         with process_group(job.backend, timeout=job.collective_timeout):
             try:
-                value = job.fn(*job.args, **job.kwargs)
+                if job.trace:
+                    from .tracing import record
+
+                    with record() as events:
+                        value = job.fn(*job.args, **job.kwargs)
+                else:
+                    value = job.fn(*job.args, **job.kwargs)
             except BaseException as exc:
                 # Report before leaving the group, so the launcher stops the other
                 # ranks at once instead of letting them wait in a collective.
-                write_message(result_fd, ("error", _error(exc), start, time.time()))
+                error = ("error", _error(exc), start, time.time(), list(events))
+                write_message(result_fd, error)
                 reported = True
                 raise
         try:
@@ -167,12 +178,13 @@ def run_rank(job: Job, result_fd: int) -> int:
                 f"serialised back to the notebook ({exc}); return plain data instead: "
                 "numbers, strings, lists, dicts, tensors, or a state_dict"
             ) from exc
-        write_message(result_fd, ("ok", payload, start, time.time()))
+        write_message(result_fd, ("ok", payload, start, time.time(), list(events)))
         return 0
     except BaseException as exc:
         if not reported:
             try:
-                write_message(result_fd, ("error", _error(exc), start, time.time()))
+                error = ("error", _error(exc), start, time.time(), list(events))
+                write_message(result_fd, error)
             except OSError:
                 pass
         return 130 if isinstance(exc, KeyboardInterrupt) else 1

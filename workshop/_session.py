@@ -220,9 +220,11 @@ class LaunchSession:
 
     # -- reporting
     def result(self) -> RunResult:
-        returns, walls = [], []
+        returns, walls, traces = [], [], []
         for rank in range(self.world_size):
             message = self.results.get(rank)
+            # Messages from a rank that failed before it could run carry no trace.
+            traces.append(list(message[4]) if message and len(message) > 4 else [])
             if message and message[0] == "ok":
                 returns.append(cloudpickle.loads(message[1]))
             else:
@@ -243,6 +245,7 @@ class LaunchSession:
             exit_codes=[h.exit_code for h in self.handles]
             + [None] * (self.world_size - len(self.handles)),
             wall_times=walls,
+            traces=traces,
             pids=[h.pid for h in self.handles]
             + [None] * (self.world_size - len(self.handles)),
         )

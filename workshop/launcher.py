@@ -163,6 +163,7 @@ def launch(
     timeout: float | None = 600.0,
     start_method: str = "auto",
     show: str = "auto",
+    trace: bool = False,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, each a real process.
@@ -182,6 +183,9 @@ def launch(
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
         show: "auto" (live in the cell), "lines" (plain lines) or "none".
+        trace: record every point-to-point and collective call of each rank
+            (operation, peers, tensor values or shapes, times) into
+            ``RunResult.traces``, for the communication diagrams.
         **kwargs: keyword arguments for ``fn``. (To pass one that shares a name with
             the options above, wrap ``fn`` with ``functools.partial``.)
 
@@ -222,7 +226,9 @@ def launch(
             "untouched); its first start takes a few seconds.",
             file=sys.stderr,
         )
-    job = Job(fn, args, kwargs, backend, collective_timeout=timeout or 3600.0)
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be True or False, got {trace!r}")
+    job = Job(fn, args, kwargs, backend, timeout or 3600.0, trace=trace)
     job_bytes = _serialise_job(job)
     if method == "server":
         try:

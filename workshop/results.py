@@ -24,6 +24,9 @@ class RunResult:
         exit_codes: each rank's exit code (negative: ended by that signal).
         wall_times: seconds each rank ran, from its start to its end.
         pids: each rank's process id (gone by the time you read this).
+        traces: each rank's communication events, recorded with
+            ``launch(..., trace=True)`` (see :mod:`workshop.tracing`); empty lists
+            otherwise.
     """
 
     world_size: int
@@ -35,6 +38,7 @@ class RunResult:
     exit_codes: list[int | None] = field(default_factory=list)
     wall_times: list[float | None] = field(default_factory=list)
     pids: list[int | None] = field(default_factory=list)
+    traces: list[list[Any]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         # No times or pids here: a notebook's stored output must be the same every run.

@@ -15,9 +15,19 @@ One node, many devices (notebook 01): :func:`lesson_devices`,
 the ``draw_*`` diagrams, :func:`profile_steps`, :func:`saved_activation_bytes`,
 :func:`time_steps` and the plots of measurements.
 
+Communication (notebook 02): ``launch(..., trace=True)`` records every rank's calls;
+:func:`collectives` groups them; the ``draw_*`` communication diagrams and the ring
+all-reduce (:func:`ring_allreduce_steps`, :func:`ring_widget`) draw them.
+
 :func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
+from .comm_diagrams import (
+    draw_collective,
+    draw_point_to_point,
+    draw_rank_layout,
+    draw_rank_timeline,
+)
 from .data import cifar10, digits, make_loader, synthetic, time_loader
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .doctor import doctor
@@ -35,8 +45,10 @@ from .plots import plot_speedup, plot_throughput
 from .precision import saved_activation_bytes
 from .profiling import profile_steps
 from .progress import History, Progress
+from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_widget
 from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .throughput import fit_step_cost, projected_speedup, time_steps
+from .trace_data import collectives
 from .training import evaluate, train, train_step
 from .worker import process_group, rank_device
 
@@ -51,11 +63,18 @@ __all__ = [
     "bubble_fraction",
     "check",
     "cifar10",
+    "collectives",
     "count_parameters",
     "data_parallel_step",
     "digits",
     "doctor",
+    "draw_collective",
     "draw_data_parallel_step",
+    "draw_point_to_point",
+    "draw_rank_layout",
+    "draw_rank_timeline",
+    "draw_ring_grid",
+    "draw_ring_step",
     "draw_schedule",
     "draw_timeline",
     "evaluate",
@@ -73,6 +92,8 @@ __all__ = [
     "rank_device",
     "rank_info",
     "resnet",
+    "ring_allreduce_steps",
+    "ring_widget",
     "saved_activation_bytes",
     "synthetic",
     "time_loader",

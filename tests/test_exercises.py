@@ -7,6 +7,7 @@ import pytest
 
 from workshop.exercises import EXERCISES, check, judge
 from workshop.pipeline import bubble_fraction
+from workshop.ring_collective import ring_all_reduce
 from workshop.throughput import StepCost, projected_speedup
 
 RIGHT = {
@@ -14,12 +15,14 @@ RIGHT = {
     "01.bubble": lambda s, m: (s - 1) / (m + s - 1),
     "01.accumulate": 8,
     "01.speedup": 8 / 6.5,
+    "02.ring": ring_all_reduce,
 }
 WRONG = {
     "01.dp": (256, 1),
     "01.bubble": lambda s, m: (s - 1) / m,
     "01.accumulate": 4,
     "01.speedup": 4.0,
+    "02.ring": lambda tensor: tensor,  # every rank keeps its own values
 }
 
 

@@ -46,6 +46,7 @@ from .precision import saved_activation_bytes
 from .profiling import profile_steps
 from .progress import History, Progress
 from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_widget
+from .ring_collective import ring_all_reduce
 from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .throughput import fit_step_cost, projected_speedup, time_steps
 from .trace_data import collectives
@@ -92,6 +93,7 @@ __all__ = [
     "rank_device",
     "rank_info",
     "resnet",
+    "ring_all_reduce",
     "ring_allreduce_steps",
     "ring_widget",
     "saved_activation_bytes",

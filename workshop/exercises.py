@@ -43,6 +43,38 @@ def _bubble_function(answer: Any) -> bool:
     )
 
 
+def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool:
+    # Runs inside each rank: the learner's ring against torch's own all_reduce.
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    mine = torch.randn(n_elements, generator=g)
+    expected = mine.clone()
+    dist.all_reduce(expected)
+    got = ring(mine.clone())
+    return bool(got is not None and torch.allclose(got, expected, atol=1e-5))
+
+
+def _ring_all_reduce_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    from .launcher import launch
+
+    for world_size, n_elements in ((2, 6), (3, 7), (4, 16)):
+        result = launch(
+            _matches_all_reduce,
+            answer,
+            n_elements,
+            world_size=world_size,
+            timeout=60,
+            show="none",
+        )
+        if not all(result.returns):
+            return False
+    return True
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.dp": Exercise(
         "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
@@ -62,6 +94,13 @@ EXERCISES: dict[str, Exercise] = {
         "accumulate= for micro-batches of 16 to give the gradient of a batch of 128",
         lambda a: isinstance(a, int) and not isinstance(a, bool) and a == 8,
         "each optimizer step should have seen 128 samples in total",
+    ),
+    "02.ring": Exercise(
+        "a function ring_all_reduce(tensor) that returns the sum over all ranks, "
+        "using only sends and receives between neighbours",
+        _ring_all_reduce_function,
+        "cut the tensor in world_size chunks; N-1 steps of pass-one-chunk-right-and-"
+        "add, then N-1 steps of pass-the-finished-chunk-right",
     ),
     "01.speedup": Exercise(
         "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "

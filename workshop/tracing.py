@@ -45,6 +45,8 @@ class _Spec:
     root: str | None = None  # rooted collectives: the parameter naming the root
     reduces: bool = False  # takes op=ReduceOp
     nonblocking: bool = False  # always returns a Work (isend, irecv)
+    # Calls with an input and an output: (the parameter read, the parameter written).
+    io: tuple[str, str] | None = None
 
 
 _SPECS: dict[str, _Spec] = {
@@ -55,14 +57,27 @@ _SPECS: dict[str, _Spec] = {
     "broadcast": _Spec(("tensor",), root="src"),
     "all_reduce": _Spec(("tensor",), reduces=True),
     "reduce": _Spec(("tensor",), root="dst", reduces=True),
-    "all_gather": _Spec(("tensor_list", "tensor")),
-    "all_gather_into_tensor": _Spec(("output_tensor", "input_tensor")),
-    "gather": _Spec(("tensor", "gather_list"), root="dst"),
-    "scatter": _Spec(("tensor", "scatter_list"), root="src"),
-    "reduce_scatter": _Spec(("output", "input_list"), reduces=True),
-    "reduce_scatter_tensor": _Spec(("output", "input"), reduces=True),
-    "all_to_all": _Spec(("output_tensor_list", "input_tensor_list")),
-    "all_to_all_single": _Spec(("output", "input")),
+    "all_gather": _Spec(("tensor_list", "tensor"), io=("tensor", "tensor_list")),
+    "all_gather_into_tensor": _Spec(
+        ("output_tensor", "input_tensor"), io=("input_tensor", "output_tensor")
+    ),
+    "gather": _Spec(
+        ("tensor", "gather_list"), root="dst", io=("tensor", "gather_list")
+    ),
+    "scatter": _Spec(
+        ("tensor", "scatter_list"), root="src", io=("scatter_list", "tensor")
+    ),
+    "reduce_scatter": _Spec(
+        ("output", "input_list"), reduces=True, io=("input_list", "output")
+    ),
+    "reduce_scatter_tensor": _Spec(
+        ("output", "input"), reduces=True, io=("input", "output")
+    ),
+    "all_to_all": _Spec(
+        ("output_tensor_list", "input_tensor_list"),
+        io=("input_tensor_list", "output_tensor_list"),
+    ),
+    "all_to_all_single": _Spec(("output", "input"), io=("input", "output")),
     "barrier": _Spec(()),
 }
 
@@ -99,15 +114,18 @@ class TraceEvent:
         start: ``time.time()`` just before the call.
         end: ``time.time()`` when the call returned; for a non-blocking call that is
             before the data has arrived.
-        before: the values passed in, captured before the call, or None when they
-            hold more than ``max_values`` numbers. Functions with one tensor
-            (send, recv, broadcast, all_reduce, reduce and their i-/async forms)
-            give that tensor's ``tolist()``; functions with two tensor parameters
-            give ``[first, second]`` in parameter order, a tensor list as a list of
-            ``tolist()`` and a missing list (``gather_list`` off the root) as None.
-        after: the same values after the call. For a non-blocking call they are
-            captured when the returned work's ``.wait()`` returns; if ``.wait()`` is
-            never called, ``after`` stays None.
+        before: what the call reads on this rank, captured before it, or None
+            when that holds more than ``max_values`` numbers. Functions with one
+            tensor (send, recv, broadcast, all_reduce, reduce and their i-/async
+            forms) give that tensor's ``tolist()``. Functions with an input and an
+            output give the input: ``scatter``'s ``scatter_list`` (None off the
+            root), ``gather``'s and ``all_gather``'s own tensor,
+            ``reduce_scatter``'s and ``all_to_all``'s input list (a list of
+            ``tolist()``).
+        after: what the call wrote on this rank, after it: the one tensor, or the
+            output (``gather``'s ``gather_list``, None off the root). For a
+            non-blocking call it is captured when the returned work's ``.wait()``
+            returns; if ``.wait()`` is never called, ``after`` stays None.
     """
 
     rank: int
@@ -154,12 +172,13 @@ def _values(value: Any) -> Any:
     return value.detach().cpu().tolist()
 
 
-def _snapshot(spec: _Spec, bound: dict[str, Any]) -> Any:
+def _snapshot(spec: _Spec, bound: dict[str, Any], side: str) -> Any:
+    """Values of what the call reads ("before") or writes ("after")."""
     if not spec.tensors:
         return None
-    if len(spec.tensors) == 1:
-        return _values(bound[spec.tensors[0]])
-    return [_values(bound[name]) for name in spec.tensors]
+    if spec.io is not None:
+        return _values(bound[spec.io[0] if side == "before" else spec.io[1]])
+    return _values(bound[spec.tensors[0]])
 
 
 def _reduce_name(op: Any) -> str:
@@ -193,7 +212,7 @@ class _Call:
         self.nbytes = sum(t.numel() * t.element_size() for t in seen.values())
         self.dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else None
         self.small = self.numel <= limit
-        self.before = _snapshot(spec, bound) if self.small else None
+        self.before = _snapshot(spec, bound, "before") if self.small else None
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size(bound.get("group"))
         self.peer = _global(dist, bound, spec.peer) if spec.peer else None
@@ -257,7 +276,7 @@ def _store(
 def _after_wait(call: _Call, places: list[tuple[_Recorder, int]]) -> None:
     if not call.small:
         return
-    after = _snapshot(call.spec, call.bound)
+    after = _snapshot(call.spec, call.bound, "after")
     for rec, index in places:
         if call.numel <= rec.max_values and index < len(rec.events):
             rec.events[index] = dataclasses.replace(rec.events[index], after=after)
@@ -286,7 +305,7 @@ def _traced(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             if name == "recv" and call.peer is None and isinstance(result, int):
                 call.peer = result  # recv from any source returns the sender
             if call.blocking or result is None:
-                after = _snapshot(spec, call.bound) if call.small else None
+                after = _snapshot(spec, call.bound, "after") if call.small else None
                 _store(recorders, call, start, end, after)
                 return result
             places = _store(recorders, call, start, end, None)

@@ -23,46 +23,60 @@ def _loopback_interface() -> str | None:
 class Rendezvous:
     """The TCP store every rank meets at, served from this process on a loopback port
     this process bound itself: no other host can reach it, and no two launches can
-    race for a port."""
+    race for a port.
+
+    The socket listens from the start, but the store's server (a thread) starts only
+    once the ranks are running (:meth:`serve`): a rank forked while that thread is
+    busy could inherit one of its locks held, and wait for it forever. Ranks that
+    connect earlier wait in the socket's backlog.
+    """
 
     def __init__(self, world_size: int, timeout: float):
         """Listen on a free loopback port for ``world_size`` ranks."""
+        self.world_size = world_size
+        self.timeout = timeout
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(max(128, world_size))
+        self.port = self.listener.getsockname()[1]
+        self.fd = self.listener.fileno()
+        self.store = None
+
+    def serve(self) -> None:
+        """Start serving the store on the listening socket."""
         import torch.distributed as dist
 
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
-        self.port = listener.getsockname()[1]
         kwargs = dict(
-            is_master=True, timeout=timedelta(seconds=timeout), wait_for_workers=False
+            is_master=True,
+            timeout=timedelta(seconds=self.timeout),
+            wait_for_workers=False,
         )
         try:
             # The store takes ownership of the descriptor it is given and closes it.
-            self.fd = os.dup(listener.fileno())
-            try:
-                self.store = dist.TCPStore(
-                    "127.0.0.1",
-                    self.port,
-                    world_size,
-                    master_listen_fd=self.fd,
-                    **kwargs,
-                )
-            except (RuntimeError, TypeError, ValueError):
-                # Some torch releases serve a pre-bound socket only without libuv.
-                self.fd = os.dup(listener.fileno())
-                self.store = dist.TCPStore(
-                    "127.0.0.1",
-                    self.port,
-                    world_size,
-                    master_listen_fd=self.fd,
-                    use_libuv=False,
-                    **kwargs,
-                )
+            self.store = dist.TCPStore(
+                "127.0.0.1",
+                self.port,
+                self.world_size,
+                master_listen_fd=os.dup(self.fd),
+                **kwargs,
+            )
+        except (RuntimeError, TypeError, ValueError):
+            # Some torch releases serve a pre-bound socket only without libuv.
+            self.store = dist.TCPStore(
+                "127.0.0.1",
+                self.port,
+                self.world_size,
+                master_listen_fd=os.dup(self.fd),
+                use_libuv=False,
+                **kwargs,
+            )
         finally:
-            listener.close()
+            self.listener.close()
 
     def close(self) -> None:
-        self.store = None  # closes the listening socket
+        """Stop the store and release the port."""
+        self.store = None  # closes the store's copy of the socket
+        self.listener.close()
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:

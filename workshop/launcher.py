@@ -263,6 +263,7 @@ def launch(
                 rendezvous.port,
                 [rendezvous.fd],
             )
+        rendezvous.serve()  # only now: no rank is forked while its thread runs
         try:
             run.wait()
         except TimeoutError:

@@ -26,6 +26,21 @@ def gone(pids, within: float = 10.0) -> list[int]:
         time.sleep(0.05)
 
 
+def run_module(module: str, *args: str, timeout: float = 300):
+    """Run ``python -m module args`` with this checkout importable; never raises on
+    a non-zero exit (the tests read the code and the output)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
+
+
 def children_of(pid: int) -> list[int]:
     """Live (non-zombie) child processes of ``pid``, read from /proc."""
     found = []

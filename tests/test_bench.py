@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
-from conftest import ROOT
+from conftest import run_module
 
 
-def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "workshop.bench", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+def _bench(*args: str, timeout: float = 300):
+    return run_module("workshop.bench", *args, timeout=timeout)
 
 
 def test_launch_benchmark_prints_ratios_and_writes_json(tmp_path):

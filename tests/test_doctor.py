@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import ROOT, run_module
 
 from workshop import env
 from workshop.__main__ import main
 from workshop.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.launcher import choose_start_method
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # The module, not the function: workshop/__init__.py binds the name workshop.doctor
 # to the function, which hides the submodule from attribute access.
@@ -88,19 +87,6 @@ def as_dict(rows: list[Row]) -> dict[tuple[str, str], str]:
 
 def errors(rows: list[Row]) -> list[Row]:
     return [row for row in rows if row.item == "error"]
-
-
-def run_module(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    environ = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "workshop", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-        cwd=ROOT,
-    )
 
 
 # --- the rows ------------------------------------------------------------------------
@@ -490,7 +476,7 @@ def test_main_with_an_unknown_command_is_argparses_error(capsys):
 
 
 def test_python_m_workshop_doctor_prints_the_table_and_exits_0():
-    result = run_module("doctor")
+    result = run_module("workshop", "doctor", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     for heading in SECTIONS:
@@ -500,7 +486,7 @@ def test_python_m_workshop_doctor_prints_the_table_and_exits_0():
 
 
 def test_python_m_workshop_without_a_command_exits_2_with_usage():
-    result = run_module()
+    result = run_module("workshop", timeout=120)
     assert result.returncode == 2
     assert "usage: python -m workshop" in result.stderr
     assert "doctor" in result.stderr

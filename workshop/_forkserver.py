@@ -72,7 +72,7 @@ def _serve(sock_fd: int, parent: int) -> None:
     import torch.distributed  # noqa: F401
 
     from . import worker  # noqa: F401
-    from ._rank import child_main, prepare_stdio, reset_signals
+    from ._rank import child_main, prepare_stdio, report_failed_start, reset_signals
     from ._start import enter_request
 
     sock = socket.socket(fileno=sock_fd)
@@ -133,10 +133,7 @@ def _serve(sock_fd: int, parent: int) -> None:
                     os.environ.update(env)
                     job = enter_request(payload)
                 except BaseException as exc:
-                    from ._rank import _error, write_message
-
-                    write_message(fds[2], ("error", _error(exc), 0.0, 0.0))
-                    os._exit(1)
+                    report_failed_start(fds[2], exc)
                 child_main(job, fds[2])
             for fd in fds:
                 os.close(fd)

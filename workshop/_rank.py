@@ -196,6 +196,13 @@ def run_rank(job: Job, result_fd: int) -> int:
                 pass
 
 
+def report_failed_start(result_fd: int, exc: BaseException) -> None:
+    """A rank started outside the kernel could not even set itself up (its job did
+    not unpickle, say): tell the launcher why, and leave."""
+    write_message(result_fd, ("error", _error(exc), 0.0, 0.0))
+    os._exit(1)
+
+
 def child_main(job: Job, result_fd: int) -> None:
     """The end of every start path: run the rank, then leave without running the
     parent's ``atexit`` handlers (a forked kernel has some)."""

@@ -213,9 +213,8 @@ class LaunchSession:
         for handle in self.handles:
             self._drain(handle)
         for fd in list(self.fd_owner):
-            if fd in self.fd_owner:
-                del self.fd_owner[fd]
-                os.close(fd)
+            del self.fd_owner[fd]
+            os.close(fd)
         self.output.close()
 
     # -- reporting

@@ -6,7 +6,6 @@ standard input and the rank's variables in the environment.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 
@@ -17,17 +16,14 @@ def main() -> None:
     parent, result_fd = int(sys.argv[1]), int(sys.argv[2])
     die_with_parent(parent)
     request = pickle.loads(sys.stdin.buffer.read())
-    from ._rank import child_main, prepare_stdio
+    from ._rank import child_main, prepare_stdio, report_failed_start
     from ._start import enter_request
 
     prepare_stdio(1, 2)
     try:
         job = enter_request(request)
     except BaseException as exc:
-        from ._rank import _error, write_message
-
-        write_message(result_fd, ("error", _error(exc), 0.0, 0.0))
-        os._exit(1)
+        report_failed_start(result_fd, exc)
     child_main(job, result_fd)
 
 

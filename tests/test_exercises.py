@@ -5,10 +5,30 @@ from __future__ import annotations
 
 import pytest
 
+from workshop.checkpoint import load_checkpoint
+from workshop.costmodel import bus_factor
 from workshop.exercises import EXERCISES, check, judge
 from workshop.pipeline import bubble_fraction
 from workshop.ring_collective import ring_all_reduce
 from workshop.throughput import StepCost, projected_speedup
+
+
+def resume(path, model, optimizer):
+    """The notebook's solution to 02.resume."""
+    from pathlib import Path
+
+    if not Path(path).exists():
+        return 0
+    return load_checkpoint(path, model, optimizer)["epoch"] + 1
+
+
+def resume_off_by_one(path, model, optimizer):
+    from pathlib import Path
+
+    if not Path(path).exists():
+        return 0
+    return load_checkpoint(path, model, optimizer)["epoch"]  # repeats an epoch
+
 
 RIGHT = {
     "01.dp": (64, 4),
@@ -16,6 +36,8 @@ RIGHT = {
     "01.accumulate": 8,
     "01.speedup": 8 / 6.5,
     "02.ring": ring_all_reduce,
+    "02.bytes": lambda p, b, n: 2 * (n - 1) / n * p * b,
+    "02.resume": resume,
 }
 WRONG = {
     "01.dp": (256, 1),
@@ -23,6 +45,8 @@ WRONG = {
     "01.accumulate": 4,
     "01.speedup": 4.0,
     "02.ring": lambda tensor: tensor,  # every rank keeps its own values
+    "02.bytes": lambda p, b, n: p * b,  # forgets that a ring sends 2(N-1)/N of it
+    "02.resume": resume_off_by_one,
 }
 
 
@@ -41,6 +65,7 @@ def test_reference_answers_agree_with_the_package():
     assert judge("01.bubble", bubble_fraction)
     fixed_and_per_sample = StepCost(fixed_s=0.006, per_sample_s=0.002 / 64)
     assert judge("01.speedup", projected_speedup(fixed_and_per_sample, 64, [4])[0])
+    assert judge("02.bytes", lambda p, b, n: bus_factor(n) * p * b)
 
 
 def test_a_raising_answer_and_an_unknown_name(capsys):

@@ -24,6 +24,7 @@ EXPECTED = {
     *(f"ring_step_{k}.png" for k in range(1, 7)),
     "ring_grid.png",
     "rank_timeline.png",
+    "ddp_bucket_timeline.png",
 }
 
 # Import the gallery as `python -m workshop.gallery` would, but with torch made
@@ -107,3 +108,19 @@ def test_the_example_is_consistent():
         assert phases[r, "optimizer"][0] >= lane[-1]["end"]
         backward = phases[r, "backward"]
         assert backward[0] < lane[-1]["start"] < backward[1]
+
+
+def test_the_ddp_example_labels_buckets_inside_backward_and_before_the_optimizer():
+    from workshop.comm_diagrams import draw_rank_timeline
+    from workshop.gallery import _bucket_phases, example_buckets
+
+    buckets, phases = example_buckets(), _bucket_phases()
+    for rank, lane in enumerate(buckets):
+        mine = {name: (start, end) for r, name, start, end in phases if r == rank}
+        first, second = lane
+        assert mine["backward"][0] < first["start"] < first["end"] < mine["backward"][1]
+        assert second["start"] == mine["backward"][1]
+        assert second["end"] <= mine["optimizer"][0]
+    fig = draw_rank_timeline(buckets, phases, title="One DDP step")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts.count("bucket 0") == texts.count("bucket 1") == 4

@@ -18,10 +18,13 @@ the ``draw_*`` diagrams, :func:`profile_steps`, :func:`saved_activation_bytes`,
 Communication (notebook 02): ``launch(..., trace=True)`` records every rank's calls;
 :func:`collectives` groups them; the ``draw_*`` communication diagrams and the ring
 all-reduce (:func:`ring_allreduce_steps`, :func:`ring_widget`) draw them.
+:func:`timed_ddp_steps` records DDP's gradient buckets (:func:`ddp_timeline` for the
+picture); :func:`save_checkpoint` and :func:`load_checkpoint` checkpoint DDP training.
 
 :func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
+from .checkpoint import load_checkpoint, save_checkpoint
 from .comm_diagrams import (
     draw_collective,
     draw_point_to_point,
@@ -29,6 +32,7 @@ from .comm_diagrams import (
     draw_rank_timeline,
 )
 from .data import cifar10, digits, make_loader, synthetic, time_loader
+from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .doctor import doctor
 from .env import RankInfo, rank_info, visible_gpu_count
@@ -67,6 +71,7 @@ __all__ = [
     "collectives",
     "count_parameters",
     "data_parallel_step",
+    "ddp_timeline",
     "digits",
     "doctor",
     "draw_collective",
@@ -82,6 +87,7 @@ __all__ = [
     "fit_step_cost",
     "launch",
     "lesson_devices",
+    "load_checkpoint",
     "make_loader",
     "pipeline_forward_backward",
     "pipeline_schedule",
@@ -96,14 +102,17 @@ __all__ = [
     "ring_all_reduce",
     "ring_allreduce_steps",
     "ring_widget",
+    "save_checkpoint",
     "saved_activation_bytes",
     "synthetic",
     "time_loader",
     "time_steps",
+    "timed_ddp_steps",
     "torch_data_parallel",
     "train",
     "train_step",
     "visible_gpu_count",
+    "watch_buckets",
 ]
 
 __version__ = "0.1.0"

@@ -66,6 +66,7 @@ _PHASE_GREYS = ["#DDDDDD", "#AAAAAA", "#666666"]  # compute phases, by first use
 _FIELDS = (
     "rank",
     "op",
+    "label",
     "peer",
     "root",
     "reduce_op",
@@ -499,7 +500,9 @@ def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
 
 
 def draw_rank_timeline(
-    events_by_rank: Sequence[Sequence[Any]], phases: Sequence[Any] | None = None
+    events_by_rank: Sequence[Sequence[Any]],
+    phases: Sequence[Any] | None = None,
+    title: str | None = None,
 ) -> Figure:
     """Draw a lane per rank: a bar per recorded call, and compute phases if given.
 
@@ -512,6 +515,8 @@ def draw_rank_timeline(
         events_by_rank: each rank's recorded events, index = rank.
         phases: ``(rank, name, start, end)`` tuples (or dicts with those keys),
             seconds as ``time.time()`` gives, e.g. forward/backward/optimizer.
+        title: the figure's title; by default it says what the lanes show. An
+            event's ``label`` (if it has one) is written on its bar instead of its op.
 
     Returns:
         The matplotlib Figure.
@@ -541,7 +546,12 @@ def draw_rank_timeline(
     greys = {name: None for name in (w["name"] for w in work)}
     greys = {name: _PHASE_GREYS[i % 3] for i, name in enumerate(greys)}
     rows = [
-        (x, OP_COLOURS.get(x["op"], _UNKNOWN), x["op"], 0.2 if work else 0.0)
+        (
+            x,
+            OP_COLOURS.get(x["op"], _UNKNOWN),
+            x["label"] or x["op"],
+            0.2 if work else 0.0,
+        )
         for x in calls
     ]
     rows += [(w, greys[w["name"]], w["name"], -0.2) for w in work]
@@ -577,7 +587,7 @@ def draw_rank_timeline(
         ax.set_xlim(0, span * 1.02)
         ax.set_xlabel("time since the first call (ms)")
         ax.set_title(
-            "Communication per rank"
+            (title or "Communication per rank")
             + ("\ncompute above, communication below" if work else "")
         )
         handles = [_patch(c, n) for n, c in greys.items()]

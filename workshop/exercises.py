@@ -75,6 +75,52 @@ def _ring_all_reduce_function(answer: Any) -> bool:
     return True
 
 
+def _bytes_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [
+        (1000, 4, 2),
+        (25_557_032, 4, 8),
+        (25_557_032, 2, 8),
+        (10, 2, 1),
+        (7, 4, 3),
+    ]
+    return all(
+        math.isclose(answer(p, b, n), 2 * (n - 1) / n * p * b, rel_tol=1e-9)
+        for p, b, n in cases
+    )
+
+
+def _resume_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from .checkpoint import save_checkpoint
+
+    def fresh() -> tuple[Any, Any]:
+        model = torch.nn.Linear(3, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        model, opt = fresh()
+        if answer(path, model, opt) != 0:  # no checkpoint yet: start at epoch 0
+            return False
+        torch.manual_seed(0)
+        model(torch.randn(5, 3)).sum().backward()
+        opt.step()
+        save_checkpoint(path, model, opt, epoch=4)
+        other, other_opt = fresh()
+        if answer(path, other, other_opt) != 5:
+            return False
+        momentum = other_opt.state_dict()["state"].get(0, {}).get("momentum_buffer")
+        return torch.equal(other.weight, model.weight) and momentum is not None
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.dp": Exercise(
         "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
@@ -101,6 +147,20 @@ EXERCISES: dict[str, Exercise] = {
         _ring_all_reduce_function,
         "cut the tensor in world_size chunks; N-1 steps of pass-one-chunk-right-and-"
         "add, then N-1 steps of pass-the-finished-chunk-right",
+    ),
+    "02.bytes": Exercise(
+        "a function ring_bytes(parameters, bytes_per_value, world_size) giving the "
+        "bytes each rank sends when DDP all-reduces the gradients once with a ring",
+        _bytes_function,
+        "the gradient is parameters x bytes_per_value bytes; a ring sends 2(N-1)/N of "
+        "it from every rank (and nothing at all when N = 1)",
+    ),
+    "02.resume": Exercise(
+        "a function resume(path, model, optimizer) that loads the checkpoint at path "
+        "if there is one and returns the epoch to start from (0 without one)",
+        _resume_function,
+        "check Path(path).exists(); load_checkpoint returns the extra values saved, "
+        "e.g. {'epoch': 4}: the next epoch to run is one after it",
     ),
     "01.speedup": Exercise(
         "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "

@@ -21,7 +21,13 @@ from typing import Any
 from . import comm_diagrams as cd
 from . import ring
 
-__all__ = ["example_collectives", "example_events", "example_phases", "write_gallery"]
+__all__ = [
+    "example_buckets",
+    "example_collectives",
+    "example_events",
+    "example_phases",
+    "write_gallery",
+]
 
 _T0 = 1_700_000_000.0  # a time.time() value; the diagrams show times relative to it
 _MS = 1e-3
@@ -130,6 +136,33 @@ def example_phases() -> list[tuple[int, str, float, float]]:
     return phases
 
 
+def example_buckets() -> list[list[dict]]:
+    """DDP's bucket all-reduces in the step of :func:`example_phases`: bucket 0 (the
+    last layers' gradients) during backward, bucket 1 at its end, on every rank."""
+    lanes = []
+    for r in range(WORLD):
+        backward_end = 10.5 + 0.8 * r
+        lanes.append(
+            [
+                _call(r, "all_reduce", 7.0 + 0.4 * r, 9.0 + 0.4 * r, label="bucket 0"),
+                # It ends only once the slowest rank (3) has handed its bucket 1 over.
+                _call(r, "all_reduce", backward_end, 14.6, label="bucket 1"),
+            ]
+        )
+    return lanes
+
+
+def _bucket_phases() -> list[tuple[int, str, float, float]]:
+    # example_phases, with the optimizer after the last bucket of example_buckets.
+    later = 0.8 * _MS
+    return [
+        (r, name, start + later, end + later)
+        if name == "optimizer"
+        else (r, name, start, end)
+        for r, name, start, end in example_phases()
+    ]
+
+
 def example_collectives() -> dict[str, list[dict]]:
     """One call of every collective on 4 ranks: each op's events, index = rank.
 
@@ -208,6 +241,12 @@ def write_gallery(outdir: str | Path) -> list[Path]:
     drawings += [
         ("ring_grid", lambda: ring.draw_ring_grid(steps)),
         ("rank_timeline", lambda: cd.draw_rank_timeline(events, example_phases())),
+        (
+            "ddp_bucket_timeline",
+            lambda: cd.draw_rank_timeline(
+                example_buckets(), _bucket_phases(), title="One DDP step"
+            ),
+        ),
     ]
     written = []
     for name, draw in drawings:

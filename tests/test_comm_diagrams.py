@@ -15,15 +15,15 @@ import pytest
 from figure_helpers import arrows_on, flat, overlaps, texts_on
 from matplotlib.patches import Rectangle
 
+import workshop.collective_diagram
 import workshop.comm_diagrams
-from workshop.comm_diagrams import (
-    OP_COLOURS,
-    draw_collective,
-    draw_point_to_point,
-    draw_rank_layout,
-    draw_rank_timeline,
-)
+import workshop.p2p_diagram
+import workshop.timeline_diagram
+from workshop.collective_diagram import draw_collective
+from workshop.comm_diagrams import OP_COLOURS, draw_rank_layout
 from workshop.gallery import example_collectives, example_events, example_phases
+from workshop.p2p_diagram import draw_point_to_point
+from workshop.timeline_diagram import draw_rank_timeline
 
 
 @dataclasses.dataclass
@@ -304,4 +304,10 @@ def test_non_blocking_calls_are_hatched_and_events_need_times():
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(workshop.comm_diagrams).failed == 0
+    for module in (
+        workshop.comm_diagrams,
+        workshop.p2p_diagram,
+        workshop.collective_diagram,
+        workshop.timeline_diagram,
+    ):
+        assert doctest.testmod(module).failed == 0, module.__name__

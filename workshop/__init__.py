@@ -25,12 +25,8 @@ picture); :func:`save_checkpoint` and :func:`load_checkpoint` checkpoint DDP tra
 """
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .comm_diagrams import (
-    draw_collective,
-    draw_point_to_point,
-    draw_rank_layout,
-    draw_rank_timeline,
-)
+from .collective_diagram import draw_collective
+from .comm_diagrams import draw_rank_layout
 from .data import cifar10, digits, make_loader, synthetic, time_loader
 from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
@@ -39,6 +35,7 @@ from .env import RankInfo, rank_info, visible_gpu_count
 from .exercises import check
 from .launcher import LaunchError, RunResult, launch
 from .models import SmallCNN, count_parameters, resnet
+from .p2p_diagram import draw_point_to_point
 from .pipeline import (
     TwoStageModel,
     bubble_fraction,
@@ -53,6 +50,7 @@ from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_wid
 from .ring_collective import ring_all_reduce
 from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .throughput import fit_step_cost, projected_speedup, time_steps
+from .timeline_diagram import draw_rank_timeline
 from .trace_data import collectives
 from .training import evaluate, train, train_step
 from .worker import process_group, rank_device

@@ -18,8 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import comm_diagrams as cd
-from . import ring
+from . import collective_diagram, comm_diagrams, p2p_diagram, ring, timeline_diagram
 
 __all__ = [
     "example_buckets",
@@ -225,14 +224,23 @@ def write_gallery(outdir: str | Path) -> list[Path]:
         [[float(r * 4 + i) for i in range(4)] for r in range(WORLD)]
     )
     drawings: list[tuple[str, Callable[[], Any]]] = [
-        ("rank_layout_2x4", lambda: cd.draw_rank_layout(2, 4)),
-        ("point_to_point", lambda: cd.draw_point_to_point(events)),
-        ("collective_broadcast", lambda: cd.draw_collective(_call_of(events, 0))),
-        ("collective_all_reduce", lambda: cd.draw_collective(_call_of(events, -1))),
+        ("rank_layout_2x4", lambda: comm_diagrams.draw_rank_layout(2, 4)),
+        ("point_to_point", lambda: p2p_diagram.draw_point_to_point(events)),
+        (
+            "collective_broadcast",
+            lambda: collective_diagram.draw_collective(_call_of(events, 0)),
+        ),
+        (
+            "collective_all_reduce",
+            lambda: collective_diagram.draw_collective(_call_of(events, -1)),
+        ),
     ]
     for op, call in example_collectives().items():
         drawings.append(
-            (f"collective_{op}", lambda call=call: cd.draw_collective(call))
+            (
+                f"collective_{op}",
+                lambda call=call: collective_diagram.draw_collective(call),
+            )
         )
     for k in range(len(steps)):
         drawings.append(
@@ -240,10 +248,13 @@ def write_gallery(outdir: str | Path) -> list[Path]:
         )
     drawings += [
         ("ring_grid", lambda: ring.draw_ring_grid(steps)),
-        ("rank_timeline", lambda: cd.draw_rank_timeline(events, example_phases())),
+        (
+            "rank_timeline",
+            lambda: timeline_diagram.draw_rank_timeline(events, example_phases()),
+        ),
         (
             "ddp_bucket_timeline",
-            lambda: cd.draw_rank_timeline(
+            lambda: timeline_diagram.draw_rank_timeline(
                 example_buckets(), _bucket_phases(), title="One DDP step"
             ),
         ),

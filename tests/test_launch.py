@@ -447,3 +447,27 @@ def test_trace_brings_back_every_ranks_calls_even_from_a_failed_launch():
     assert [e.op for e in info.value.result.traces[1]] == ["all_reduce"]
     with pytest.raises(TypeError, match=r"trace must be True or False, got 'yes'"):
         launch(_rank_facts, world_size=2, trace="yes")
+
+
+def _parallel_op() -> int:
+    torch.set_num_threads(2)
+    y = torch.randn(2_000_000)
+    for _ in range(3):
+        torch.cat([y, y]).sum()  # large enough for torch to split it across threads
+    return torch.get_num_threads()
+
+
+@pytest.mark.parametrize("method", ["fork", "server"])
+def test_a_rank_computes_on_threads_after_the_kernel_did(method):
+    # GNU OpenMP's pool belongs to the thread that used it; a rank forked from a
+    # kernel that computed on 2 threads hung in its first parallel operation until
+    # ranks ran their work in a fresh thread.
+    threads = torch.get_num_threads()
+    try:
+        assert _parallel_op() == 2  # the kernel's own pool now exists
+        result = launch(
+            _parallel_op, world_size=1, start_method=method, timeout=60, show="none"
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert result.returns == [2]

@@ -13,6 +13,7 @@ import pickle
 import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -209,6 +210,30 @@ def child_main(job: Job, result_fd: int) -> None:
     code = 1
     try:
         reset_signals()
-        code = run_rank(job, result_fd)
+        code = _in_fresh_thread(run_rank, job, result_fd)
+    except KeyboardInterrupt:
+        code = 130
     finally:
         os._exit(code)
+
+
+def _in_fresh_thread(body: Callable[..., int], *args: Any) -> int:
+    """Run ``body(*args)`` in a new thread and return its exit code.
+
+    Why a thread: GNU OpenMP keeps its pool of worker threads per thread that starts
+    a parallel region. A rank forked from a kernel that has already computed on
+    several threads inherits the kernel's pool record, but not its threads, so the
+    first parallel operation in the rank's main thread waits for them forever. A new
+    thread has no pool yet and makes its own, so the rank computes on as many
+    threads as it was given, whatever the kernel did before.
+    """
+    outcome = [1]
+
+    def run() -> None:
+        outcome[0] = body(*args)
+
+    thread = threading.Thread(target=run, name="rank", daemon=True)
+    thread.start()
+    while thread.is_alive():  # a timed join leaves the main thread able to take signals
+        thread.join(0.2)
+    return outcome[0]

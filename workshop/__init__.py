@@ -21,12 +21,20 @@ all-reduce (:func:`ring_allreduce_steps`, :func:`ring_widget`) draw them.
 :func:`timed_ddp_steps` records DDP's gradient buckets (:func:`ddp_timeline` for the
 picture); :func:`save_checkpoint` and :func:`load_checkpoint` checkpoint DDP training.
 
+Measuring (notebooks 02 and 03): :func:`measure_allreduce` sweeps message sizes and
+fits the ring model (:func:`plot_allreduce`); :func:`measure_scaling` measures weak and
+strong scaling of DDP training (:func:`plot_scaling`, which also draws any published
+table); :func:`load_allreduce` and :func:`load_scaling` read a batch job's results.
+
 :func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
+from .bench.allreduce_bench import load_allreduce, measure_allreduce
+from .bench.scaling_bench import load_scaling, measure_scaling
 from .checkpoint import load_checkpoint, save_checkpoint
 from .collective_diagram import draw_collective
 from .comm_diagrams import draw_rank_layout
+from .comm_plots import plot_allreduce
 from .data import cifar10, digits, make_loader, synthetic, time_loader
 from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
@@ -48,6 +56,7 @@ from .profiling import profile_steps
 from .progress import History, Progress
 from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_widget
 from .ring_collective import ring_all_reduce
+from .scaling_plots import plot_scaling
 from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .throughput import fit_step_cost, projected_speedup, time_steps
 from .timeline_diagram import draw_rank_timeline
@@ -85,10 +94,16 @@ __all__ = [
     "fit_step_cost",
     "launch",
     "lesson_devices",
+    "load_allreduce",
     "load_checkpoint",
+    "load_scaling",
     "make_loader",
+    "measure_allreduce",
+    "measure_scaling",
     "pipeline_forward_backward",
     "pipeline_schedule",
+    "plot_allreduce",
+    "plot_scaling",
     "plot_speedup",
     "plot_throughput",
     "process_group",

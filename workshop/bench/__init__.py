@@ -4,4 +4,9 @@
   ``torchrun --standalone`` running the same no-op.
 * ``train``: training samples per second of a model on one device (ResNet-50 with
   bf16 and channels_last by default), to compare with published figures.
+* ``allreduce``: all-reduce time, algbw and busbw per message size, as nccl-tests
+  defines them, the ring model (alpha, beta) fitted to them, and a reference memory
+  copy's bandwidth.
+* ``scaling``: weak and strong scaling of DDP training across world sizes, each step
+  split into compute and communication, explained by the ring model.
 """

@@ -1,0 +1,359 @@
+"""What an all-reduce sweep measured, as plain data: the table, the fit, the files.
+
+``AllreduceResult`` holds every timed repetition of every size; the medians, algbw,
+busbw and the ring model's fit are derived from them. ``save_allreduce`` writes
+``PREFIX.json`` (everything) and ``PREFIX.csv`` (one row per repetition), and
+``load_allreduce`` reads the JSON back, so a notebook can show a batch job's run.
+Bandwidths are in bytes/s (1 GB/s = 1e9 bytes/s), as nccl-tests defines them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import statistics
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..costmodel import AlphaBeta, algbw, busbw, fit_alpha_beta
+
+__all__ = [
+    "FIT_TOLERANCE",
+    "AllreduceResult",
+    "human_size",
+    "load_allreduce",
+    "message_sizes",
+    "parse_size",
+    "save_allreduce",
+]
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+#: The ring model must predict every measured size within this relative error.
+FIT_TOLERANCE = 0.30
+DTYPE_BYTES = 4  # float32
+_UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB}
+_CSV_COLUMNS = ["size_bytes", "repetition", "seconds", "algbw", "busbw"]
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``"4096"``, ``"4K"``, ``"4KiB"``, ``"64M"`` or ``"1G"`` (binary).
+
+    Raises:
+        ValueError: not a whole number with an optional K, M or G.
+
+    Example:
+        >>> parse_size("64M")
+        67108864
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(
+            f"cannot read the size {text!r}; write bytes as a whole number with an "
+            "optional K, M or G (binary units), e.g. 4096, 4K or 64M"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def human_size(size: int) -> str:
+    """``4096`` -> ``"4 KiB"``: the largest binary unit that divides evenly.
+
+    Example:
+        >>> human_size(64 << 20)
+        '64 MiB'
+    """
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit} {name}"
+    return f"{size} B"
+
+
+def message_sizes(
+    min_size: int = 4 * KiB, max_size: int = 64 * MiB, factor: int = 4
+) -> list[int]:
+    """Sizes in bytes from ``min_size`` up to ``max_size``, each ``factor`` times
+    the last.
+
+    Raises:
+        ValueError: ``max_size`` below ``min_size``, a size that is not a positive
+            multiple of 4 bytes (one float32), or ``factor`` below 2.
+
+    Example:
+        >>> message_sizes(4096, 65536)
+        [4096, 16384, 65536]
+    """
+    for name, value in (("min_size", min_size), ("max_size", max_size)):
+        if value < DTYPE_BYTES or value % DTYPE_BYTES:
+            raise ValueError(
+                f"{name}={value} bytes is not a whole number of float32 values; "
+                f"give a positive multiple of {DTYPE_BYTES} bytes, e.g. 4K"
+            )
+    if max_size < min_size:
+        raise ValueError(
+            f"max_size={max_size} bytes ({human_size(max_size)}) is smaller than "
+            f"min_size={min_size} bytes ({human_size(min_size)}); raise max_size or "
+            "lower min_size"
+        )
+    if factor < 2:
+        raise ValueError(f"factor={factor}: give 2 or more, so that the sizes grow")
+    sizes = [min_size]
+    while sizes[-1] * factor <= max_size:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+@dataclass
+class AllreduceResult:
+    """One all-reduce sweep: every repetition's time per size, and where it ran.
+
+    Attributes:
+        backend: "gloo" or "nccl".
+        world_size: ranks that took part.
+        launcher: who started the ranks ("workshop", "torchrun", "srun", "mpirun").
+        device: "cpu" or "cuda".
+        sizes: message sizes in bytes, ascending.
+        seconds: for each size, every timed repetition (the slowest rank's time).
+        warmup: untimed calls made for each size first.
+        reference: the memory copy: ``what``, ``bytes`` and ``seconds`` (each copy).
+        machine: hostname, cpu_count, platform, threads, gpu, load_average.
+        versions: python, torch, workshop (and nccl on GPUs).
+        dtype: element type of the reduced tensors.
+        skipped_sizes: sizes left out because they would not fit in memory.
+        created: when the sweep ended (ISO 8601, local time).
+    """
+
+    backend: str
+    world_size: int
+    launcher: str
+    device: str
+    sizes: list[int]
+    seconds: list[list[float]]
+    warmup: int
+    reference: dict[str, Any]
+    machine: dict[str, Any]
+    versions: dict[str, Any]
+    dtype: str = "float32"
+    skipped_sizes: list[int] = field(default_factory=list)
+    created: str = ""
+
+    @property
+    def medians(self) -> list[float]:
+        """Median seconds per size."""
+        return [statistics.median(times) for times in self.seconds]
+
+    @property
+    def algbw(self) -> list[float]:
+        """Algorithm bandwidth (bytes/s) of each size's median time."""
+        return [algbw(s, t) for s, t in zip(self.sizes, self.medians, strict=True)]
+
+    @property
+    def busbw(self) -> list[float]:
+        """Bus bandwidth (bytes/s) of each size's median time."""
+        n = self.world_size
+        return [busbw(s, t, n) for s, t in zip(self.sizes, self.medians, strict=True)]
+
+    @property
+    def reference_bandwidth(self) -> float:
+        """Bytes/s of the reference copy: its size over its fastest repetition."""
+        return self.reference["bytes"] / min(self.reference["seconds"])
+
+    @property
+    def peak_busbw(self) -> float:
+        """The highest busbw over the sizes (bytes/s)."""
+        return max(self.busbw)
+
+    def fit(self) -> AlphaBeta:
+        """The ring model fitted to the median times.
+
+        Raises:
+            ValueError: world_size 1, or fewer than two sizes.
+        """
+        return fit_alpha_beta(self.sizes, self.medians, self.world_size)
+
+    def _fit_or_none(self) -> AlphaBeta | None:
+        """The fit, or None where there is none (one rank, or one size)."""
+        if self.world_size < 2 or len(set(self.sizes)) < 2:
+            return None
+        return self.fit()
+
+    def errors(self) -> list[float]:
+        """The fit's relative error at each size: predicted / measured - 1."""
+        fit = self.fit()
+        return [
+            fit.predict(s) / t - 1
+            for s, t in zip(self.sizes, self.medians, strict=True)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-ready plain data, the derived figures included."""
+        data = asdict(self)
+        del data["seconds"]
+        fit = self._fit_or_none()
+        rows = zip(
+            self.sizes, self.seconds, self.medians, self.algbw, self.busbw, strict=True
+        )
+        data["sizes"] = [
+            {
+                "size_bytes": size,
+                "count": size // DTYPE_BYTES,
+                "seconds": times,
+                "median_seconds": median,
+                "algbw": a,
+                "busbw": b,
+                "predicted_seconds": fit.predict(size) if fit else None,
+            }
+            for size, times, median, a, b in rows
+        ]
+        data["fit"] = None  # one rank or one size: nothing to fit
+        if fit is not None:
+            data["fit"] = asdict(fit) | {
+                "tolerance": FIT_TOLERANCE,
+                "within_tolerance": fit.max_rel_error <= FIT_TOLERANCE,
+            }
+        data["reference"] = self.reference | {"bandwidth": self.reference_bandwidth}
+        data["peak_busbw"] = self.peak_busbw
+        data["peak_fraction_of_reference"] = self.peak_busbw / self.reference_bandwidth
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AllreduceResult:
+        """The result :meth:`to_dict` wrote; derived figures are recomputed.
+
+        Raises:
+            ValueError: a required key is missing.
+        """
+        required = [
+            f.name
+            for f in fields(cls)
+            if f.default is MISSING
+            and f.default_factory is MISSING
+            and f.name != "seconds"  # kept in each entry of sizes
+        ]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(
+                f"not an all-reduce result: {', '.join(missing)} missing; load a "
+                "JSON file written by `python -m workshop.bench allreduce`"
+            )
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        try:
+            kwargs["sizes"] = [int(row["size_bytes"]) for row in data["sizes"]]
+            kwargs["seconds"] = [list(row["seconds"]) for row in data["sizes"]]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"not an all-reduce result: each entry of sizes needs size_bytes "
+                f"and seconds ({exc!r} is wrong); load a file written by "
+                "`python -m workshop.bench allreduce`"
+            ) from exc
+        kwargs["reference"] = {
+            k: v for k, v in data["reference"].items() if k != "bandwidth"
+        }
+        return cls(**kwargs)
+
+    def table(self) -> str:
+        """The nccl-tests style table: one line per size; time in microseconds,
+        bandwidths in GB/s, the fitted model's time and its error."""
+        fit = self._fit_or_none()
+        lines = [
+            f"{'size':>10} {'count':>10} {'type':>7} {'reps':>5} {'time us':>10} "
+            f"{'algbw GB/s':>11} {'busbw GB/s':>11} {'model us':>10} {'error':>7}"
+        ]
+        rows = zip(
+            self.sizes, self.seconds, self.medians, self.algbw, self.busbw, strict=True
+        )
+        for size, times, t, a, b in rows:
+            model = f"{fit.predict(size) * 1e6:>10.1f}" if fit else f"{'-':>10}"
+            # (+ 0.0 turns a rounded -0.0 into 0.0, printed "+0%", not "-0%")
+            error = round(fit.predict(size) / t - 1, 3) + 0.0 if fit else None
+            error = f"{error:>+7.0%}" if fit else f"{'-':>7}"
+            lines.append(
+                f"{size:>10} {size // DTYPE_BYTES:>10} {self.dtype:>7} "
+                f"{len(times):>5} {t * 1e6:>10.1f} {a / 1e9:>11.3f} {b / 1e9:>11.3f} "
+                f"{model} {error}"
+            )
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """The fit, its worst error against :data:`FIT_TOLERANCE`, and the peak
+        busbw as a fraction of the reference copy, in three lines."""
+        fit = self._fit_or_none()
+        if fit is None:
+            model = (
+                "no ring model: fitting alpha and beta needs 2 ranks or more and 2 "
+                "sizes or more\n"
+            )
+        else:
+            errors = [abs(e) for e in self.errors()]
+            worst = self.sizes[errors.index(max(errors))]
+            within = fit.max_rel_error <= FIT_TOLERANCE
+            model = (
+                f"ring model: alpha = {fit.alpha * 1e6:.1f} us per step, "
+                f"beta = {fit.beta / 1e9:.3f} GB/s per link\n"
+                f"the model {'predicts' if within else 'does NOT predict'} every "
+                f"measured size within {FIT_TOLERANCE:.0%}: worst error "
+                f"{fit.max_rel_error:.1%} at {human_size(worst)}\n"
+            )
+        ref = self.reference_bandwidth
+        return model + (
+            f"peak busbw {self.peak_busbw / 1e9:.3f} GB/s = "
+            f"{self.peak_busbw / ref:.1%} of the reference, a "
+            f"{self.reference['what']} ({ref / 1e9:.3f} GB/s)"
+        )
+
+
+def save_allreduce(result: AllreduceResult, prefix: str | Path) -> tuple[Path, Path]:
+    """Write ``PREFIX.json`` (everything) and ``PREFIX.csv`` (one row per size per
+    repetition: size_bytes, repetition, seconds, algbw, busbw; bytes/s).
+
+    Returns:
+        The JSON and CSV paths.
+
+    Example:
+        >>> save_allreduce(result, "runs/allreduce-gloo-N2")          # doctest: +SKIP
+    """
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = Path(f"{prefix}.json"), Path(f"{prefix}.csv")
+    json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(_CSV_COLUMNS)
+        for size, times in zip(result.sizes, result.seconds, strict=True):
+            for i, t in enumerate(times):
+                bus = busbw(size, t, result.world_size)
+                writer.writerow([size, i, repr(t), repr(algbw(size, t)), repr(bus)])
+    return json_path, csv_path
+
+
+def load_allreduce(path: str | Path) -> AllreduceResult:
+    """Read a result written by :func:`save_allreduce` (``PREFIX.json`` or
+    ``PREFIX``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not an all-reduce result.
+
+    Example:
+        >>> result = load_allreduce("allreduce-nccl-N8.json")         # doctest: +SKIP
+        >>> print(result.summary())                                 # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.exists() and Path(f"{path}.json").exists():
+        path = Path(f"{path}.json")
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no all-reduce result at {path}; pass the .json file that "
+            "`python -m workshop.bench allreduce --out PREFIX` wrote"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{path} is not JSON ({exc}); pass the .json file, not the .csv"
+        ) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("sizes"), list):
+        raise ValueError(
+            f"{path} is not an all-reduce result (it has no list of sizes); pass a "
+            "file written by `python -m workshop.bench allreduce`"
+        )
+    return AllreduceResult.from_dict(data)

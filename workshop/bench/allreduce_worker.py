@@ -1,0 +1,360 @@
+"""The worker side of the all-reduce benchmark: what every rank runs.
+
+:func:`allreduce_sweep` runs inside a rank (under ``workshop.launch``, or within
+``workshop.process_group()`` under torchrun, srun or mpirun);
+:func:`measure_allreduce` starts the ranks from a notebook and returns rank 0's
+result. See :mod:`workshop.bench.allreduce_bench` for the method and the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import random
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .allreduce_result import (
+    DTYPE_BYTES,
+    AllreduceResult,
+    KiB,
+    MiB,
+    human_size,
+    message_sizes,
+)
+
+__all__ = ["allreduce_sweep", "check_sweep", "measure_allreduce"]
+
+
+def check_sweep(
+    sizes: Sequence[int], repeats: int, warmup: int, min_time: float
+) -> list[int]:
+    """Check a sweep's options before any rank starts.
+
+    Returns:
+        The sizes, sorted and without repeats.
+
+    Raises:
+        ValueError: no sizes, a size that is not a positive multiple of 4 bytes,
+            repeats below 1, warmup below 0 or min_time below 0; the message names
+            the value.
+
+    Example:
+        >>> check_sweep([65536, 4096], repeats=20, warmup=5, min_time=1.0)
+        [4096, 65536]
+    """
+    if not sizes:
+        raise ValueError("sizes is empty; pass message sizes in bytes, e.g. [4096]")
+    bad = [s for s in sizes if not isinstance(s, int) or s < 4 or s % DTYPE_BYTES]
+    if bad:
+        raise ValueError(
+            f"sizes {bad} are not whole numbers of float32 values; give positive "
+            f"multiples of {DTYPE_BYTES} bytes"
+        )
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r}: time each size at least once")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r}: give 0 or more untimed calls per size")
+    if not min_time >= 0:
+        raise ValueError(f"min_time={min_time!r}: give 0 or more seconds per size")
+    return sorted(set(sizes))
+
+
+def _usable_bytes(device: Any, ranks_here: int) -> int | None:
+    """Memory one rank may use: its GPU's free memory, or the node's available RAM
+    shared among the node's ranks; None where it cannot be read."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * KiB // ranks_here
+    except OSError:
+        pass
+    return None
+
+
+def _timed(call: Callable[[], object], device: Any) -> float:
+    """Seconds ``call()`` took, the device's queued work included."""
+    import torch
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    call()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def _copy_seconds(device: Any, nbytes: int, repeats: int = 5) -> list[float]:
+    """Seconds of each of ``repeats`` copies of ``nbytes`` (after one warm-up)."""
+    import torch
+
+    src = torch.ones(nbytes // DTYPE_BYTES, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return [_timed(lambda: dst.copy_(src), device) for _ in range(repeats)]
+
+
+def _machine(device: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ran the sweep: the machine, and the versions of the software."""
+    import torch
+
+    from .. import __version__
+
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    machine = {
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "gpu": gpu,
+        # Other work on the machine shows here: the sweep's own ranks had not
+        # started working when this was read.
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "workshop": __version__,
+    }
+    if gpu:
+        nccl = torch.cuda.nccl.version()  # a tuple; an int in old releases
+        versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    return machine, versions
+
+
+def _fit_in_memory(
+    sizes: list[int], device: Any, ranks_here: int
+) -> tuple[list[int], int]:
+    """The sizes whose tensors, all together, take at most a quarter of the memory
+    each rank may use, and that quarter in bytes; the same on every rank (a
+    collective call)."""
+    import torch
+    import torch.distributed as dist
+
+    usable = _usable_bytes(device, max(1, ranks_here)) or 2**60
+    cap = torch.tensor([usable // 4], dtype=torch.float64, device=device)
+    dist.all_reduce(cap, op=dist.ReduceOp.MIN)
+    cap_bytes = int(cap.item())
+    keep = [s for i, s in enumerate(sizes) if sum(sizes[: i + 1]) <= cap_bytes]
+    if not keep:
+        raise ValueError(
+            f"no size fits in memory: a rank may hold about {cap_bytes} bytes of "
+            f"messages and the smallest size is {sizes[0]} bytes; pass smaller sizes"
+        )
+    return keep, cap_bytes
+
+
+def _reference_copy(device: Any, nbytes: int) -> list[float]:
+    """Rank 0 times copies of ``nbytes``; every rank gets its times (collective)."""
+    import torch
+    import torch.distributed as dist
+
+    copies = torch.zeros(5, dtype=torch.float64)
+    if dist.get_rank() == 0:
+        copies[:] = torch.tensor(_copy_seconds(device, nbytes, len(copies)))
+    copies = copies.to(device)
+    dist.broadcast(copies, src=0)
+    return copies.tolist()
+
+
+def _repetitions(
+    tensors: list[Any], warmup: int, repeats: int, min_time: float, most: int
+) -> list[int]:
+    """Warm each size up and, from the slowest rank's warm-up times, choose how
+    many times to time it: enough to last ``min_time``, within repeats..most."""
+    import torch
+    import torch.distributed as dist
+
+    device = tensors[0].device
+    estimate = torch.zeros(len(tensors), dtype=torch.float64)
+    for j, x in enumerate(tensors):
+        times = [_timed(lambda x=x: dist.all_reduce(x), device) for _ in range(warmup)]
+        estimate[j] = statistics.median(times) if times else 0.0
+    estimate = estimate.to(device)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+    return [
+        min(most, max(repeats, math.ceil(min_time / t))) if t > 0 else repeats
+        for t in estimate.tolist()
+    ]
+
+
+def _time_rounds(tensors: list[Any], counts: list[int]) -> list[list[float]]:
+    """Each size's timed calls, the slowest rank's time of each (collective)."""
+    import torch
+    import torch.distributed as dist
+
+    device = tensors[0].device
+    # NCCL's barrier must be told the rank's GPU, or it guesses one and warns.
+    ids = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    mine = torch.zeros(len(tensors), max(counts), dtype=torch.float64)
+    # The sizes take turns in a shuffled order, so that a burst of other work on
+    # the machine slows a few repetitions of every size, not every repetition of
+    # one size, and no size always follows the largest.
+    for i in range(max(counts)):
+        turn = [j for j, count in enumerate(counts) if count > i]
+        random.Random(i).shuffle(turn)  # the same order on every rank
+        for j in turn:
+            dist.barrier(**ids)
+            mine[j, i] = _timed(lambda x=tensors[j]: dist.all_reduce(x), device)
+    slowest = mine.to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return [row[:n] for row, n in zip(slowest.tolist(), counts, strict=True)]
+
+
+def allreduce_sweep(
+    sizes: Sequence[int] | None = None,
+    repeats: int = 20,
+    warmup: int = 5,
+    min_time: float = 1.0,
+    max_repeats: int = 1000,
+    reference_bytes: int = 256 * MiB,
+) -> AllreduceResult:
+    """Time ``all_reduce`` of a float32 tensor of each size on this rank's device.
+
+    Call it on every rank of a process group: through ``workshop.launch``, or inside
+    ``with workshop.process_group():`` under torchrun, srun or mpirun. Sizes that
+    would not fit in memory (all sizes together in a quarter of what each rank may
+    use) are skipped, the same ones on every rank.
+
+    Args:
+        sizes: message sizes in bytes; :func:`message_sizes` by default.
+        repeats: timed calls per size, at least.
+        warmup: untimed calls per size first; their times set the repetitions
+            (with none, every size is timed ``repeats`` times).
+        min_time: seconds to spend timing each size: a size is repeated, up to
+            ``max_repeats`` times, until its calls add up to this.
+        max_repeats: most timed calls per size (``repeats`` wins if larger).
+        reference_bytes: size of the reference memory copy, made on rank 0.
+
+    Returns:
+        The same :class:`AllreduceResult` on every rank (rank 0's machine).
+
+    Raises:
+        RuntimeError: no process group (called outside a rank).
+        ValueError: bad sizes, repeats, warmup or min_time, or no size fits.
+
+    Example:
+        >>> from workshop import launch
+        >>> run = launch(allreduce_sweep, [4096, 65536], world_size=2)  # doctest: +SKIP
+        >>> len(run.returns[0].medians)                               # doctest: +SKIP
+        2
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ..env import rank_info
+    from ..worker import rank_device
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "allreduce_sweep runs inside a rank of a process group; call "
+            "measure_allreduce(world_size) or launch(allreduce_sweep, world_size=2), "
+            "or call it within `with workshop.process_group():` under torchrun"
+        )
+    sizes = message_sizes() if sizes is None else sizes
+    sizes = check_sweep(sizes, repeats, warmup, min_time)
+    info = rank_info()
+    backend = dist.get_backend()
+    device = rank_device(backend, info)
+    machine, versions = _machine(device)  # before this sweep loads the machine
+
+    keep, cap_bytes = _fit_in_memory(sizes, device, info.local_world_size)
+    reference_bytes = min(reference_bytes, cap_bytes)  # two buffers: half the memory
+    reference_bytes = max(DTYPE_BYTES, reference_bytes - reference_bytes % DTYPE_BYTES)
+    copies = _reference_copy(device, reference_bytes)
+    tensors = [torch.ones(s // DTYPE_BYTES, device=device) for s in keep]
+    counts = _repetitions(tensors, warmup, repeats, min_time, max(repeats, max_repeats))
+    seconds = _time_rounds(tensors, counts)
+    del tensors
+    # Every rank returns rank 0's account of the machine, so all results are equal.
+    shared = [machine, versions, time.strftime("%Y-%m-%dT%H:%M:%S%z")]
+    dist.broadcast_object_list(shared, src=0, device=device)
+    return AllreduceResult(
+        backend=backend,
+        world_size=dist.get_world_size(),
+        launcher=info.launcher,
+        device=device.type,
+        sizes=keep,
+        seconds=seconds,
+        warmup=warmup,
+        reference={
+            "what": f"{device.type} memory copy of {human_size(reference_bytes)}",
+            "counted": "bytes copied / seconds of the fastest copy (not read + write)",
+            "bytes": reference_bytes,
+            "seconds": copies,
+        },
+        machine=shared[0],
+        versions=shared[1],
+        skipped_sizes=[s for s in sizes if s not in keep],
+        created=shared[2],
+    )
+
+
+def measure_allreduce(
+    world_size: int,
+    backend: str = "auto",
+    sizes: Sequence[int] | None = None,
+    repeats: int = 20,
+    warmup: int = 5,
+    min_time: float = 1.0,
+    max_repeats: int = 1000,
+    reference_bytes: int = 256 * MiB,
+    timeout: float | None = 600.0,
+    show: str = "none",
+) -> AllreduceResult:
+    """Start ``world_size`` ranks with ``workshop.launch`` and sweep on them.
+
+    Args:
+        world_size: ranks, 2 or more.
+        backend: "auto", "gloo" or "nccl".
+        sizes, repeats, warmup, min_time, max_repeats, reference_bytes: as for
+            :func:`allreduce_sweep`.
+        timeout: seconds before every rank is stopped.
+        show: how the ranks' output is shown: "none", "auto" or "lines".
+
+    Returns:
+        Rank 0's :class:`AllreduceResult`.
+
+    Raises:
+        ValueError: world_size below 2, or bad sizes, repeats, warmup or min_time.
+        LaunchError: a rank failed, or the timeout passed.
+
+    Example:
+        >>> result = measure_allreduce(2, sizes=[4096, 1 << 20])    # doctest: +SKIP
+        >>> print(result.summary())                                 # doctest: +SKIP
+    """
+    from ..launcher import launch
+
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise ValueError(f"world_size must be a whole number, got {world_size!r}")
+    if world_size < 2:
+        raise ValueError(
+            f"world_size={world_size}: an all-reduce on one rank sends nothing, so "
+            "there is no time to measure; pass world_size=2 or more"
+        )
+    check_sweep(message_sizes() if sizes is None else sizes, repeats, warmup, min_time)
+    run = launch(
+        allreduce_sweep,
+        sizes=sizes,
+        repeats=repeats,
+        warmup=warmup,
+        min_time=min_time,
+        max_repeats=max_repeats,
+        reference_bytes=reference_bytes,
+        world_size=world_size,
+        backend=backend,
+        timeout=timeout,
+        show=show,
+    )
+    return run.returns[0]

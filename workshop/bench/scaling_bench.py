@@ -1,0 +1,252 @@
+"""Weak and strong scaling of DDP training: ``python -m workshop.bench scaling``.
+
+Run it::
+
+    python -m workshop.bench scaling                  # 1, 2, 4 ranks, both modes
+    python -m workshop.bench scaling --mode strong --global-batch 64 --out runs/scale
+    torchrun --nproc_per_node=8 -m workshop.bench scaling --out runs/scale8
+
+From a notebook: ``measure_scaling(world_sizes=(1, 2, 4), mode="both")``. Each world
+size is a separate :func:`workshop.launch`. Started by torchrun, srun or mpirun, the
+command measures that one world size with :func:`scaling_worker` (the same code the
+launches run) and rank 0 prints and writes the rows.
+
+* weak scaling: every rank keeps ``batch`` samples per step, so the work grows with
+  the ranks; efficiency = throughput_N / (N * throughput_1).
+* strong scaling: a fixed global batch is split across the ranks; speed-up =
+  T_1 / T_N (seconds per step), efficiency = speed-up / N.
+
+How a step is split into compute and communication, and why this way: every rank
+alternates an ordinary DDP step with the same step under ``no_sync()``, where DDP
+skips the gradient all-reduce and the rank only computes; a barrier (not timed)
+starts each step on all ranks together, so both kinds see the same load on the
+machine. The difference of the median step times is the communication a step *waits
+for*: all-reduce time not hidden behind the backward pass, plus waiting for a slower
+rank. That is what costs throughput, so it is the split reported; timing the
+all-reduce alone would miss the overlap. It is still recorded: a DDP comm hook notes
+when each bucket's all-reduce starts and when its future completes, and the time at
+least one is in flight is reported beside the split (often longer, since it overlaps
+backward). Buffers are not broadcast (``broadcast_buffers=False``), so the gradient
+all-reduce is the only communication in a step. The data is synthetic, made once per
+rank in memory: the benchmark times training, not loading. Every step time of every
+rank is kept; the summaries are medians, which a busy shared machine disturbs less.
+
+The alpha-beta model (:mod:`workshop.costmodel`) then predicts the all-reduce of the
+gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark, or
+a quick fit of a few all-reduce sizes timed in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..env import RankInfo
+from .scaling_measure import (
+    _assemble,
+    _check_settings,
+    _fit_sizes,
+    _given_alpha_beta,
+    _gradient_bytes,
+    measure_scaling,
+)
+from .scaling_results import (
+    MODES,
+    ScalingResult,
+    ScalingRow,
+    load_scaling,
+    strong_scaling,
+    weak_scaling,
+)
+from .scaling_worker import _check_divides, per_rank_batch, scaling_worker
+
+__all__ = [
+    "MODES",
+    "ScalingResult",
+    "ScalingRow",
+    "add_arguments",
+    "load_scaling",
+    "main",
+    "measure_scaling",
+    "per_rank_batch",
+    "scaling_worker",
+    "strong_scaling",
+    "weak_scaling",
+]
+
+
+# ------------------------------------------------------------------ command line
+def _world_sizes_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of rank counts; write them like 1,2,4"
+        )
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m workshop.bench scaling``."""
+    from ..env import BACKENDS
+
+    parser.add_argument(
+        "--world-sizes",
+        type=_world_sizes_arg,
+        help="rank counts, one launch each (default 1,2,4 on the CPU; 1,2,4,... up "
+        "to the GPUs there are)",
+    )
+    parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    parser.add_argument(
+        "--model", default="cnn", help="cnn (SmallCNN) or a ResNet name, e.g. resnet18"
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="samples per rank per step, weak scaling (default 32; 128 on GPUs)",
+    )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        help="samples per step over all ranks, strong scaling (default: --batch)",
+    )
+    parser.add_argument("--image-size", type=int, help="default 32 (cnn), 224 (ResNet)")
+    parser.add_argument(
+        "--steps", type=int, default=20, help="timed steps of each kind"
+    )
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--alpha", type=float, help="seconds per ring step (+ --beta)")
+    parser.add_argument("--beta", type=float, help="bytes/s per link (+ --alpha)")
+    parser.add_argument(
+        "--allreduce-json", metavar="PATH", help="alpha and beta from this file"
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="under torchrun: JSON of an earlier run (1 rank, say) to compare with",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="s per launch")
+    parser.add_argument("--out", metavar="PREFIX", help="write PREFIX.json and .csv")
+    parser.add_argument(
+        "--plot", action="store_true", help="also write PREFIX.png (needs --out)"
+    )
+
+
+def _default_world_sizes(gpus: int) -> list[int]:
+    if not gpus:
+        return [1, 2, 4]
+    sizes = [2**k for k in range(gpus.bit_length()) if 2**k <= gpus]
+    return sizes if sizes[-1] == gpus else [*sizes, gpus]
+
+
+def _under_launcher(
+    args: argparse.Namespace, info: RankInfo, batch: int
+) -> ScalingResult | None:
+    """This world size only, as torchrun/srun/mpirun started it; rank 0's result."""
+    from ..worker import process_group
+
+    _, modes = _check_settings(
+        [info.world_size], args.mode, args.steps, args.warmup, batch, args.model
+    )
+    global_batch = args.global_batch or batch
+    if "strong" in modes:
+        _check_divides(global_batch, [info.world_size])
+    given = _given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
+    baseline = load_scaling(args.baseline) if args.baseline else None
+    fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
+    if args.world_sizes and info.is_main:
+        print(f"{info.launcher} started {info.world_size} ranks: --world-sizes ignored")
+    raws = []
+    with process_group(args.backend, timeout=args.timeout):
+        for m in modes:
+            raws.append(
+                scaling_worker(
+                    m,
+                    batch if m == "weak" else global_batch,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    model=args.model,
+                    image_size=args.image_size,
+                    fit_sizes=fit if m == modes[0] else [],
+                )
+            )
+    if not info.is_main:
+        return None
+    return _assemble(
+        raws,
+        steps=args.steps,
+        warmup=args.warmup,
+        launcher=info.launcher,
+        given=given,
+        baseline=baseline,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the scaling benchmark, print its table and explanation."""
+    from ..env import rank_info, visible_gpu_count
+    from ..launcher import LaunchError
+
+    if args.plot and not args.out:
+        print(
+            "python -m workshop.bench scaling: --plot writes PREFIX.png; "
+            "pass --out PREFIX too",
+            file=sys.stderr,
+        )
+        return 2
+    started = time.perf_counter()
+    gpus = visible_gpu_count()
+    batch = args.batch or (128 if gpus else 32)
+    info = rank_info()
+    try:
+        if info.launcher != "none":
+            result = _under_launcher(args, info, batch)
+            if result is None:
+                return 0
+        else:
+            sizes = args.world_sizes or _default_world_sizes(gpus)
+            print(
+                f"measuring {args.model} at world sizes {','.join(map(str, sizes))}, "
+                f"{args.mode} scaling, one launch each",
+                flush=True,
+            )
+            result = measure_scaling(
+                sizes,
+                args.mode,
+                steps=args.steps,
+                warmup=args.warmup,
+                batch=batch,
+                global_batch=args.global_batch,
+                model=args.model,
+                image_size=args.image_size,
+                backend=args.backend,
+                alpha=args.alpha,
+                beta=args.beta,
+                allreduce_json=args.allreduce_json,
+                timeout=args.timeout,
+                verbose=True,
+            )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"python -m workshop.bench scaling: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(
+            f"python -m workshop.bench scaling: a launch failed: {exc}", file=sys.stderr
+        )
+        return 1
+    print("\n" + result.report())
+    if args.out:
+        for path in result.save(args.out):
+            print(f"wrote {path}")
+        if args.plot:
+            from ..scaling_plots import plot_scaling
+
+            figure = plot_scaling(result, title=f"DDP scaling of {args.model}")
+            figure.savefig(f"{args.out}.png", dpi=110)
+            print(f"wrote {args.out}.png")
+    print(f"finished in {time.perf_counter() - started:.1f} s")
+    return 0

@@ -1,0 +1,390 @@
+"""Results of the scaling benchmark: speed-up and efficiency, rows, JSON and CSV.
+
+The workers' plain dicts become :class:`ScalingRow` s here; reading a saved run back
+(:func:`load_scaling`) needs no torch, so it can be drawn anywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MODES",
+    "ScalingResult",
+    "ScalingRow",
+    "load_scaling",
+    "strong_scaling",
+    "weak_scaling",
+]
+
+#: Scaling modes: fixed batch per rank, fixed global batch.
+MODES = ("weak", "strong")
+_KIND = "workshop.scaling"
+
+
+# ------------------------------------------------------------------ formulas
+def _check_pair(value_1: float, value_n: float, world_size: int, base: int) -> None:
+    for name, value in (("baseline", value_1), ("measured value", value_n)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    for name, n in (("world_size", world_size), ("base_world_size", base)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
+
+
+def weak_scaling(
+    throughput_1: float, throughput_n: float, world_size: int, base_world_size: int = 1
+) -> tuple[float, float]:
+    """Speed-up and efficiency of weak scaling (fixed batch per rank).
+
+    Args:
+        throughput_1: samples per second (global) at ``base_world_size`` ranks.
+        throughput_n: samples per second (global) at ``world_size`` ranks.
+        world_size: ranks of the measurement.
+        base_world_size: ranks of the baseline; 1 unless no 1-rank run exists.
+
+    Returns:
+        (speed-up, efficiency): throughput_n / throughput_1, and that divided by the
+        growth in ranks: throughput_n / (N * throughput_1) for a 1-rank baseline.
+
+    Raises:
+        ValueError: a throughput that is not > 0, or a world size below 1.
+
+    Example:
+        >>> weak_scaling(100.0, 360.0, 4)
+        (3.6, 0.9)
+    """
+    _check_pair(throughput_1, throughput_n, world_size, base_world_size)
+    speedup = throughput_n / throughput_1
+    return speedup, speedup * base_world_size / world_size
+
+
+def strong_scaling(
+    seconds_1: float, seconds_n: float, world_size: int, base_world_size: int = 1
+) -> tuple[float, float]:
+    """Speed-up and efficiency of strong scaling (fixed global batch).
+
+    Args:
+        seconds_1: seconds per step of the global batch at ``base_world_size`` ranks.
+        seconds_n: seconds per step of the same global batch at ``world_size`` ranks.
+        world_size: ranks of the measurement.
+        base_world_size: ranks of the baseline; 1 unless no 1-rank run exists.
+
+    Returns:
+        (speed-up, efficiency): T_1 / T_N, and speed-up / N for a 1-rank baseline
+        (speed-up * base / N otherwise).
+
+    Raises:
+        ValueError: a time that is not > 0, or a world size below 1.
+
+    Example:
+        >>> strong_scaling(0.4, 0.125, 4)
+        (3.2, 0.8)
+    """
+    _check_pair(seconds_1, seconds_n, world_size, base_world_size)
+    speedup = seconds_1 / seconds_n
+    return speedup, speedup * base_world_size / world_size
+
+
+# ------------------------------------------------------------------ results
+@dataclass
+class ScalingRow:
+    """One world size in one mode. Times are seconds per step: the median over the
+    timed steps of the slowest rank.
+
+    Attributes:
+        samples_per_second: global samples per second, with the all-reduce.
+        step_seconds: a DDP step (compute and gradient all-reduce).
+        compute_seconds: the same step under ``no_sync()`` (no all-reduce).
+        comm_seconds: ``step_seconds - compute_seconds``: communication waited for.
+        allreduce_seconds: time at least one bucket's all-reduce was in flight
+            (rank 0; overlaps the backward pass).
+        predicted_allreduce_seconds: the alpha-beta model's all-reduce of the whole
+            gradient (0 on one rank; None without alpha and beta).
+        speedup, efficiency: against ``base_world_size`` ranks, the smallest world
+            size of the same mode.
+        step_times, compute_times: every timed step, one list per rank.
+        allreduce_times: rank 0's all-reduce time in flight, per step.
+        fit_sizes, fit_seconds: all-reduce sizes (bytes) and median times timed for
+            the alpha-beta fit at this world size.
+    """
+
+    mode: str
+    world_size: int
+    batch_per_rank: int
+    global_batch: int
+    threads_per_rank: int
+    samples_per_second: float
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    allreduce_seconds: float
+    predicted_allreduce_seconds: float | None = None
+    alpha: float | None = None
+    beta: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    base_world_size: int = 1
+    step_times: list[list[float]] = field(default_factory=list)
+    compute_times: list[list[float]] = field(default_factory=list)
+    allreduce_times: list[float] = field(default_factory=list)
+    fit_sizes: list[int] = field(default_factory=list)
+    fit_seconds: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ScalingResult:
+    """Rows of a scaling run and what they were measured on.
+
+    ``table()`` and ``explain()`` give the text the command prints; ``save(prefix)``
+    writes ``prefix.json`` (read back by :func:`load_scaling`) and ``prefix.csv``;
+    :func:`workshop.scaling_plots.plot_scaling` draws it.
+    """
+
+    rows: list[ScalingRow]
+    model: str
+    image_size: int
+    parameters: int
+    gradient_bytes: int
+    steps: int
+    warmup: int
+    backend: str
+    device: str
+    launcher: str
+    alpha_beta_source: str
+    machine: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+
+    def row(self, mode: str, world_size: int) -> ScalingRow:
+        """The row of ``mode`` at ``world_size`` ranks.
+
+        Raises:
+            KeyError: no such row; the message lists those there are.
+        """
+        for row in self.rows:
+            if row.mode == mode and row.world_size == world_size:
+                return row
+        there = [(r.mode, r.world_size) for r in self.rows]
+        raise KeyError(
+            f"no row for mode={mode!r}, world_size={world_size}; have {there}"
+        )
+
+    def table(self) -> str:
+        """The rows as a fixed-width table (milliseconds per step)."""
+        lines = [
+            f"{'mode':<7}{'ranks':>6}{'batch/rank':>11}{'samples/s':>11}"
+            f"{'speed-up':>10}{'effic.':>8}{'step ms':>9}{'compute':>9}{'comm':>8}"
+            f"{'all-reduce pred.':>18}{'in flight':>11}"
+        ]
+        for r in self.rows:
+            predicted = (
+                "-"
+                if r.predicted_allreduce_seconds is None
+                else f"{r.predicted_allreduce_seconds * 1e3:.2f}"
+            )
+            lines.append(
+                f"{r.mode:<7}{r.world_size:>6}{r.batch_per_rank:>11}"
+                f"{r.samples_per_second:>11,.0f}{_fmt(r.speedup, '.2f'):>10}"
+                f"{_fmt(r.efficiency, '.0%'):>8}{r.step_seconds * 1e3:>9.2f}"
+                f"{r.compute_seconds * 1e3:>9.2f}{r.comm_seconds * 1e3:>8.2f}"
+                f"{predicted:>18}{r.allreduce_seconds * 1e3:>11.2f}"
+            )
+        return "\n".join(lines)
+
+    def explain(self) -> list[str]:
+        """Sentences that explain the rows with the gradient's size and the model."""
+        lines = [
+            f"gradients: {self.gradient_bytes / 1e6:.2f} MB ({self.parameters:,} "
+            f"parameters); alpha and beta: {self.alpha_beta_source}"
+        ]
+        for r in self.rows:
+            if r.world_size == 1:
+                continue
+            comm, step, p = (
+                r.comm_seconds,
+                r.step_seconds,
+                r.predicted_allreduce_seconds,
+            )
+            text = f"{r.mode}, {r.world_size} ranks: "
+            if p is not None:
+                text += (
+                    f"predicted all-reduce {p * 1e3:.2f} ms vs compute "
+                    f"{r.compute_seconds * 1e3:.2f} ms per step -> communication at "
+                    f"most {p / (p + r.compute_seconds):.0%} of a step; "
+                )
+            text += (
+                f"measured: {comm * 1e3:.2f} ms of each {step * 1e3:.2f} ms step "
+                f"waited for communication ({comm / step:.0%}), all-reduce in flight "
+                f"{r.allreduce_seconds * 1e3:.2f} ms"
+            )
+            if p is not None and comm > 2 * p + 1e-3:
+                text += (
+                    "; more than the model predicts, because a step also waits for "
+                    "the slowest rank, and ranks that share cores slow each other"
+                )
+            lines.append(text)
+        bases = sorted({r.base_world_size for r in self.rows})
+        if bases != [1]:
+            lines.append(
+                f"speed-up and efficiency are relative to {', '.join(map(str, bases))} "
+                "rank(s), the smallest world size measured, not to one rank"
+            )
+        lines += self._noise()
+        cores = self.machine.get("cpu_count") or 0
+        least = min(self.rows, key=_ranks)
+        most = max(self.rows, key=_ranks)
+        n = most.world_size
+        if self.device == "CPU" and cores and n > 1:
+            text = (
+                f"on the CPU the ranks share this machine's {cores} cores: with "
+                f"{_ranks_text(least.world_size)}, each rank computes with "
+                f"{least.threads_per_rank} threads; with {n} ranks, with "
+                f"{most.threads_per_rank}"
+            )
+            if least.world_size * least.threads_per_rank >= cores:
+                text += (
+                    f"; {_ranks_text(least.world_size)} already "
+                    f"{'keeps' if least.world_size == 1 else 'keep'} all {cores} cores "
+                    "busy, so more ranks split the same cores and the throughput "
+                    "cannot grow much"
+                )
+            if n > cores:
+                text += f"; {n} ranks on {cores} cores also take turns"
+            lines.append(
+                text + ". That measures this machine, not DDP: give each rank its "
+                "own GPU, or its own cores, to see DDP scale"
+            )
+        return lines
+
+    def _noise(self) -> list[str]:
+        """Rows of both modes that did the same work (same ranks, same batch per
+        rank) should take the same time; when they do not, the machine was busy."""
+        lines = []
+        for weak in (r for r in self.rows if r.mode == "weak"):
+            for strong in self.rows:
+                same = (strong.world_size, strong.batch_per_rank) == (
+                    weak.world_size,
+                    weak.batch_per_rank,
+                )
+                if strong.mode != "strong" or not same:
+                    continue
+                fast, slow = sorted([weak.step_seconds, strong.step_seconds])
+                if slow > 1.25 * fast:
+                    lines.append(
+                        f"check: at {_ranks_text(weak.world_size)} the weak and "
+                        "strong runs did the same work but took "
+                        f"{weak.step_seconds * 1e3:.1f} and "
+                        f"{strong.step_seconds * 1e3:.1f} ms per step; something "
+                        "else was using the machine, so run again when it is idle"
+                    )
+        return lines
+
+    def report(self) -> str:
+        """What the command prints: what was measured, the table, the explanation."""
+        v, m = self.versions, self.machine
+        head = (
+            f"DDP scaling of {self.model} ({self.parameters:,} parameters, "
+            f"{self.image_size}px synthetic images), {self.backend} on {self.device}, "
+            f"{m.get('cpu_count')} cores, torch {v.get('torch')}; {self.steps} timed "
+            f"steps after {self.warmup} warm-up, per world size and mode"
+        )
+        return "\n".join([head, "", self.table(), "", *self.explain()])
+
+    def save(self, prefix: str | os.PathLike[str]) -> tuple[Path, Path]:
+        """Write ``prefix.json`` (everything) and ``prefix.csv`` (a row per world
+        size and mode, with every step time as a JSON list); return both paths."""
+        prefix = Path(prefix)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        json_path = prefix.with_name(prefix.name + ".json")
+        csv_path = prefix.with_name(prefix.name + ".csv")
+        json_path.write_text(json.dumps({"kind": _KIND, **asdict(self)}, indent=1))
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(_CSV_COLUMNS)
+            for r in self.rows:
+                writer.writerow(self._csv_row(r))
+        return json_path, csv_path
+
+    def _csv_row(self, r: ScalingRow) -> list[Any]:
+        m, v = self.machine, self.versions
+        return [
+            r.mode, r.world_size, r.samples_per_second, r.speedup, r.efficiency,
+            r.batch_per_rank, r.global_batch, r.threads_per_rank, r.step_seconds,
+            r.compute_seconds, r.comm_seconds, r.allreduce_seconds,
+            r.predicted_allreduce_seconds, r.alpha, r.beta, self.alpha_beta_source,
+            self.model, self.image_size, self.gradient_bytes, self.backend,
+            self.device, m.get("host"), m.get("cpu_count"), v.get("python"),
+            v.get("torch"), json.dumps(r.step_times), json.dumps(r.compute_times),
+        ]  # fmt: skip
+
+
+_CSV_COLUMNS = [
+    "mode", "ranks", "throughput", "speedup", "efficiency", "batch_per_rank",
+    "global_batch", "threads_per_rank", "step_s", "compute_s", "comm_s",
+    "allreduce_s", "predicted_allreduce_s", "alpha", "beta", "alpha_beta_source",
+    "model", "image_size", "gradient_bytes", "backend", "device", "host",
+    "cpu_count", "python", "torch", "step_times_s", "compute_times_s",
+]  # fmt: skip
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def load_scaling(path: str | os.PathLike[str]) -> ScalingResult:
+    """Read a scaling run back from the JSON file :meth:`ScalingResult.save` wrote.
+
+    Args:
+        path: the ``.json`` file.
+
+    Returns:
+        The :class:`ScalingResult`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not a scaling run's JSON (a CSV, say).
+
+    Example:
+        >>> result = load_scaling("runs/scale.json")           # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no scaling results at {str(path)!r}; write them with "
+            "`python -m workshop.bench scaling --out PREFIX` (PREFIX.json)"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(
+            f"{str(path)!r} is not JSON ({exc}); pass the .json file that "
+            "`--out PREFIX` wrote, not the .csv"
+        ) from exc
+    if not isinstance(data, dict) or data.get("kind") != _KIND:
+        raise ValueError(
+            f"{str(path)!r} is not a scaling run (its 'kind' is "
+            f"{data.get('kind') if isinstance(data, dict) else None!r}, not {_KIND!r})"
+        )
+    names = {f.name for f in fields(ScalingRow)}
+    rows = [
+        ScalingRow(**{k: v for k, v in r.items() if k in names}) for r in data["rows"]
+    ]
+    names = {f.name for f in fields(ScalingResult)}
+    return ScalingResult(
+        **{k: v for k, v in data.items() if k in names} | {"rows": rows}
+    )
+
+
+def _ranks(row: ScalingRow) -> int:
+    return row.world_size
+
+
+def _ranks_text(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"

@@ -311,3 +311,40 @@ def test_the_docstring_examples_run():
         workshop.timeline_diagram,
     ):
         assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_a_last_bar_too_narrow_for_its_label_is_labelled_beside_it():
+    t = 1000.0
+    events = [
+        [
+            {
+                "rank": 0,
+                "op": "all_reduce",
+                "label": "bucket 0",
+                "start": t + 0.002,
+                "end": t + 0.020,
+            },
+            {
+                "rank": 0,
+                "op": "all_reduce",
+                "label": "bucket 1",
+                "start": t + 0.0295,
+                "end": t + 0.030,
+            },
+            {
+                "rank": 0,
+                "op": "all_reduce",
+                "label": "tiny",
+                "start": t + 0.021,
+                "end": t + 0.0212,
+            },
+        ]
+    ]
+    fig = draw_rank_timeline(events)
+    ax = fig.axes[0]
+    texts = {x.get_text(): x for x in ax.texts}
+    assert set(texts) == {"bucket 0", "bucket 1"}  # "tiny" has a neighbour after it
+    outside = texts["bucket 1"]
+    assert outside.get_ha() == "left" and outside.get_position()[0] > 28.0
+    assert texts["bucket 0"].get_ha() == "center"
+    assert ax.get_xlim()[1] > 28.0 + 0.5  # room for the label was made

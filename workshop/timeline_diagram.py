@@ -21,6 +21,8 @@ from .diagrams import _FONT, _fitting_size, _lanes, _patch, _pyplot
 
 __all__ = ["draw_rank_timeline"]
 
+_OUTSIDE_EM = 0.62 * 12 + 1  # points per character of a 12-point label, and a margin
+
 _PHASE_GREYS = ["#DDDDDD", "#AAAAAA", "#666666"]  # compute phases, by first use
 
 
@@ -85,6 +87,13 @@ def draw_rank_timeline(
         fig, ax = plt.subplots(
             figsize=(width_in, 1.4 * lanes + 3.0), layout="constrained"
         )
+        # The bar that ends last in each row may put a label that does not fit in
+        # it just to its right, where nothing else is drawn.
+        last_in_row: dict[tuple[int, float], float] = {}
+        for x, _, _, offset in rows:
+            key = (x["rank"], offset)
+            last_in_row[key] = max(last_in_row.get(key, x["end"]), x["end"])
+        right = span * 1.02
         for x, colour, label, offset in rows:
             left = (x["start"] - t0) * 1e3
             width = max((x["end"] - x["start"]) * 1e3, span * 0.004)
@@ -108,8 +117,21 @@ def draw_rank_timeline(
                     fontsize=min(size, 14),
                     color=_ink(colour),
                 )
+            elif x["end"] == last_in_row[x["rank"], offset]:
+                gap = 4 / pts_per_ms
+                ax.text(
+                    left + width + gap,
+                    x["rank"] + offset,
+                    label,
+                    ha="left",
+                    va="center",
+                    fontsize=12,
+                )
+                right = max(
+                    right, left + width + gap + _OUTSIDE_EM * len(label) / pts_per_ms
+                )
         _lanes(ax, [f"rank {r}" for r in range(lanes)], "rank")
-        ax.set_xlim(0, span * 1.02)
+        ax.set_xlim(0, right)
         ax.set_xlabel("time since the first call (ms)")
         ax.set_title(
             (title or "Communication per rank")

@@ -29,13 +29,36 @@ if sys.version_info < (3, 10):
 print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
 }
 
-# ---- HOOK: system packages ---------------------------------------------------
-# The place for what pip cannot install: Slurm, Open MPI, a browser for notebook
-# UI tests. It installs nothing yet. When it does: check before installing (so a
-# second run stays quick), say what is installed and why, and name the command a
-# user without root must ask their admin to run.
+# ---- system packages -----------------------------------------------------------
+# What pip cannot install: Open MPI (mpirun, a launcher taught in notebook 03) and
+# Slurm with munge (a private one-node cluster, scripts/local_slurm.sh, on which the
+# tests run the batch scripts in slurm/ for real). Installed with apt-get when this
+# runs as root on Debian or Ubuntu and they are missing; otherwise setup says what is
+# missing and goes on: the notebooks run without them, and on a cluster they are
+# the site's own (module load openmpi; Slurm is already there).
+SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge)
 install_system_packages() {
-    say "system packages: none needed"
+    local missing=()
+    command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+    { command -v slurmctld && command -v slurmd && command -v srun; } >/dev/null 2>&1 \
+        || missing+=(slurm-wlm)
+    command -v munged >/dev/null 2>&1 || missing+=(munge)
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        say "system packages: present (${SYSTEM_PACKAGES[*]})"
+        return
+    fi
+    if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        say "system packages missing: ${missing[*]}; the tests that run mpirun and a
+[setup]   local Slurm will say so and skip. To have them, ask an administrator for:
+[setup]   apt-get install ${missing[*]}   (on a cluster: module load openmpi)"
+        return
+    fi
+    say "installing ${missing[*]} with apt-get (mpirun and a local Slurm for the tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed; is the package mirror reachable?"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || die "apt-get install ${missing[*]} failed.
+HINT: run it by hand to see why: apt-get install ${missing[*]}"
 }
 
 find_python() {

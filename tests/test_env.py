@@ -60,6 +60,19 @@ def exactly(message: str) -> str:
 # --- rank_info -----------------------------------------------------------------------
 
 
+def test_open_mpi_node_rank_is_not_its_node_number():
+    # As a real `mpirun -np 2` on one machine sets them (seen with Open MPI 4.1).
+    second = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",
+    }
+    assert rank_info(second).node_rank == 0
+    assert rank_info(OPEN_MPI).node_rank == 1  # rank 5, 4 per node: the second node
+
+
 def test_no_launcher_is_rank_0_of_1():
     info = rank_info({})
     assert info == RankInfo(

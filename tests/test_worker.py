@@ -135,7 +135,8 @@ def test_missing_rendezvous_address_is_explained(monkeypatch):
     with pytest.raises(
         RuntimeError,
         match=r"mpirun started rank 1 of 2 but "
-        r"MASTER_ADDR=None and MASTER_PORT=\d+; export both",
+        r"MASTER_ADDR=None and MASTER_PORT=None; export both .* pass them to every "
+        r"rank: mpirun -x MASTER_ADDR -x MASTER_PORT$",
     ):
         _init_method(info)
 

@@ -145,7 +145,11 @@ def rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
         world_size = _int(env, "OMPI_COMM_WORLD_SIZE")
         local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
         local_world_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1)
-        node_rank = _int(env, "OMPI_COMM_WORLD_NODE_RANK", 0)
+        # Open MPI names no node index: OMPI_COMM_WORLD_NODE_RANK is the process's
+        # rank among those on its node, not the node's number. With mpirun's usual
+        # mapping (the same number of ranks on each node, filled node by node), the
+        # node is how many full nodes of ranks come before this one.
+        node_rank = (rank - local_rank) // max(local_world_size, 1)
     elif "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
         launcher = "srun"
         rank = _int(env, "SLURM_PROCID")

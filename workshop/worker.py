@@ -40,16 +40,21 @@ def _configure_threads(info: RankInfo) -> None:
 def _init_method(info: RankInfo) -> str:
     addr = info.master_addr
     port = info.master_port
-    if port is None and info.launcher in ("srun", "mpirun"):
+    job = slurm_allocation().job_id
+    if port is None and info.launcher in ("srun", "mpirun") and job:
         # Every task of a job derives the same port from the job id, so a batch
         # script need not choose one (and two jobs on one node do not collide).
-        job = slurm_allocation().job_id or "0"
         port = 20000 + int("".join(c for c in job if c.isdigit()) or 0) % 20000
     if addr is None or port is None:
         raise RuntimeError(
             f"{info.launcher} started rank {info.rank} of {info.world_size} but "
             f"MASTER_ADDR={addr!r} and MASTER_PORT={port!r}; export both (the first "
             "node's host name and a free port) before starting the ranks"
+            + (
+                ", and pass them to every rank: mpirun -x MASTER_ADDR -x MASTER_PORT"
+                if info.launcher == "mpirun"
+                else ""
+            )
         )
     return f"tcp://{addr}:{port}"
 

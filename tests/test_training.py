@@ -1,4 +1,4 @@
-"""workshop.training: the loop notebooks 01 and 02 and the Slurm jobs share.
+"""workshop.training and workshop.steps: the loop that notebooks 01 and 02 share.
 
 What the lessons claim, shown here: gradient accumulation equals a larger batch,
 bfloat16 autocast learns like float32, a seed makes a run repeatable, SmallCNN learns

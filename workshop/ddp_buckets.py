@@ -54,7 +54,11 @@ class BucketRecord:
     bytes: int  # bytes this rank handed to the all-reduce (after compression)
     dtype: str
     start: float  # the bucket was ready: DDP called the hook
-    end: float = 0.0  # its all-reduce finished
+    # Its all-reduce finished, as the host saw it. On CPU ranks (gloo) that is when
+    # the data arrived; with NCCL it is when the GPU work was handed over and
+    # ordered on the stream, so on GPUs the bars show when buckets were launched
+    # rather than how long the transfer ran on the device.
+    end: float = 0.0
 
 
 @dataclass

@@ -325,3 +325,13 @@ def test_time_loader_rejects_no_batches():
         time_loader([], batches=0)
     with pytest.raises(ValueError, match=r"the loader yielded no batch"):
         time_loader([], batches=2)
+
+
+def test_the_docstring_examples_run():
+    import doctest
+
+    import workshop.data
+    import workshop.loaders
+
+    for module in (workshop.data, workshop.loaders):
+        assert doctest.testmod(module).failed == 0, module.__name__

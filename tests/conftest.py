@@ -1,8 +1,10 @@
-"""Shared test helpers: process checks and a way to run a small script as a 'kernel'."""
+"""Shared test helpers: process checks, a way to run a small script as a 'kernel', and
+the environments launchers give the tasks they start."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -12,6 +14,48 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_")
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables, the package importable,
+    and ``extra`` added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    env.update(PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def task_env(launcher: str, rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The environment of task ``rank`` of a one-node job, as ``srun`` or ``mpirun``
+    sets it, with the rendezvous port exported (srun's address comes from the node
+    list, as in a batch script)."""
+    if launcher == "srun":
+        return clean_env(
+            SLURM_JOB_ID="4242",
+            SLURM_STEP_ID="0",
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS=str(world_size),
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE=str(world_size),
+            SLURM_JOB_NODELIST="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+    return clean_env(
+        OMPI_COMM_WORLD_RANK=str(rank),
+        OMPI_COMM_WORLD_SIZE=str(world_size),
+        OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
+        OMPI_COMM_WORLD_LOCAL_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 def gone(pids, within: float = 10.0) -> list[int]:

@@ -4,58 +4,22 @@ and Open MPI set them), joins the job, and rank 0 alone writes the results."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from conftest import free_port, task_env
+
 from workshop import load_allreduce, load_scaling
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _task_env(launcher: str, rank: int, port: int) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))
-    }
-    env.update(PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if launcher == "srun":
-        env.update(
-            SLURM_JOB_ID="4242",
-            SLURM_STEP_ID="0",
-            SLURM_PROCID=str(rank),
-            SLURM_NTASKS="2",
-            SLURM_LOCALID=str(rank),
-            SLURM_NODEID="0",
-            SLURM_TASKS_PER_NODE="2",
-            SLURM_JOB_NODELIST="127.0.0.1",
-        )
-    else:
-        env.update(
-            OMPI_COMM_WORLD_RANK=str(rank),
-            OMPI_COMM_WORLD_SIZE="2",
-            OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
-            OMPI_COMM_WORLD_LOCAL_SIZE="2",
-        )
-    return env
 
 
 def _run_job(launcher: str, cwd: Path, *args: str) -> list[str]:
     """Start the two tasks of a job as ``launcher`` would; return their outputs."""
-    port = _free_port()
+    port = free_port()
     tasks = [
         subprocess.Popen(
             [sys.executable, "-m", "workshop.bench", *args],
-            env=_task_env(launcher, rank, port),
+            env=task_env(launcher, rank, 2, port),
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

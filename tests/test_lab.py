@@ -6,24 +6,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 
 import pytest
-from conftest import ROOT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import ROOT, free_port
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_lab_serves_the_notebooks_on_loopback(tmp_path):
-    port, token = _free_port(), "workshop-test"
+    port, token = free_port(), "workshop-test"
     log = open(tmp_path / "lab.log", "w")  # noqa: SIM115 - closed in finally
     lab = subprocess.Popen(
         [

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, clean_env, free_port
 
 from workshop import load_allreduce
 
-ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 FAST_SWEEP = (
     *("allreduce", "--max-size", "16K", "--repeats", "3", "--warmup", "1"),
@@ -35,22 +35,6 @@ needs_slurm = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))
-    }
-    env.update(PYTHONPATH=str(ROOT), **extra)
-    return env
-
-
 def _run(command: list[str], env: dict[str, str], cwd: Path, timeout: float = 180):
     return subprocess.run(
         command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
@@ -62,7 +46,7 @@ def _run(command: list[str], env: dict[str, str], cwd: Path, timeout: float = 18
 
 def _mpirun(n: int, *command: str) -> tuple[list[str], dict[str, str]]:
     # As root (in a container) mpirun must be told that is intended.
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return [
         "mpirun", "-np", str(n), "--oversubscribe",
@@ -108,7 +92,7 @@ def slurm(tmp_path_factory):
     start = _run(["bash", str(script), "start", str(folder)], dict(os.environ), ROOT)
     assert start.returncode == 0, start.stderr
     try:
-        yield _env(SLURM_CONF=str(folder / "slurm.conf"))
+        yield clean_env(SLURM_CONF=str(folder / "slurm.conf"))
     finally:
         _run(["bash", str(script), "stop", str(folder)], dict(os.environ), ROOT)
         leftover = subprocess.run(

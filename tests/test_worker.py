@@ -3,35 +3,17 @@ under torchrun and with the variables srun and mpirun give each task."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, clean_env, free_port, task_env
 
 from workshop.env import RankInfo
 from workshop.worker import _init_method, process_group
 
 HELLO = str(ROOT / "slurm" / "hello_ranks.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _clean_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_"))
-    }
-    env["PYTHONPATH"] = str(ROOT)
-    return env
 
 
 def _run_tasks(task_envs: list[dict[str, str]]) -> list[str]:
@@ -63,7 +45,7 @@ def test_the_hello_script_under_torchrun():
             "--nproc_per_node=2",
             HELLO,
         ],
-        env=_clean_env(),
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -78,22 +60,8 @@ def test_the_hello_script_under_torchrun():
 
 
 def test_the_hello_script_as_srun_tasks():
-    port = _free_port()
-    envs = []
-    for rank in (0, 1):
-        env = _clean_env()
-        env.update(
-            SLURM_JOB_ID="77",
-            SLURM_STEP_ID="0",
-            SLURM_PROCID=str(rank),
-            SLURM_NTASKS="2",
-            SLURM_LOCALID=str(rank),
-            SLURM_NODEID="0",
-            SLURM_TASKS_PER_NODE="2",
-            SLURM_JOB_NODELIST="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        envs.append(env)
+    port = free_port()
+    envs = [task_env("srun", rank, 2, port) for rank in (0, 1)]
     outputs = _run_tasks(envs)
     for rank, out in enumerate(outputs):
         assert (
@@ -103,19 +71,8 @@ def test_the_hello_script_as_srun_tasks():
 
 
 def test_the_hello_script_as_mpirun_processes():
-    port = _free_port()
-    envs = []
-    for rank in (0, 1):
-        env = _clean_env()
-        env.update(
-            OMPI_COMM_WORLD_RANK=str(rank),
-            OMPI_COMM_WORLD_SIZE="2",
-            OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
-            OMPI_COMM_WORLD_LOCAL_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
-        envs.append(env)
+    port = free_port()
+    envs = [task_env("mpirun", rank, 2, port) for rank in (0, 1)]
     outputs = _run_tasks(envs)
     assert (
         "hello from rank 1 of 2 (local rank 1, node 0, started by mpirun" in outputs[1]
@@ -143,7 +100,7 @@ def test_missing_rendezvous_address_is_explained(monkeypatch):
 
 def test_a_single_process_gets_a_group_of_one(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     import torch.distributed as dist

@@ -21,6 +21,7 @@ from .scaling_results import (
     ScalingResult,
     ScalingRow,
     _ranks,
+    _ranks_text,
     strong_scaling,
     weak_scaling,
 )
@@ -133,10 +134,9 @@ def _given_alpha_beta(
 
 def _progress(raw: dict[str, Any]) -> str:
     row = _row(raw, None)
-    ranks = f"{row.world_size} rank" + ("" if row.world_size == 1 else "s")
     return (
-        f"  {row.mode} scaling, {ranks}, {row.batch_per_rank} per "
-        f"rank: {row.samples_per_second:,.0f} samples/s, "
+        f"  {row.mode} scaling, {_ranks_text(row.world_size)}, "
+        f"{row.batch_per_rank} per rank: {row.samples_per_second:,.0f} samples/s, "
         f"{row.step_seconds * 1e3:.2f} ms per step, "
         f"compute {row.compute_seconds * 1e3:.2f} ms"
     )

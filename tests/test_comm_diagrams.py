@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import itertools
 from collections import Counter
 
 import matplotlib
@@ -13,6 +14,7 @@ matplotlib.use("Agg")
 
 import pytest
 from figure_helpers import arrows_on, flat, overlaps, texts_on
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.patches import Rectangle
 
 import workshop.collective_diagram
@@ -343,8 +345,48 @@ def test_a_last_bar_too_narrow_for_its_label_is_labelled_beside_it():
     fig = draw_rank_timeline(events)
     ax = fig.axes[0]
     texts = {x.get_text(): x for x in ax.texts}
-    assert set(texts) == {"bucket 0", "bucket 1"}  # "tiny" has a neighbour after it
+    assert set(texts) == {"bucket 0", "bucket 1", "tiny"}
     outside = texts["bucket 1"]
     assert outside.get_ha() == "left" and outside.get_position()[0] > 28.0
     assert texts["bucket 0"].get_ha() == "center"
     assert ax.get_xlim()[1] > 28.0 + 0.5  # room for the label was made
+
+
+def test_narrow_bars_with_neighbours_are_labelled_under_them_without_overlap():
+    # Short DDP buckets back to back: each label goes in the strip under the
+    # communication row, in bar order, none on top of another.
+    t = 50.0
+    events = [
+        [
+            {
+                "rank": r,
+                "op": "all_reduce",
+                "label": f"bucket {i}",
+                "start": t + 0.010 + i * 0.0003,
+                "end": t + 0.0102 + i * 0.0003,
+            }
+            for i in range(4)
+        ]
+        + [{"rank": r, "op": "all_reduce", "start": t + 0.05, "end": t + 0.0502}]
+        for r in range(2)
+    ]
+    phases = [(r, "backward", t, t + 0.012) for r in range(2)]
+    fig = draw_rank_timeline(events, phases)
+    ax = fig.axes[0]
+    canvas = FigureCanvasAgg(fig)  # the figure comes back closed, without one
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for rank in (0, 1):
+        under = [
+            x
+            for x in ax.texts
+            if x.get_position()[1] > rank + 0.38 - 0.001
+            and x.get_position()[1] < rank + 0.5
+        ]
+        assert [x.get_text() for x in under] == [f"bucket {i}" for i in range(4)]
+        boxes = [x.get_window_extent(renderer) for x in under]
+        for a, b in itertools.pairwise(boxes):
+            assert a.x1 <= b.x0, "labels overlap"
+        # In the strip under the bars, not on them; the first starts at its bar.
+        assert all(x.get_va() == "top" for x in under)
+        assert under[0].get_position()[0] < 10.3

@@ -23,6 +23,8 @@ __all__ = ["draw_rank_timeline"]
 
 _OUTSIDE_EM = 0.62 * 12 + 1  # points per character of a 12-point label, and a margin
 
+_STRIP_PT = 9  # labels written beside a bar too narrow to hold them
+
 _PHASE_GREYS = ["#DDDDDD", "#AAAAAA", "#666666"]  # compute phases, by first use
 
 
@@ -88,8 +90,13 @@ def draw_rank_timeline(
             figsize=(width_in, 1.4 * lanes + 3.0), layout="constrained"
         )
         # The bar that ends last in each row may put a label that does not fit in
-        # it just to its right, where nothing else is drawn.
+        # it just to its right, where nothing else is drawn. Any other label too
+        # wide for its bar goes in the strip between its row and the lane's edge
+        # (below communication, above compute), pushed right past the previous
+        # such label so none is lost and none overlaps: a short all-reduce bucket
+        # must still say which bucket it is.
         last_in_row: dict[tuple[int, float], float] = {}
+        strip_end: dict[tuple[int, float], float] = {}
         for x, _, _, offset in rows:
             key = (x["rank"], offset)
             last_in_row[key] = max(last_in_row.get(key, x["end"]), x["end"])
@@ -117,7 +124,22 @@ def draw_rank_timeline(
                     fontsize=min(size, 14),
                     color=_ink(colour),
                 )
-            elif x["end"] == last_in_row[x["rank"], offset]:
+            elif x["end"] != last_in_row[x["rank"], offset]:
+                key = (x["rank"], offset)
+                text_ms = (0.62 * _STRIP_PT * len(label) + 2) / pts_per_ms
+                at = max(left + width / 2 - text_ms / 2, strip_end.get(key, 0.0), 0.0)
+                strip_end[key] = at + text_ms + 3 / pts_per_ms
+                right = max(right, strip_end[key])
+                below = offset >= 0
+                ax.text(
+                    at,
+                    x["rank"] + offset + (height / 2 + 0.01) * (1 if below else -1),
+                    label,
+                    ha="left",
+                    va="top" if below else "bottom",
+                    fontsize=_STRIP_PT,
+                )
+            else:
                 gap = 4 / pts_per_ms
                 ax.text(
                     left + width + gap,

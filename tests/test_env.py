@@ -19,6 +19,7 @@ from workshop.env import (
     launcher_hosts_store,
     rank_info,
     slurm_allocation,
+    torchrun_restart_risk,
     visible_gpu_count,
 )
 
@@ -315,6 +316,17 @@ def test_launcher_hosts_store():
     assert launcher_hosts_store({"WORKSHOP_LAUNCHER_STORE": "1"})
     assert not launcher_hosts_store({"WORKSHOP_LAUNCHER_STORE": "0"})
     assert not launcher_hosts_store({})
+
+
+def test_torchrun_restart_risk_needs_the_shared_store_and_restarts():
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert torchrun_restart_risk({**shared, "TORCHELASTIC_MAX_RESTARTS": "1"})
+    assert not torchrun_restart_risk({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"})
+    assert not torchrun_restart_risk(shared)
+    # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes torchrun export False here.
+    assert not torchrun_restart_risk(
+        {"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    )
 
 
 # --- choose_backend ------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workshop.checkpoint import load_checkpoint
-from workshop.costmodel import bus_factor
+from workshop.costmodel import bus_factor, ring_allreduce_time
 from workshop.exercises import EXERCISES, check, judge
 from workshop.pipeline import bubble_fraction
 from workshop.ring_collective import ring_all_reduce
@@ -38,6 +38,8 @@ RIGHT = {
     "02.ring": ring_all_reduce,
     "02.bytes": lambda p, b, n: 2 * (n - 1) / n * p * b,
     "02.resume": resume,
+    "03.placement": lambda rank, per_node: (rank // per_node, rank % per_node),
+    "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + 2 * (n - 1) / n * s / b,
 }
 WRONG = {
     "01.dp": (256, 1),
@@ -47,6 +49,8 @@ WRONG = {
     "02.ring": lambda tensor: tensor,  # every rank keeps its own values
     "02.bytes": lambda p, b, n: p * b,  # forgets that a ring sends 2(N-1)/N of it
     "02.resume": resume_off_by_one,
+    "03.placement": lambda rank, per_node: (rank % per_node, rank // per_node),
+    "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + s / b,  # all of it, per step
 }
 
 
@@ -66,6 +70,7 @@ def test_reference_answers_agree_with_the_package():
     fixed_and_per_sample = StepCost(fixed_s=0.006, per_sample_s=0.002 / 64)
     assert judge("01.speedup", projected_speedup(fixed_and_per_sample, 64, [4])[0])
     assert judge("02.bytes", lambda p, b, n: bus_factor(n) * p * b)
+    assert judge("03.ring_time", ring_allreduce_time)
 
 
 def test_a_raising_answer_and_an_unknown_name(capsys):

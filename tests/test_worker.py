@@ -35,6 +35,22 @@ def _run_tasks(task_envs: list[dict[str, str]]) -> list[str]:
     return outputs
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_rank_0_warns_when_torchrun_restarts_share_its_store(share):
+    # The warning names the fix; with the fix exported, torchrun stops sharing its
+    # store and the ranks say nothing.
+    env = clean_env() if share else clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc_per_node=2", "--max_restarts=1", HELLO],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "sum of ranks = 1" in run.stdout
+    warned = run.stderr.count("Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    assert warned == (1 if share else 0), run.stderr
+
+
 def test_the_hello_script_under_torchrun():
     run = subprocess.run(
         [

@@ -193,6 +193,25 @@ def launcher_hosts_store(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(LAUNCHER_STORE_VAR) == "1"
 
 
+def torchrun_restart_risk(environ: Mapping[str, str] | None = None) -> bool:
+    """True when torchrun may restart the ranks while sharing its store with them.
+
+    torchrun's agent lends its rendezvous store to the ranks
+    (``TORCHELASTIC_USE_AGENT_STORE=True``). After a restart the new ranks write
+    their addresses under the same keys as the old ones, so a rank that reads
+    early can get a dead rank's address: gloo fails with "Connection refused",
+    NCCL may hang (pytorch issue 135712). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
+    exported before torchrun, gives every rendezvous round a fresh store.
+    """
+    env = os.environ if environ is None else environ
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return (
+        env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        and restarts.isdigit()
+        and int(restarts) > 0
+    )
+
+
 @dataclass(frozen=True)
 class SlurmAllocation:
     """The Slurm job this process runs in (all None outside one)."""

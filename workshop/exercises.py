@@ -121,6 +121,37 @@ def _resume_function(answer: Any) -> bool:
         return torch.equal(other.weight, model.weight) and momentum is not None
 
 
+def _placement_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [(0, 4), (3, 4), (4, 4), (7, 4), (13, 8), (5, 1), (0, 1), (11, 2)]
+    return all(
+        tuple(answer(rank, per_node)) == divmod(rank, per_node)
+        for rank, per_node in cases
+    )
+
+
+def _ring_time_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [
+        (100e6, 2, 5e-6, 12.5e9),
+        (100e6, 16, 5e-6, 12.5e9),
+        (4096, 64, 2e-5, 1e9),
+        (1e9, 8, 0.0, 25e9),
+        (1000, 1, 1e-6, 1e9),
+    ]
+    return all(
+        math.isclose(
+            answer(size, n, alpha, beta),
+            2 * (n - 1) * alpha + 2 * (n - 1) / n * size / beta,
+            rel_tol=1e-9,
+            abs_tol=1e-15,
+        )
+        for size, n, alpha, beta in cases
+    )
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.dp": Exercise(
         "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
@@ -161,6 +192,20 @@ EXERCISES: dict[str, Exercise] = {
         _resume_function,
         "check Path(path).exists(); load_checkpoint returns the extra values saved, "
         "e.g. {'epoch': 4}: the next epoch to run is one after it",
+    ),
+    "03.placement": Exercise(
+        "a function placement(rank, ranks_per_node) giving (node_rank, local_rank) "
+        "when a launcher fills each node before the next, as torchrun and srun do",
+        _placement_function,
+        "rank = node_rank * ranks_per_node + local_rank: divide, and keep the rest",
+    ),
+    "03.ring_time": Exercise(
+        "a function ring_time(size, world_size, alpha, beta) giving the seconds of a "
+        "ring all-reduce of size bytes: 2(N-1) steps of latency alpha, and 2(N-1)/N "
+        "of the data through a link of beta bytes/s",
+        _ring_time_function,
+        "add the two terms: 2 * (world_size - 1) * alpha, and "
+        "2 * (world_size - 1) / world_size * size / beta (both 0 on one rank)",
     ),
     "01.speedup": Exercise(
         "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "

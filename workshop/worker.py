@@ -11,6 +11,7 @@ and a rank started by ``torchrun``, ``srun`` or ``mpirun``::
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -21,6 +22,7 @@ from .env import (
     launcher_hosts_store,
     rank_info,
     slurm_allocation,
+    torchrun_restart_risk,
 )
 
 __all__ = ["process_group", "rank_device"]
@@ -110,6 +112,15 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     if backend == "nccl":
         torch.cuda.set_device(info.local_rank)
     wait = timedelta(seconds=timeout)
+    if info.rank == 0 and torchrun_restart_risk():
+        warnings.warn(
+            "torchrun may restart these ranks (--max_restarts > 0) while they share "
+            "its rendezvous store; after a restart a rank can read a dead rank's "
+            "address and fail with 'Connection refused' or hang (pytorch issue "
+            "135712). Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     if launcher_hosts_store():
         # workshop.launch serves the store from the notebook kernel on a port it bound
         # itself, so every rank connects as a client and no port is ever raced for.

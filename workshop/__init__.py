@@ -26,6 +26,10 @@ fits the ring model (:func:`plot_allreduce`); :func:`measure_scaling` measures w
 strong scaling of DDP training (:func:`plot_scaling`, which also draws any published
 table); :func:`load_allreduce` and :func:`load_scaling` read a batch job's results.
 
+Many nodes (notebook 03): :func:`torchrun_command` and :func:`mpirun_command` write
+launcher command lines, :func:`run_command` and :func:`run_commands` run them from a
+cell (no rank left behind); :func:`slurm_cluster`, :func:`submit` and
+:class:`SlurmJob` write, submit, watch and read batch jobs.
 :func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
@@ -35,6 +39,16 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .collective_diagram import draw_collective
 from .comm_diagrams import draw_rank_layout
 from .comm_plots import plot_allreduce
+from .commands import (
+    CommandError,
+    CommandResult,
+    free_port,
+    mpirun_command,
+    run_command,
+    run_commands,
+    torchrun_command,
+)
+from .costmodel import ring_allreduce_time
 from .data import cifar10, digits, make_loader, synthetic, time_loader
 from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
@@ -58,6 +72,7 @@ from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_wid
 from .ring_collective import ring_all_reduce
 from .scaling_plots import plot_scaling
 from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
+from .slurm import SlurmCluster, SlurmJob, slurm_cluster, submit
 from .throughput import fit_step_cost, projected_speedup, time_steps
 from .timeline_diagram import draw_rank_timeline
 from .trace_data import collectives
@@ -65,11 +80,15 @@ from .training import evaluate, train, train_step
 from .worker import process_group, rank_device
 
 __all__ = [
+    "CommandError",
+    "CommandResult",
     "History",
     "LaunchError",
     "Progress",
     "RankInfo",
     "RunResult",
+    "SlurmCluster",
+    "SlurmJob",
     "SmallCNN",
     "TwoStageModel",
     "bubble_fraction",
@@ -92,6 +111,7 @@ __all__ = [
     "draw_timeline",
     "evaluate",
     "fit_step_cost",
+    "free_port",
     "launch",
     "lesson_devices",
     "load_allreduce",
@@ -100,6 +120,7 @@ __all__ = [
     "make_loader",
     "measure_allreduce",
     "measure_scaling",
+    "mpirun_command",
     "pipeline_forward_backward",
     "pipeline_schedule",
     "plot_allreduce",
@@ -114,14 +135,20 @@ __all__ = [
     "resnet",
     "ring_all_reduce",
     "ring_allreduce_steps",
+    "ring_allreduce_time",
     "ring_widget",
+    "run_command",
+    "run_commands",
     "save_checkpoint",
     "saved_activation_bytes",
+    "slurm_cluster",
+    "submit",
     "synthetic",
     "time_loader",
     "time_steps",
     "timed_ddp_steps",
     "torch_data_parallel",
+    "torchrun_command",
     "train",
     "train_step",
     "visible_gpu_count",

@@ -172,7 +172,7 @@ def test_sanitiser_replaces_what_changes_between_runs() -> None:
     from nbval.plugin import get_sanitize_patterns
 
     patterns = get_sanitize_patterns(SANITIZE.read_text())
-    assert len(patterns) == 4, f"nbval read {len(patterns)} patterns: {patterns}"
+    assert len(patterns) == 7, f"nbval read {len(patterns)} patterns: {patterns}"
 
     def sanitize(text: str) -> str:
         for regex, replace in patterns:
@@ -187,6 +187,11 @@ def test_sanitiser_replaces_what_changes_between_runs() -> None:
         "rank 1 pid 4242": "rank 1 pid PID",
         "<Tensor at 0x7f3a2c1b4d60>": "<Tensor at 0xADDRESS>",
         "4 steps, rank 3": "4 steps, rank 3",
+        "rank 0: local rank 0 on node 0 (host vm), cpu": (
+            "rank 0: local rank 0 on node 0 (host HOST), cpu"
+        ),
+        "--rdzv_endpoint=127.0.0.1:59133": "--rdzv_endpoint=127.0.0.1:PORT",
+        "Sending process 21133 closing signal": "Sending process PID closing signal",
     }
     got = {text: sanitize(text) for text in cases}
     assert got == cases, f"sanitised outputs differ from expected: {got}"

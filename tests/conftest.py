@@ -4,7 +4,6 @@ the environments launchers give the tasks they start."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,15 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from workshop.commands import free_port  # noqa: F401  (the tests' import of it)
+
 ROOT = Path(__file__).resolve().parents[1]
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_")
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

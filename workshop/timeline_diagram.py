@@ -23,7 +23,7 @@ __all__ = ["draw_rank_timeline"]
 
 _OUTSIDE_EM = 0.62 * 12 + 1  # points per character of a 12-point label, and a margin
 
-_STRIP_PT = 9  # labels written beside a bar too narrow to hold them
+_STRIP_PT = 11  # labels written beside a bar too narrow to hold them
 
 _PHASE_GREYS = ["#DDDDDD", "#AAAAAA", "#666666"]  # compute phases, by first use
 

@@ -288,6 +288,7 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("DDP scaling of cnn") == 1  # rank 0 alone reports
+    assert "Warning" not in done.stderr  # e.g. DDP's renamed broadcast_buffers
     result = load_scaling(f"{prefix}.json")
     assert result.launcher == "torchrun"
     (row,) = result.rows
@@ -296,6 +297,20 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     assert row.efficiency == pytest.approx(
         row.samples_per_second / (2 * one.samples_per_second)
     )
+    # A baseline that measured another batch cannot be compared, and says so.
+    other = tmp_path / "other"
+    done = run_module(
+        "torch.distributed.run",
+        *("--standalone", "--nproc_per_node=1", "-m", "workshop.bench", "scaling"),
+        *("--mode", "weak", "--steps", "2", "--warmup", "1", "--batch", "4"),
+        *("--image-size", "16", "--baseline", str(baseline), "--out", str(other)),
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert (
+        "the baseline cannot be compared with this run: it measured weak scaling "
+        "with batch_per_rank 8 against 4; pass a baseline of the same model"
+    ) in done.stderr
 
 
 def test_docstring_examples_run():

@@ -554,11 +554,15 @@ def test_the_scaling_job_writes_results_that_load_and_plot(cluster, tmp_path):
                 else base.step_seconds / row.step_seconds / 2
             )
             assert row.efficiency == pytest.approx(expected)
-        # Each file alone holds one world size; merged, they make one curve a mode.
-        merged = replace(two, rows=[*one.rows, *two.rows])
-        figure = plot_scaling(merged)
+        # Each file alone holds one world size; the folder, read as one, makes one
+        # curve a mode from 1 rank up.
+        merged = load_scaling(results)
+        assert [(r.mode, r.world_size) for r in merged.rows] == [
+            ("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2),
+        ]  # fmt: skip
+        figure = plot_scaling(results)
         lines = [line for line in figure.axes[0].get_lines() if line.get_gid() is None]
-        assert sorted(len(line.get_xdata()) for line in lines) == [2, 2]
+        assert sorted(list(line.get_xdata()) for line in lines) == [[1, 2], [1, 2]]
         plt.close(figure)
     finally:
         shutil.rmtree(results, ignore_errors=True)

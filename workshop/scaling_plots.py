@@ -115,7 +115,8 @@ def scaling_series(source: Any) -> dict[str, Points]:
         source: a ``ScalingResult`` (one series per mode), a mapping of label to
             (ranks, samples per second) pairs, or the path of a CSV (columns
             ``ranks``, ``throughput``; a ``label`` or ``mode`` column splits it into
-            series) or of the JSON the scaling benchmark writes.
+            series), of the JSON the scaling benchmark writes, or of a folder of
+            such JSON files (a batch job's steps, read together by ``load_scaling``).
 
     Returns:
         Each series' points, checked and sorted by rank count.
@@ -139,12 +140,13 @@ def scaling_series(source: Any) -> dict[str, Points]:
         raw = dict(source)
     elif isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no table at {str(path)!r}")
-        if path.suffix.lower() == ".json":
-            from .bench.scaling_results import load_scaling
+        if path.is_dir() or path.suffix.lower() == ".json":
+            # A batch job's results: one JSON file per world size, in one folder.
+            from .bench.scaling_files import load_scaling
 
             return scaling_series(load_scaling(path))
+        if not path.is_file():
+            raise FileNotFoundError(f"no table at {str(path)!r}")
         raw = _read_csv(path)
     else:
         raise TypeError(
@@ -187,7 +189,8 @@ def plot_scaling(
     Args:
         *sources: one or more of: a ``ScalingResult``, a dict ``{label: [(ranks,
             samples_per_sec), ...]}``, the path of a CSV (``ranks``, ``throughput``
-            columns) or the benchmark's JSON. See :func:`scaling_series`.
+            columns), of the benchmark's JSON or of a folder of them. See
+            :func:`scaling_series`.
         title: the figure's title.
         xlabel: what the ranks are.
         log: logarithmic axes for the throughput (base 2 for ranks), so that a

@@ -26,10 +26,11 @@ rank. That is what costs throughput, so it is the split reported; timing the
 all-reduce alone would miss the overlap. It is still recorded: a DDP comm hook notes
 when each bucket's all-reduce starts and when its future completes, and the time at
 least one is in flight is reported beside the split (often longer, since it overlaps
-backward). Buffers are not broadcast (``broadcast_buffers=False``), so the gradient
-all-reduce is the only communication in a step. The data is synthetic, made once per
-rank in memory: the benchmark times training, not loading. Every step time of every
-rank is kept; the summaries are medians, which a busy shared machine disturbs less.
+backward). Buffers are not synced in each forward pass (``forward_sync_buffers=False``,
+``broadcast_buffers=False`` before torch 2.15), so the gradient all-reduce is the only
+communication in a step. The data is synthetic, made once per rank in memory: the
+benchmark times training, not loading. Every step time of every rank is kept; the
+summaries are medians, which a busy shared machine disturbs less.
 
 The alpha-beta model (:mod:`workshop.costmodel`) then predicts the all-reduce of the
 gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark, or
@@ -43,6 +44,7 @@ import sys
 import time
 
 from ..env import RankInfo
+from .scaling_files import load_scaling
 from .scaling_measure import (
     _assemble,
     _check_settings,
@@ -55,7 +57,6 @@ from .scaling_results import (
     MODES,
     ScalingResult,
     ScalingRow,
-    load_scaling,
     strong_scaling,
     weak_scaling,
 )

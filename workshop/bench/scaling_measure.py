@@ -20,10 +20,9 @@ from .scaling_results import (
     MODES,
     ScalingResult,
     ScalingRow,
-    _ranks,
     _ranks_text,
-    strong_scaling,
-    weak_scaling,
+    add_speedups,
+    why_not_comparable,
 )
 from .scaling_worker import CNN_NAMES, _check_divides, scaling_worker
 
@@ -261,48 +260,20 @@ def _row(raw: dict[str, Any], ab: tuple[float, float] | None) -> ScalingRow:
     )
 
 
-def _add_speedups(rows: list[ScalingRow], baselines: Sequence[ScalingRow] = ()) -> None:
-    """Speed-up and efficiency of each row against the smallest world size of its
-    mode, among ``rows`` and ``baselines`` (rows of an earlier run)."""
-    for mode in MODES:
-        mine = [r for r in rows if r.mode == mode]
-        if not mine:
-            continue
-        base = min([*mine, *(b for b in baselines if b.mode == mode)], key=_ranks)
-        for r in mine:
-            r.base_world_size = base.world_size
-            if mode == "weak":
-                r.speedup, r.efficiency = weak_scaling(
-                    base.samples_per_second,
-                    r.samples_per_second,
-                    r.world_size,
-                    base.world_size,
-                )
-            else:
-                r.speedup, r.efficiency = strong_scaling(
-                    base.step_seconds, r.step_seconds, r.world_size, base.world_size
-                )
-
-
 def _check_baseline(
     baseline: ScalingResult, first: dict, rows: list[ScalingRow]
 ) -> None:
     """A baseline must have measured the same thing at another world size."""
-    if (baseline.model, baseline.image_size) != (first["model"], first["image_size"]):
+    why = why_not_comparable(
+        (baseline.model, baseline.image_size, baseline.rows),
+        (first["model"], first["image_size"], rows),
+    )
+    if why:
         raise ValueError(
-            f"the baseline measured {baseline.model} at {baseline.image_size}px but "
-            f"this run {first['model']} at {first['image_size']}px; pass a baseline "
-            "of the same model and image size"
+            f"the baseline cannot be compared with this run: it measured {why}; "
+            "pass a baseline of the same model and image size, or --batch and "
+            "--global-batch to match it"
         )
-    for row in rows:
-        size = "batch_per_rank" if row.mode == "weak" else "global_batch"
-        for old in (b for b in baseline.rows if b.mode == row.mode):
-            if getattr(old, size) != getattr(row, size):
-                raise ValueError(
-                    f"{row.mode} scaling compares runs with the same {size}, but the "
-                    f"baseline has {getattr(old, size)} and this run "
-                    f"{getattr(row, size)}; pass --batch/--global-batch to match"
-                )
 
 
 def _assemble(
@@ -335,7 +306,7 @@ def _assemble(
     rows = [_row(r, given[:2] if given else fits.get(r["world_size"])) for r in raws]
     if baseline is not None:
         _check_baseline(baseline, raws[0], rows)
-    _add_speedups(rows, baseline.rows if baseline else ())
+    add_speedups(rows, baseline.rows if baseline else ())
     if given is not None:
         source = given[2]
     elif fits:

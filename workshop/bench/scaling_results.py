@@ -1,7 +1,7 @@
 """Results of the scaling benchmark: speed-up and efficiency, rows, JSON and CSV.
 
-The workers' plain dicts become :class:`ScalingRow` s here; reading a saved run back
-(:func:`load_scaling`) needs no torch, so it can be drawn anywhere.
+The workers' plain dicts become :class:`ScalingRow` s here. Nothing here needs torch,
+so a saved run (read back by :mod:`workshop.bench.scaling_files`) can be drawn anywhere.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import csv
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,10 @@ __all__ = [
     "MODES",
     "ScalingResult",
     "ScalingRow",
-    "load_scaling",
+    "add_speedups",
     "strong_scaling",
     "weak_scaling",
+    "why_not_comparable",
 ]
 
 #: Scaling modes: fixed batch per rank, fixed global batch.
@@ -92,6 +94,50 @@ def strong_scaling(
     return speedup, speedup * base_world_size / world_size
 
 
+def add_speedups(rows: list[ScalingRow], baselines: Sequence[ScalingRow] = ()) -> None:
+    """Set each row's speed-up and efficiency against the smallest world size of its
+    mode, among ``rows`` and ``baselines`` (rows of an earlier run)."""
+    for mode in MODES:
+        mine = [r for r in rows if r.mode == mode]
+        if not mine:
+            continue
+        base = min([*mine, *(b for b in baselines if b.mode == mode)], key=_ranks)
+        for r in mine:
+            r.base_world_size = base.world_size
+            if mode == "weak":
+                r.speedup, r.efficiency = weak_scaling(
+                    base.samples_per_second,
+                    r.samples_per_second,
+                    r.world_size,
+                    base.world_size,
+                )
+            else:
+                r.speedup, r.efficiency = strong_scaling(
+                    base.step_seconds, r.step_seconds, r.world_size, base.world_size
+                )
+
+
+def why_not_comparable(
+    first: tuple[str, int, Sequence[ScalingRow]],
+    second: tuple[str, int, Sequence[ScalingRow]],
+) -> str | None:
+    """Why two runs, each ``(model, image_size, rows)``, cannot share a baseline:
+    another model or image size, or a mode measured with another batch (weak scaling
+    keeps the batch per rank, strong scaling the global batch). None when they can."""
+    (model_a, size_a, rows_a), (model_b, size_b, rows_b) = first, second
+    if (model_a, size_a) != (model_b, size_b):
+        return f"{model_a} at {size_a}px against {model_b} at {size_b}px"
+    for a in rows_a:
+        batch = "batch_per_rank" if a.mode == "weak" else "global_batch"
+        for b in (b for b in rows_b if b.mode == a.mode):
+            if getattr(a, batch) != getattr(b, batch):
+                return (
+                    f"{a.mode} scaling with {batch} {getattr(a, batch)} against "
+                    f"{getattr(b, batch)}"
+                )
+    return None
+
+
 # ------------------------------------------------------------------ results
 @dataclass
 class ScalingRow:
@@ -143,7 +189,7 @@ class ScalingResult:
     """Rows of a scaling run and what they were measured on.
 
     ``table()`` and ``explain()`` give the text the command prints; ``save(prefix)``
-    writes ``prefix.json`` (read back by :func:`load_scaling`) and ``prefix.csv``;
+    writes ``prefix.json`` (read back by ``load_scaling``) and ``prefix.csv``;
     :func:`workshop.scaling_plots.plot_scaling` draws it.
     """
 
@@ -242,13 +288,23 @@ class ScalingResult:
         most = max(self.rows, key=_ranks)
         n = most.world_size
         if self.device == "CPU" and cores and n > 1:
-            text = (
-                f"on the CPU the ranks share this machine's {cores} cores: with "
-                f"{_ranks_text(least.world_size)}, each rank computes with "
-                f"{least.threads_per_rank} threads; with {n} ranks, with "
-                f"{most.threads_per_rank}"
-            )
-            if least.world_size * least.threads_per_rank >= cores:
+            threads = _threads_text(least.threads_per_rank)
+            if least.world_size == n:  # one world size: a step of a batch job
+                text = (
+                    f"on the CPU the {n} ranks share this machine's {cores} cores, "
+                    f"each computing with {threads}"
+                )
+            else:
+                text = (
+                    f"on the CPU the ranks share this machine's {cores} cores: with "
+                    f"{_ranks_text(least.world_size)}, each rank computes with "
+                    f"{threads}; with {n} ranks, with "
+                    f"{_threads_text(most.threads_per_rank)}"
+                )
+            if (
+                least.world_size < n
+                and least.world_size * least.threads_per_rank >= cores
+            ):
                 text += (
                     f"; {_ranks_text(least.world_size)} already "
                     f"{'keeps' if least.world_size == 1 else 'keep'} all {cores} cores "
@@ -338,53 +394,13 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def load_scaling(path: str | os.PathLike[str]) -> ScalingResult:
-    """Read a scaling run back from the JSON file :meth:`ScalingResult.save` wrote.
-
-    Args:
-        path: the ``.json`` file.
-
-    Returns:
-        The :class:`ScalingResult`.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the file is not a scaling run's JSON (a CSV, say).
-
-    Example:
-        >>> result = load_scaling("runs/scale.json")           # doctest: +SKIP
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no scaling results at {str(path)!r}; write them with "
-            "`python -m workshop.bench scaling --out PREFIX` (PREFIX.json)"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise ValueError(
-            f"{str(path)!r} is not JSON ({exc}); pass the .json file that "
-            "`--out PREFIX` wrote, not the .csv"
-        ) from exc
-    if not isinstance(data, dict) or data.get("kind") != _KIND:
-        raise ValueError(
-            f"{str(path)!r} is not a scaling run (its 'kind' is "
-            f"{data.get('kind') if isinstance(data, dict) else None!r}, not {_KIND!r})"
-        )
-    names = {f.name for f in fields(ScalingRow)}
-    rows = [
-        ScalingRow(**{k: v for k, v in r.items() if k in names}) for r in data["rows"]
-    ]
-    names = {f.name for f in fields(ScalingResult)}
-    return ScalingResult(
-        **{k: v for k, v in data.items() if k in names} | {"rows": rows}
-    )
-
-
 def _ranks(row: ScalingRow) -> int:
     return row.world_size
 
 
 def _ranks_text(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def _threads_text(n: int) -> str:
+    return f"{n} thread" if n == 1 else f"{n} threads"

@@ -65,6 +65,22 @@ def _check_divides(global_batch: int, world_sizes: Sequence[int]) -> None:
 
 
 # ------------------------------------------------------------------ per rank
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's keyword that stops buffers being broadcast in every forward pass.
+
+    torch 2.15 renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on
+    the old name (into every rank's output); torch 2.4 knows only the old one.
+    """
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    if "forward_sync_buffers" in params:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
 class _AllReduceClock:
     """Start and end of each bucket's all-reduce, read once per step."""
 
@@ -220,7 +236,7 @@ def scaling_worker(
     ddp = DistributedDataParallel(
         net,
         device_ids=[device.index] if device.type == "cuda" else None,
-        broadcast_buffers=False,  # only gradients cross the network (docstring)
+        **_no_buffer_sync(),  # only gradients cross the network (docstring)
     )
     clock = _AllReduceClock(device.type == "cuda")
     ddp.register_comm_hook(clock, _timed_allreduce)

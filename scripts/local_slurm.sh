@@ -6,14 +6,19 @@
 #   bash scripts/local_slurm.sh start DIR   # prints the line to export SLURM_CONF
 #   export SLURM_CONF=DIR/slurm.conf
 #   sbatch --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 slurm/hello_ranks.sbatch
-#   bash scripts/local_slurm.sh stop DIR    # stops every daemon it started
+#   bash scripts/local_slurm.sh stop DIR    # cancels its jobs, stops its daemons
+#
+# `stop-daemons DIR` stops the daemons alone. A running job's processes outlive
+# slurmd by design, so `stop` first cancels every job and kills what is left of them
+# (workshop/_slurm_watchdog.py, the same code that stops a notebook's private
+# cluster), then stops the daemons.
 #
 # Needs Slurm's daemons and munge (Debian: slurm-wlm munge; `make setup` installs
 # them as root) and root, because slurmd starts the jobs' processes. On a real
 # cluster you need none of this: submit to its Slurm.
 set -euo pipefail
 
-usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start|stop|stop-daemons DIR" >&2; exit 2; }
 [[ $# -eq 2 ]] || usage
 ACTION="$1"
 DIR="$(mkdir -p "$2" && cd "$2" && pwd)"
@@ -22,7 +27,7 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-stop() {
+stop_daemons() {
     # slurmd and slurmctld first (they talk to munge), then munged; TERM, then KILL.
     local name pid
     for name in slurmd slurmctld munged; do
@@ -33,6 +38,13 @@ stop() {
         kill -KILL "$pid" 2>/dev/null || true
     done
     rm -f "$DIR"/run/*.pid
+}
+
+stop() {
+    # The watchdog's file imports only the standard library: any python3 runs it.
+    local here
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    python3 -I "$here/../workshop/_slurm_watchdog.py" stop "$DIR" "$here/local_slurm.sh"
 }
 
 start() {
@@ -107,5 +119,6 @@ EOF
 case "$ACTION" in
     start) start ;;
     stop) stop ;;
+    stop-daemons) stop_daemons ;;
     *) usage ;;
 esac

@@ -701,3 +701,35 @@ def test_a_killed_kernel_leaves_nothing_behind(tmp_path):
         kernel.kill()
         kernel.wait(10)
         kernel.stdout.close()
+
+
+@needs_slurm
+@pytest.mark.parametrize("action", ["stop", "stop-daemons"])
+def test_the_stop_script_ends_running_jobs_too(tmp_path, action):
+    # A job's slurmstepd and tasks outlive slurmd by design: `stop` cancels the jobs
+    # first and kills what is left; `stop-daemons` stops the daemons alone.
+    folder, script = tmp_path / "cluster", str(ROOT / "scripts" / "local_slurm.sh")
+    started = subprocess.run(["bash", script, "start", str(folder)], env=clean_env(),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        submitted = subprocess.run(
+            ["sbatch", "--ntasks=1", f"--output={tmp_path}/%j.out", _sleeper(tmp_path)],
+            env=clean_env(SLURM_CONF=str(folder / "slurm.conf")),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        _until_task_runs()
+    finally:
+        stop = ["bash", script, action, str(folder)]
+        stopped = subprocess.run(stop, capture_output=True, text=True, timeout=120)
+    try:
+        assert stopped.returncode == 0, stopped.stderr
+        daemons = [line for line in _pgrep(str(folder)) if Path(line.split()[1]).name
+                   in ("slurmctld", "slurmd", "munged")]  # fmt: skip
+        assert daemons == []  # stopped either way
+        left = _left_behind(folder, "MARKER-workshop", within=3)
+        assert (left == []) == (action == "stop"), left
+    finally:
+        if action == "stop-daemons":  # what a bare stop-daemons leaves: clean it up
+            _slurm_watchdog.stop_cluster(folder, script)

@@ -8,6 +8,9 @@ detached process::
 
     python -I workshop/_slurm_watchdog.py PID START_TIME DIR STOP_SCRIPT
 
+(``python -I workshop/_slurm_watchdog.py stop DIR STOP_SCRIPT`` stops a cluster at
+once: ``scripts/local_slurm.sh stop DIR`` runs it.)
+
 It polls the kernel (``PID``, with the start time from ``/proc`` so a reused PID does
 not fool it) twice a second; when the kernel is gone it stops the cluster in ``DIR``
 and removes ``DIR``. It imports nothing but the standard library, so it costs a few
@@ -104,7 +107,7 @@ def stop_cluster(
 
     Steps: ``scancel`` all jobs and wait up to 15 s for the queue to empty; wait up
     to 10 s more for their ``slurmstepd`` to end, then SIGKILL what is left of them;
-    ``bash stop_script stop folder`` (TERM, grace, KILL for each daemon).
+    ``bash stop_script stop-daemons folder`` (TERM, grace, KILL for each daemon).
 
     Args:
         folder: the folder given to ``local_slurm.sh start``.
@@ -136,7 +139,7 @@ def stop_cluster(
             pass
     try:
         subprocess.run(
-            ["bash", str(stop_script), "stop", str(folder)],
+            ["bash", str(stop_script), "stop-daemons", str(folder)],
             env=env,
             capture_output=True,
             timeout=60,
@@ -171,5 +174,8 @@ def watch(parent: int, started: str, folder: Path, stop_script: Path) -> None:
 
 
 if __name__ == "__main__":
-    _pid, _started, _folder, _script = sys.argv[1:5]
-    watch(int(_pid), _started, Path(_folder), Path(_script))
+    if sys.argv[1:2] == ["stop"]:  # local_slurm.sh stop DIR
+        stop_cluster(sys.argv[2], sys.argv[3])
+    else:
+        _pid, _started, _folder, _script = sys.argv[1:5]
+        watch(int(_pid), _started, Path(_folder), Path(_script))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import run_module
+from scaling_helpers import scaling_result
 
 from workshop.bench import allreduce_bench
 from workshop.bench.scaling_bench import (
@@ -323,24 +324,12 @@ def test_docstring_examples_run():
 
 
 def test_explain_flags_a_busy_machine_when_equal_work_took_unequal_time():
-    from workshop.bench.scaling_results import ScalingResult, ScalingRow
+    from workshop.bench.scaling_results import ScalingRow
 
     def row(mode: str, seconds: float) -> ScalingRow:
         return ScalingRow(mode, 1, 32, 32, 2, 32 / seconds, seconds, seconds, 0, 0)
 
-    result = ScalingResult(
-        rows=[row("weak", 0.029), row("strong", 0.179)],
-        model="cnn",
-        image_size=32,
-        parameters=1,
-        gradient_bytes=4,
-        steps=3,
-        warmup=1,
-        backend="gloo",
-        device="CPU",
-        launcher="workshop",
-        alpha_beta_source="none",
-    )
+    result = scaling_result([row("weak", 0.029), row("strong", 0.179)])
     assert (
         "check: at 1 rank the weak and strong runs did the same work but took "
         "29.0 and 179.0 ms per step; something else was using the machine, so run "

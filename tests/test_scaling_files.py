@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest
+from scaling_helpers import scaling_result
 
 from workshop import load_scaling, plot_scaling
 from workshop.bench.scaling_results import ScalingResult, ScalingRow, add_speedups
@@ -39,20 +40,7 @@ def _result(*rows: ScalingRow, source: str = "given", **changes) -> ScalingResul
     """A run as one step of a batch job saves it: speed-ups against its own rows."""
     rows = [dataclasses.replace(r) for r in rows]
     add_speedups(rows)
-    fields = dict(
-        model="cnn",
-        image_size=32,
-        parameters=10,
-        gradient_bytes=40,
-        steps=3,
-        warmup=1,
-        backend="gloo",
-        device="CPU",
-        launcher="srun",
-        alpha_beta_source=source,
-        machine={"cpu_count": 2},
-    )
-    return ScalingResult(rows=rows, **(fields | changes))
+    return scaling_result(rows, launcher="srun", alpha_beta_source=source, **changes)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest
+from scaling_helpers import scaling_result
 
 from workshop.bench.scaling_results import ScalingResult, ScalingRow
 from workshop.scaling_plots import plot_scaling, relative_efficiency, scaling_series
@@ -33,25 +34,14 @@ def _row(mode: str, ranks: int, rate: float) -> ScalingRow:
 
 @pytest.fixture
 def result() -> ScalingResult:
-    return ScalingResult(
-        rows=[
+    return scaling_result(
+        [
             _row("weak", 1, 100.0),
             _row("weak", 2, 180.0),
             _row("weak", 4, 300.0),
             _row("strong", 1, 100.0),
             _row("strong", 2, 150.0),
-        ],
-        model="cnn",
-        image_size=32,
-        parameters=10,
-        gradient_bytes=40,
-        steps=3,
-        warmup=1,
-        backend="gloo",
-        device="CPU",
-        launcher="workshop",
-        alpha_beta_source="none",
-        machine={"cpu_count": 2},
+        ]
     )
 
 

@@ -309,9 +309,11 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     )
     assert done.returncode != 0
     assert (
-        "the baseline cannot be compared with this run: it measured weak scaling "
-        "with batch_per_rank 8 against 4; pass a baseline of the same model"
+        "python -m workshop.bench scaling: the baseline cannot be compared with this "
+        "run: it measured weak scaling with batch_per_rank 8 against 4; pass a "
+        "baseline of the same model"
     ) in done.stderr
+    assert "DDP scaling" not in done.stdout  # refused before measuring anything
 
 
 def test_docstring_examples_run():

@@ -42,11 +42,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from types import SimpleNamespace
 
 from ..env import RankInfo
 from .scaling_files import load_scaling
 from .scaling_measure import (
     _assemble,
+    _check_baseline,
     _check_settings,
     _fit_sizes,
     _given_alpha_beta,
@@ -60,7 +62,12 @@ from .scaling_results import (
     strong_scaling,
     weak_scaling,
 )
-from .scaling_worker import _check_divides, per_rank_batch, scaling_worker
+from .scaling_worker import (
+    _check_divides,
+    default_image_size,
+    per_rank_batch,
+    scaling_worker,
+)
 
 __all__ = [
     "MODES",
@@ -158,6 +165,19 @@ def _under_launcher(
         _check_divides(global_batch, [info.world_size])
     given = _given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
     baseline = load_scaling(args.baseline) if args.baseline else None
+    if baseline is not None:  # before measuring, not after: say at once
+        planned = [
+            SimpleNamespace(
+                mode=m,
+                batch_per_rank=per_rank_batch(
+                    m, batch if m == "weak" else global_batch, info.world_size
+                ),
+                global_batch=global_batch,
+            )
+            for m in modes
+        ]
+        size = args.image_size or default_image_size(args.model)
+        _check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
     fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
     if args.world_sizes and info.is_main:
         print(f"{info.launcher} started {info.world_size} ranks: --world-sizes ignored")

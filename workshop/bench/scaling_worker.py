@@ -135,13 +135,19 @@ def _timed_allreduce(clock: _AllReduceClock, bucket):
     return future.then(finish)
 
 
+def default_image_size(model: str) -> int:
+    """The synthetic images' side when none is given: CIFAR's 32 for the CNN,
+    ImageNet's 224 for a ResNet."""
+    return 32 if model in CNN_NAMES else 224
+
+
 def _build_model(name: str) -> tuple[Any, int, int]:
     """(model, image size by default, classes)."""
     from ..models import SmallCNN, resnet
 
     if name in CNN_NAMES:
-        return SmallCNN(in_channels=3, num_classes=10), 32, 10
-    return resnet(name, num_classes=1000), 224, 1000
+        return SmallCNN(in_channels=3, num_classes=10), default_image_size(name), 10
+    return resnet(name, num_classes=1000), default_image_size(name), 1000
 
 
 def _time_allreduce(sizes: Sequence[int], device: Any) -> list[float]:

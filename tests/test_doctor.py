@@ -8,6 +8,7 @@ never initialised in the calling process.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import io
 import os
 import platform
@@ -25,6 +26,7 @@ from conftest import ROOT, run_module
 
 from workshop import env
 from workshop.__main__ import main
+from workshop._doctor_probes import _version_line
 from workshop.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.launcher import choose_start_method
 
@@ -121,9 +123,9 @@ def test_torchvision_row_has_its_build_tag_or_says_not_installed(clean_env):
 
 def test_missing_torchvision_is_a_row(clean_env, monkeypatch):
     def missing(name):
-        raise doctor_module.importlib.metadata.PackageNotFoundError(name)
+        raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(doctor_module.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
     assert as_dict(collect_rows())["PyTorch", "torchvision"] == "not installed"
 
 
@@ -261,8 +263,8 @@ def test_launchers_found_with_their_version_line(bin_dir):
 
 def test_version_line_skips_a_heading():
     mpich = "HYDRA build details:\n    Version:      4.1.2\n    Release Date: x\n"
-    assert doctor_module._version_line(mpich) == "Version: 4.1.2"
-    assert doctor_module._version_line("") == "(printed no version)"
+    assert _version_line(mpich) == "Version: 4.1.2"
+    assert _version_line("") == "(printed no version)"
 
 
 def _dead(pid: int) -> bool:

@@ -33,12 +33,12 @@ _POLL = 0.05  # seconds between looks at the tree: a cheap loop, a prompt reacti
 _GIVE_UP = 10.0  # seconds after SIGKILL before leaving an unkillable process (state D)
 
 
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root``, parents before children."""
+def descendants(*roots: int) -> list[int]:
+    """Live (non-zombie) descendants of ``roots``, parents before children."""
     children: dict[int, list[int]] = {}
     for pid, ppid in _processes():
         children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(root, []))
+    found, todo = [], [pid for root in roots for pid in children.get(root, [])]
     while todo:
         pid = todo.pop(0)
         found.append(pid)

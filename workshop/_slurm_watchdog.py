@@ -13,8 +13,9 @@ once: ``scripts/local_slurm.sh stop DIR`` runs it.)
 
 It polls the kernel (``PID``, with the start time from ``/proc`` so a reused PID does
 not fool it) twice a second; when the kernel is gone it stops the cluster in ``DIR``
-and removes ``DIR``. It imports nothing but the standard library, so it costs a few
-megabytes, not torch's hundreds.
+and removes ``DIR``. It imports nothing but the standard library and two sibling
+files that do the same (``_procs``, ``_reaper``), so it costs a few megabytes, not
+torch's hundreds.
 
 Stopping the daemons is not enough: ``slurmstepd`` (the process that runs a job's
 tasks) outlives ``slurmd`` by design. So :func:`stop_cluster` cancels every job first,
@@ -31,6 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+if __package__:
+    from ._procs import is_alive
+    from ._reaper import descendants
+else:  # run as a file (python -I): the package would import torch; these two do not
+    sys.path.append(str(Path(__file__).resolve().parent))
+    from _procs import is_alive
+    from _reaper import descendants
+
 _POLL_S = 0.5  # how often the watchdog looks at the kernel
 
 
@@ -43,19 +52,6 @@ def _quiet(command: list[str], env: dict[str, str], timeout: float) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""
-
-
-def _ppids() -> dict[int, int]:
-    """Parent of every process, read from /proc."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_bytes()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(b")", 1)[1].split()[1])
-    return parents
 
 
 def _uses_folder(pid: int, folder: str) -> bool:
@@ -82,22 +78,7 @@ def job_processes(folder: str | os.PathLike[str]) -> list[int]:
             continue
         if name == "slurmstepd" and _uses_folder(int(entry.name), folder):
             stepds.append(int(entry.name))
-    parents = _ppids()
-    found, todo = set(), list(stepds)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo += [child for child, parent in parents.items() if parent == pid]
-    return sorted(found)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+    return sorted({*stepds, *descendants(*stepds)}) if stepds else []
 
 
 def stop_cluster(
@@ -131,7 +112,7 @@ def stop_cluster(
     left = job_processes(folder)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [pid for pid in left if _alive(pid)]
+        left = [pid for pid in left if is_alive(pid)]
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -59,17 +59,23 @@ def load_scaling(*paths: PathLike) -> ScalingResult:
             "load_scaling needs at least one path: a .json file that "
             "`python -m workshop.bench scaling --out PREFIX` wrote, or its folder"
         )
-    files = [f for p in paths for f in _files(Path(p))]
-    runs = [_read(f) for f in files]
+    found = [run for p in paths for run in _runs(Path(p))]
+    files, runs = [f for f, _ in found], [run for _, run in found]
     if len(runs) == 1:
         return runs[0]
     return _merge(runs, files)
 
 
-def _files(path: Path) -> list[Path]:
-    """The file itself, or a folder's scaling files in name order."""
+def _runs(path: Path) -> list[tuple[Path, ScalingResult]]:
+    """The file's run, or the runs of a folder's scaling files in name order (each
+    file read once; other JSON files in a folder are passed over)."""
     if path.is_dir():
-        found = [f for f in sorted(path.glob("*.json")) if _is_scaling(f)]
+        found = []
+        for f in sorted(path.glob("*.json")):
+            try:
+                found.append((f, _read(f)))
+            except (OSError, ValueError):
+                continue
         if not found:
             raise FileNotFoundError(
                 f"no scaling results in the folder {str(path)!r}; it holds no .json "
@@ -81,15 +87,7 @@ def _files(path: Path) -> list[Path]:
             f"no scaling results at {str(path)!r}; write them with "
             "`python -m workshop.bench scaling --out PREFIX` (PREFIX.json)"
         )
-    return [path]
-
-
-def _is_scaling(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("kind") == _KIND
+    return [(path, _read(path))]
 
 
 def _read(path: Path) -> ScalingResult:

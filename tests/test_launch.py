@@ -1,5 +1,9 @@
 """workshop.launch on CPU ranks with gloo: results, output, errors, timeouts,
-interrupts, and that no process outlives a launch."""
+interrupts, and that no process outlives a launch.
+
+Every launch here asks for gloo, so a GPU node runs the same CPU ranks as a laptop;
+what "auto" picks is checked against the machine's GPUs, and the GPU paths are in
+test_gpu.py."""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ import torch.distributed as dist
 from conftest import gone
 
 import workshop
-from workshop import LaunchError, launch
-from workshop.env import visible_gpu_count
+from workshop import LaunchError
+from workshop.env import backend_name, visible_gpu_count
 from workshop.launcher import choose_start_method
 
 METHODS = ["fork", "server", "spawn"]
@@ -22,6 +26,12 @@ METHODS = ["fork", "server", "spawn"]
 SIZE = {"fork": 4, "server": 4, "spawn": 2}
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+
+def launch(*args, **kwargs):
+    """workshop.launch on CPU ranks with gloo unless a test asks otherwise."""
+    kwargs.setdefault("backend", "gloo")
+    return workshop.launch(*args, **kwargs)
 
 
 def _rank_facts():
@@ -42,15 +52,17 @@ def _rank_facts():
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_rank_runs_in_an_initialised_group(world_size):
-    result = launch(_rank_facts, world_size=world_size, show="none")
+    result = workshop.launch(_rank_facts, world_size=world_size, show="none")
+    # "auto": NCCL where every rank can have a GPU of its own, else gloo.
+    expected = "nccl" if visible_gpu_count() >= world_size else "gloo"
     assert result.world_size == world_size
-    assert result.backend == "gloo"
+    assert result.backend == expected
     assert result.exit_codes == [0] * world_size
     expected_sum = world_size * (world_size + 1) / 2
     for rank, facts in enumerate(result.returns):
         assert facts["rank"] == rank
         assert facts["world_size"] == world_size
-        assert facts["backend"] == "gloo"
+        assert backend_name(facts["backend"]) == expected
         assert facts["sum"] == expected_sum
         assert facts["env"]["RANK"] == str(rank)
         assert facts["env"]["LOCAL_RANK"] == str(rank)
@@ -271,10 +283,12 @@ def test_unknown_backend_and_start_method_are_explained():
         launch(_rank_facts, world_size=2, timeout=0)
 
 
-@pytest.mark.skipif(visible_gpu_count() > 0, reason="this machine has a GPU")
-def test_nccl_without_gpus_says_what_to_pass():
+def test_nccl_without_gpus_says_what_to_pass(monkeypatch):
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL; the no-NCCL message is tested in test_env")
+    import workshop.launcher
+
+    monkeypatch.setattr(workshop.launcher, "visible_gpu_count", lambda: 0)
     with pytest.raises(
         ValueError,
         match=r'backend="nccl" needs one CUDA GPU per rank, '
@@ -342,18 +356,72 @@ def test_start_method_choice_and_reasons():
         choose_start_method("fork", True, "linux")
 
 
-def test_a_started_cuda_driver_counts_as_initialised(tmp_path):
-    from workshop.launcher import _cuda_initialized
+def test_without_the_driver_library_nothing_has_started(tmp_path):
+    from workshop.launcher import _driver_loaded
 
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
-    assert _cuda_initialized(str(maps)) is False
-    maps.write_text(
-        maps.read_text() + "7f02-7f03 r-xp 0 08:01 2 /usr/lib/libcuda.so.1\n"
-    )
-    assert _cuda_initialized(str(maps)) is True
-    assert _cuda_initialized(str(tmp_path / "missing")) is False
-    assert _cuda_initialized() is False  # this test process never touched a GPU
+    assert _driver_loaded(str(maps)) is False
+    # The runtime (libcudart) is not the driver: torch's CUDA build loads it at import.
+    maps.write_text(maps.read_text() + "7f02-7f03 r-xp 0 08:01 2 /x/libcudart.so.13\n")
+    assert _driver_loaded(str(maps)) is False
+    driver = "7f04-7f05 r-xp 0 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+    maps.write_text(maps.read_text() + driver)
+    assert _driver_loaded(str(maps)) is True
+    assert _driver_loaded(str(tmp_path / "missing")) is True  # cannot tell: ask
+
+
+def test_the_fork_decision_follows_torchs_fork_poisoning(script, tmp_path):
+    # A fresh "kernel" loads a library named like the CUDA driver, as `import torch`
+    # does on some GPU nodes: that alone must not stop forking. Then it asks the CUDA
+    # runtime (torch.cuda.is_available(), as a learner might), after which torch
+    # marks forked children as unable to use CUDA: ranks must come from the server,
+    # and the kernel is told once. The same holds on a GPU node with the real driver.
+    s = script(f"""
+        import ctypes, shutil, _ctypes, sys
+        import torch, workshop
+        import workshop.launcher
+        from workshop.launcher import _cuda_initialized
+        shutil.copy(_ctypes.__file__, {str(tmp_path / "libcuda.so.1")!r})
+        ctypes.CDLL({str(tmp_path / "libcuda.so.1")!r})
+        # A GPU node counts its GPUs with NVML, which marks no fork. Without NVML
+        # (this machine, maybe) torch would ask the runtime instead: count as NVML.
+        workshop.launcher.visible_gpu_count = lambda: max(
+            torch.cuda._device_count_nvml(), 0)
+        def rank():
+            import torch.distributed as dist
+            return dist.get_rank()
+        print("driver mapped:", "libcuda.so" in open("/proc/self/maps").read())
+        print("before:", _cuda_initialized(), flush=True)
+        r = workshop.launch(rank, world_size=2, backend="gloo", show="none")
+        print("first launch:", r.start_method, r.returns, flush=True)
+        torch.cuda.is_available()  # asks the CUDA runtime: later forks are marked
+        print("after:", _cuda_initialized(), flush=True)
+        for _ in range(2):
+            r = workshop.launch(rank, world_size=2, backend="gloo", show="none")
+            print("next launch:", r.start_method, r.returns, flush=True)
+        try:
+            workshop.launch(rank, world_size=2, backend="gloo", start_method="fork")
+        except ValueError as exc:
+            print("fork refused:", str(exc)[:60], flush=True)
+    """)
+    out = s.finish(180)
+    assert s.popen.returncode == 0, out
+    assert "driver mapped: True\nbefore: False\nfirst launch: fork [0, 1]\n" in out
+    assert "after: True\n" in out
+    assert out.count("next launch: server [0, 1]\n") == 2, out
+    assert out.count("CUDA is already initialised in this kernel") == 1, out  # once
+    assert "fork refused: start_method='fork' but CUDA is already initialised" in out
+
+
+def test_the_answer_is_kept_once_poisoned(monkeypatch):
+    import workshop.launcher as launcher
+
+    monkeypatch.setattr(launcher, "_POISONED", True)
+    monkeypatch.setattr(launcher, "_driver_loaded", lambda maps_file: True)
+    assert launcher._cuda_initialized() is True
+    monkeypatch.setattr(launcher, "_driver_loaded", lambda maps_file: False)
+    assert launcher._cuda_initialized() is False  # no driver: nothing has started
 
 
 def test_a_kernel_that_touched_cuda_uses_the_server_and_is_told(monkeypatch, capsys):
@@ -417,6 +485,21 @@ def test_fifty_launches_in_a_row_none_hangs():
     for i in range(50):
         result = launch(_rank_facts, world_size=2, timeout=60, show="none")
         assert result.exit_codes == [0, 0], f"launch {i}: {result}"
+
+
+def test_too_few_gpus_for_auto_says_why_the_ranks_are_on_the_cpu(monkeypatch, capsys):
+    import workshop.launcher
+
+    monkeypatch.setattr(workshop.launcher, "visible_gpu_count", lambda: 1)
+    result = workshop.launch(dist.get_rank, world_size=2, show="lines")
+    assert result.backend == "gloo"
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[1] == (
+        "launch: 2 ranks but 1 GPU: the ranks run on the CPU with gloo "
+        "(world_size=1 would give each rank its own GPU, with NCCL)"
+    )
+    launch(dist.get_rank, world_size=2, show="lines")  # gloo asked for: no note
+    assert "ranks but" not in capsys.readouterr().out
 
 
 def test_public_api():

@@ -12,6 +12,7 @@ import atexit
 import os
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ from ._rank import Job
 from ._rendezvous import Rendezvous
 from ._session import LIVE, LaunchSession
 from ._start import START_METHODS
-from .env import choose_backend
+from .env import choose_backend, visible_gpu_count
 from .results import LaunchError, RunResult
 
 __all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
@@ -89,24 +90,78 @@ def _validate(fn: Any, world_size: Any, timeout: Any, start_method: Any) -> None
         )
 
 
-def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
-    """True once this process has started the CUDA driver, which a fork cannot keep.
+def _driver_loaded(maps_file: str = "/proc/self/maps") -> bool:
+    """True when the CUDA driver library (``libcuda.so``) is mapped into this process.
 
-    ``torch.cuda.is_initialized()`` only knows about torch's own CUDA context; a call
-    such as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it,
-    and a child forked after that cannot use the GPU either. The driver library
-    (``libcuda.so``) is loaded at that moment and never before, so its presence in
-    this process's memory map is the sign to look for.
+    Without it no CUDA call can have run, so a fork is safe. With it, nothing is
+    known yet: on some GPU nodes ``import torch`` alone maps it (measured on one with
+    torch 2.11), and a child forked then can still use the GPU.
+    """
+    try:
+        with open(maps_file) as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:  # no /proc (macOS): assume the driver may be there, and ask
+        return True
+
+
+_POISONED = False
+
+
+def _fork_is_poisoned() -> bool:
+    """Ask a forked child whether torch considers it a "bad fork" for CUDA.
+
+    torch marks every child forked after this process asked the CUDA runtime for
+    anything (``torch.cuda.is_available()``, ``get_device_name()``, a CUDA tensor;
+    not ``torch.cuda.device_count()``, which asks NVML), because such a child cannot
+    use the GPU. That mark, not the driver library being loaded, is what decides
+    whether ranks may be forked from here. The answer only ever turns from no to
+    yes, so a yes is kept. Costs one fork, about 15 ms.
+    """
+    global _POISONED
+    if _POISONED:
+        return True
+    import torch
+
+    with warnings.catch_warnings():
+        # Python warns that forking a threaded process may deadlock the child; this
+        # child reads one flag and leaves, holding no lock.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: answer through the exit status, run nothing else
+        try:
+            os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 10.0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:  # never seen; do not wait forever
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return True  # unknown: the server is the safe way
+        time.sleep(0.001)
+    _POISONED = os.waitstatus_to_exitcode(status) == 1
+    return _POISONED
+
+
+def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
+    """True once this process has started CUDA in a way a forked rank cannot survive.
+
+    ``torch.cuda.is_initialized()`` only knows torch's own CUDA context. A call such
+    as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it, and a
+    child forked after that cannot use the GPU either; torch then marks such children
+    as a "bad fork". So: without the driver library loaded, nothing has started; with
+    it, a forked child is asked whether torch marked it.
     """
     import torch
 
     if torch.cuda.is_initialized():
         return True
-    try:
-        with open(maps_file) as maps:
-            return any("libcuda.so" in line for line in maps)
-    except OSError:  # no /proc (macOS): torch's own answer is all there is
+    if not hasattr(os, "fork") or not _driver_loaded(maps_file):
         return False
+    return _fork_is_poisoned()
 
 
 def choose_start_method(
@@ -214,7 +269,9 @@ def launch(
     """
     global _told_cuda
     _validate(fn, world_size, timeout, start_method)
-    backend = choose_backend(backend, world_size)
+    gpus = visible_gpu_count()
+    requested_backend = backend
+    backend = choose_backend(backend, world_size, gpus)
     cuda = _cuda_initialized()
     method, reason = choose_start_method(start_method, cuda)
     if method == "server" and cuda and not _told_cuda:
@@ -247,6 +304,13 @@ def launch(
             else f" ({reason})"
         )
     )
+    if backend == "gloo" and requested_backend == "auto" and 0 < gpus < world_size:
+        # Say why a GPU node's ranks compute on the CPU: NCCL needs a GPU per rank.
+        header += (
+            f"\nlaunch: {world_size} ranks but {gpus} GPU"
+            f"{'s' if gpus != 1 else ''}: the ranks run on the CPU with gloo "
+            f"(world_size={gpus} would give each rank its own GPU, with NCCL)"
+        )
     rendezvous = Rendezvous(world_size, timeout or 3600.0)
     output = RankOutput(world_size, header, show)
     run = LaunchSession(job, world_size, backend, method, timeout, output, _SERVER)

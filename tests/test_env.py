@@ -14,8 +14,10 @@ from workshop import env
 from workshop.env import (
     RankInfo,
     SlurmAllocation,
+    backend_name,
     choose_backend,
     default_world_size,
+    group_backend,
     launcher_hosts_store,
     rank_info,
     slurm_allocation,
@@ -544,3 +546,12 @@ def test_slurm_allocation_reads_os_environ(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     monkeypatch.setenv("SLURM_NNODES", "1")
     assert slurm_allocation() == SlurmAllocation(job_id="99", nodes=1)
+
+
+def test_an_nccl_group_carries_cpu_tensors_with_gloo():
+    assert group_backend("nccl") == "cpu:gloo,cuda:nccl"
+    assert group_backend("gloo") == "gloo" and group_backend("mpi") == "mpi"
+    assert backend_name("cpu:gloo,cuda:nccl") == "nccl"
+    assert backend_name("cuda:nccl,cpu:gloo") == "nccl"
+    assert backend_name("cpu:gloo") == "gloo"
+    assert backend_name("gloo") == "gloo"

@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import ROOT, clean_env, free_port, task_env
 
 from workshop.env import RankInfo
-from workshop.worker import _init_method, process_group
+from workshop.worker import _init_method, _shared_gpu, process_group, rank_device
 
 HELLO = str(ROOT / "slurm" / "hello_ranks.py")
 
@@ -121,10 +122,36 @@ def test_a_single_process_gets_a_group_of_one(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     import torch.distributed as dist
 
-    with process_group() as info:
+    # gloo: on a GPU node "auto" would start NCCL, and CUDA, in the test process.
+    with process_group("gloo") as info:
         assert dist.is_initialized() and dist.get_world_size() == 1
         assert info.launcher == "torchrun"
+        assert rank_device() == torch.device("cpu")  # read from the group
     assert not dist.is_initialized()
+
+
+def test_an_nccl_group_computes_on_the_ranks_gpu():
+    info = RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2)
+    # What dist.get_backend() says of a group with gloo beside NCCL.
+    assert rank_device("cpu:gloo,cuda:nccl", info) == torch.device("cuda", 1)
+    assert rank_device("nccl", info) == torch.device("cuda", 1)
+    assert rank_device("gloo", info) == torch.device("cpu")
+    assert rank_device() == torch.device("cpu")  # no group: the CPU
+
+
+def test_two_ranks_on_one_gpu_are_named_with_the_fix():
+    own = [("node1", "GPU-a", 0), ("node1", "GPU-b", 1), ("node2", "GPU-a", 0)]
+    assert _shared_gpu(own) is None  # the same GPU name on another host is fine
+    shared = [("node1", "GPU-a", 0), ("node2", "GPU-c", 0), ("node1", "GPU-a", 0)]
+    message = _shared_gpu(shared)
+    assert message.startswith(
+        "ranks 0 and 2 both use the same GPU (cuda:0 on host node1), but NCCL needs "
+        "one GPU per rank."
+    )
+    assert message.endswith(
+        "Give each launcher its own GPUs (CUDA_VISIBLE_DEVICES), or pass "
+        'backend="gloo" to run the ranks on the CPU'
+    )
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -30,8 +30,10 @@ __all__ = [
     "BACKENDS",
     "RankInfo",
     "SlurmAllocation",
+    "backend_name",
     "choose_backend",
     "default_world_size",
+    "group_backend",
     "rank_info",
     "slurm_allocation",
     "visible_gpu_count",
@@ -327,6 +329,39 @@ def choose_backend(backend: str, world_size: int, gpus: int | None = None) -> st
             'case for pip wheels); pass backend="gloo", or "nccl" on GPUs'
         )
     return backend
+
+
+def group_backend(backend: str) -> str:
+    """What ``init_process_group`` is given for a resolved ``backend``.
+
+    An NCCL group only carries CUDA tensors: a CPU tensor fails with "No backend type
+    associated with device type cpu". Lessons and tools also exchange CPU tensors
+    (objects, timings, a CPU model's gradients), so an NCCL group gets gloo beside
+    it for CPU tensors: one group, a backend per device type.
+
+    Example:
+        >>> group_backend("nccl"), group_backend("gloo")
+        ('cpu:gloo,cuda:nccl', 'gloo')
+    """
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
+def backend_name(backend: str) -> str:
+    """The workshop's name for a process group's backend string.
+
+    ``dist.get_backend()`` of a group made by :func:`group_backend` reads
+    "cpu:gloo,cuda:nccl"; its GPU backend, "nccl", names it. A single backend is
+    returned as it is.
+
+    Example:
+        >>> backend_name("cpu:gloo,cuda:nccl"), backend_name("gloo")
+        ('nccl', 'gloo')
+    """
+    backend = str(backend)
+    if ":" not in backend:
+        return backend
+    per_device = dict(part.split(":", 1) for part in backend.split(","))
+    return per_device.get("cuda", per_device.get("cpu", backend))
 
 
 def default_world_size(gpus: int | None = None) -> int:

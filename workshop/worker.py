@@ -19,7 +19,9 @@ from datetime import timedelta
 
 from .env import (
     RankInfo,
+    backend_name,
     choose_backend,
+    group_backend,
     launcher_hosts_store,
     rank_info,
     slurm_allocation,
@@ -110,22 +112,72 @@ def _init_method(info: RankInfo) -> str:
     return f"tcp://{addr}:{port}"
 
 
-def rank_device(backend: str, info: RankInfo | None = None):
+def rank_device(backend: str | None = None, info: RankInfo | None = None):
     """The device a rank computes on: its own GPU for NCCL, the CPU otherwise.
 
     Args:
-        backend: the resolved backend ("nccl", "gloo" or "mpi").
+        backend: the group's backend: "nccl", "gloo", "mpi", or what
+            ``dist.get_backend()`` returns ("cpu:gloo,cuda:nccl" counts as NCCL);
+            read from the initialised process group when omitted.
         info: the rank's place; read from the environment when omitted.
 
     Returns:
         ``torch.device("cuda", local_rank)`` for NCCL, else ``torch.device("cpu")``.
+
+    Example:
+        >>> rank_device("gloo")
+        device(type='cpu')
     """
     import torch
 
-    info = info or rank_info()
-    if backend == "nccl":
+    if backend is None:
+        import torch.distributed as dist
+
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    if backend_name(backend) == "nccl":
+        info = info or rank_info()
         return torch.device("cuda", info.local_rank)
     return torch.device("cpu")
+
+
+def _check_one_gpu_per_rank(info: RankInfo) -> None:
+    """Fail clearly when two ranks on one host were given the same GPU.
+
+    NCCL needs a GPU of its own for every rank. Each launcher on a host counts only
+    its own ranks, so two of them on one machine (two torchrun agents standing in for
+    two nodes, say) both hand out cuda:0, and NCCL would fail later with a less
+    telling error, or hang. The check costs one small gather through gloo.
+    """
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    props = torch.cuda.get_device_properties(info.local_rank)
+    gpu = str(getattr(props, "uuid", "")) or f"cuda:{info.local_rank}"
+    mine = (socket.gethostname(), gpu, info.local_rank)
+    everyone: list = [None] * info.world_size
+    dist.all_gather_object(everyone, mine)
+    problem = _shared_gpu(everyone)
+    if problem:
+        raise RuntimeError(problem)
+
+
+def _shared_gpu(everyone: list[tuple[str, str, int]]) -> str | None:
+    """The error for ranks that share a GPU, from each rank's (host, GPU, local
+    rank) in rank order; None when every rank has its own."""
+    owner: dict[tuple[str, str], int] = {}
+    for rank, (host, gpu, local_rank) in enumerate(everyone):
+        first = owner.setdefault((host, gpu), rank)
+        if first != rank:
+            return (
+                f"ranks {first} and {rank} both use the same GPU (cuda:{local_rank} "
+                f"on host {host}), but NCCL needs one GPU per rank. This happens when "
+                "several launchers share one machine, each counting only its own "
+                "ranks. Give each launcher its own GPUs (CUDA_VISIBLE_DEVICES), or "
+                'pass backend="gloo" to run the ranks on the CPU'
+            )
+    return None
 
 
 @contextmanager
@@ -135,6 +187,8 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     Reads the rank from the launcher's variables (:func:`workshop.env.rank_info`),
     picks the backend (NCCL with one GPU per rank, else gloo), selects this rank's GPU,
     initialises ``torch.distributed`` and always destroys the group on the way out.
+    An NCCL group also has gloo for CPU tensors (``"cpu:gloo,cuda:nccl"``), so code
+    written for CPU ranks runs unchanged on GPU ranks.
 
     Args:
         backend: "auto", "gloo", "nccl" or "mpi".
@@ -146,7 +200,8 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     Raises:
         ValueError: the backend cannot run here (see
             :func:`workshop.env.choose_backend`).
-        RuntimeError: the launcher gave no rendezvous address.
+        RuntimeError: the launcher gave no rendezvous address, or two ranks on one
+            host were given the same GPU under NCCL.
 
     Example:
         >>> with process_group() as info:                      # doctest: +SKIP
@@ -177,7 +232,7 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             info.master_addr, info.master_port, info.world_size, False, timeout=wait
         )
         dist.init_process_group(
-            backend,
+            group_backend(backend),
             store=store,
             rank=info.rank,
             world_size=info.world_size,
@@ -185,16 +240,18 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
         )
     else:
         dist.init_process_group(
-            backend,
+            group_backend(backend),
             init_method=_init_method(info),
             rank=info.rank,
             world_size=info.world_size,
             timeout=wait,
         )
     try:
+        if backend == "nccl":
+            _check_one_gpu_per_rank(info)
         yield info
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-            if backend == "gloo":
+            if backend in ("gloo", "nccl"):  # an NCCL group has gloo beside it
                 _settle_gloo_at_exit()

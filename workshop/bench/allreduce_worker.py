@@ -253,7 +253,7 @@ def allreduce_sweep(
     import torch
     import torch.distributed as dist
 
-    from ..env import rank_info
+    from ..env import backend_name, rank_info
     from ..worker import rank_device
 
     if not dist.is_initialized():
@@ -265,7 +265,7 @@ def allreduce_sweep(
     sizes = message_sizes() if sizes is None else sizes
     sizes = check_sweep(sizes, repeats, warmup, min_time)
     info = rank_info()
-    backend = dist.get_backend()
+    backend = backend_name(dist.get_backend())  # "nccl" for "cpu:gloo,cuda:nccl"
     device = rank_device(backend, info)
     machine, versions = _machine(device)  # before this sweep loads the machine
 

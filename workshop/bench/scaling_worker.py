@@ -218,6 +218,7 @@ def scaling_worker(
     from torch.nn.parallel import DistributedDataParallel
 
     from ..data import synthetic
+    from ..env import backend_name
     from ..training import train_step
     from ..worker import rank_device
 
@@ -230,7 +231,7 @@ def scaling_worker(
     rank, world_size, backend = (
         dist.get_rank(),
         dist.get_world_size(),
-        dist.get_backend(),
+        backend_name(dist.get_backend()),  # "nccl" for "cpu:gloo,cuda:nccl"
     )
     device = rank_device(backend)
     per_rank = per_rank_batch(mode, batch, world_size)

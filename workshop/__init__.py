@@ -17,7 +17,8 @@ the ``draw_*`` diagrams, :func:`profile_steps`, :func:`saved_activation_bytes`,
 
 Communication (notebook 02): ``launch(..., trace=True)`` records every rank's calls;
 :func:`collectives` groups them; the ``draw_*`` communication diagrams and the ring
-all-reduce (:func:`ring_allreduce_steps`, :func:`ring_widget`) draw them.
+all-reduce (:func:`ring_allreduce_steps`, :func:`ring_widget`) draw them;
+:func:`has_collective` asks the installed torch whether gloo runs a collective.
 :func:`timed_ddp_steps` records DDP's gradient buckets (:func:`ddp_timeline` for the
 picture); :func:`save_checkpoint` and :func:`load_checkpoint` checkpoint DDP training.
 
@@ -55,6 +56,7 @@ from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .doctor import doctor
 from .env import RankInfo, rank_info, visible_gpu_count
 from .exercises import check
+from .features import has_collective
 from .launcher import LaunchError, RunResult, launch
 from .models import SmallCNN, count_parameters, resnet
 from .p2p_diagram import draw_point_to_point
@@ -112,6 +114,7 @@ __all__ = [
     "evaluate",
     "fit_step_cost",
     "free_port",
+    "has_collective",
     "launch",
     "lesson_devices",
     "load_allreduce",

@@ -36,6 +36,7 @@ _MEANING = {
     "all_gather": "every rank gets a list of every rank's tensor",
     "reduce_scatter": "rank i gets the {op} of every rank's tensor i",
     "all_to_all": "rank j's tensor i goes to rank i, as its tensor j",
+    "all_to_all_single": "piece i of rank j's tensor goes to rank i, as its piece j",
 }
 
 
@@ -49,7 +50,8 @@ def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
     Args:
         events_for_one_call: the same call's event on each rank, index = rank:
             broadcast, scatter, gather, all_gather, reduce, all_reduce,
-            reduce_scatter or all_to_all (others are drawn without provenance).
+            reduce_scatter, all_to_all or all_to_all_single with equal pieces
+            (others are drawn without provenance).
 
     Returns:
         The matplotlib Figure.
@@ -82,6 +84,12 @@ def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
         [_side(e, "before", op in _LIST_IN) for e in events],
         [_side(e, "after", op in _LIST_OUT) for e in events],
     ]
+    if op == "all_to_all_single" and _cut_in_pieces(sides, world):
+        # Equal pieces, one per rank: the same exchange as all_to_all's lists.
+        sides = [[_pieces(s, world) for s in side] for side in sides]
+        flow = "all_to_all"
+    else:
+        flow = op
     cell, gap, pitch = 1.0, 0.35, 1.35
     widths = [max(_width(s, cell, gap) for s in side) for side in sides]
     arrow_gap = 2.2
@@ -124,7 +132,7 @@ def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
                     continue
                 x = x0
                 for g, values in enumerate(side):
-                    colour = _provenance(op, e["rank"], root, g, after=col == 1)
+                    colour = _provenance(flow, e["rank"], root, g, after=col == 1)
                     used.add(colour)
                     for v in values:
                         ax.add_patch(
@@ -209,6 +217,21 @@ def _side(event: dict[str, Any], key: str, is_list: bool) -> list[list[Any]] | s
     if sum(len(g) for g in groups) > _MAX_CELLS:
         return f"{sum(len(g) for g in groups)} values\n{_shapes(event)}"
     return groups
+
+
+def _cut_in_pieces(sides: list[list[Any]], world: int) -> bool:
+    """True when every side is one recorded tensor that ``world`` divides evenly."""
+    return all(
+        not isinstance(side, str) and len(side) == 1 and len(side[0]) % world == 0
+        for row in sides
+        for side in row
+    )
+
+
+def _pieces(side: list[list[Any]], world: int) -> list[list[Any]]:
+    values = side[0]
+    size = len(values) // world
+    return [values[i * size : (i + 1) * size] for i in range(world)]
 
 
 def _width(side: list[list[Any]] | str, cell: float, gap: float) -> float:

@@ -13,6 +13,7 @@ import doctest
 import io
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -25,7 +26,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from workshop import _streams, commands
+from workshop import _gpu_split, _streams, commands
+from workshop._gpu_split import GpuSplit, split_for, split_gpus
 from workshop._streams import display_command, python_paths, rewrite_line
 from workshop.commands import (
     CommandError,
@@ -35,6 +37,7 @@ from workshop.commands import (
     run_commands,
     torchrun_command,
 )
+from workshop.env import choose_backend, visible_gpu_count
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -216,13 +219,143 @@ def test_free_port_can_be_bound():
 def test_docstring_examples_run(monkeypatch):
     monkeypatch.chdir(ROOT)  # the examples name slurm/train_ddp.py
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
-    tests = finder.find(commands) + finder.find(_streams)
+    tests = finder.find(commands) + finder.find(_streams) + finder.find(_gpu_split)
     if shutil.which("mpirun") is None:
         tests = [t for t in tests if not t.name.endswith("mpirun_command")]
-    assert sum(len(t.examples) for t in tests) >= 8
+    assert sum(len(t.examples) for t in tests) >= 10
     for test in tests:
         runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+# --- agents on one machine share its GPUs --------------------------------------------
+
+CPU_NOTE = (
+    'the agents run on the CPU with gloo (CUDA_VISIBLE_DEVICES=""); NCCL needs a GPU '
+    "of its own for every rank, and agents on one machine would all start at cuda:0"
+)
+
+
+def _seen(split: GpuSplit) -> list[str | None]:
+    return [env.get("CUDA_VISIBLE_DEVICES") for env in split.envs]
+
+
+def test_without_a_gpu_agents_are_left_alone():
+    assert split_gpus([2, 2], 0, {}) == GpuSplit([{}, {}])
+    # CUDA_VISIBLE_DEVICES="" already hides every GPU.
+    assert split_gpus([1, 1], 4, {"CUDA_VISIBLE_DEVICES": ""}) == GpuSplit([{}, {}])
+
+
+def test_one_gpu_for_two_agents_sends_them_to_the_cpu_with_one_note():
+    split = split_gpus([1, 1], 1, {})
+    assert _seen(split) == ["", ""]
+    assert split.note == f"note: 2 agents x 1 rank need 2 GPUs, 1 visible: {CPU_NOTE}"
+    assert split_gpus([2, 2], 1, {}).note == (
+        f"note: 2 agents x 2 ranks need 4 GPUs, 1 visible: {CPU_NOTE}"
+    )
+
+
+def test_two_gpus_give_each_agent_its_own_or_none_when_too_few():
+    split = split_gpus([1, 1], 2, {})
+    assert _seen(split) == ["0", "1"]
+    assert split.note == (
+        "note: 2 agents x 1 rank, 2 GPUs visible: each agent gets GPUs of its own, "
+        "as on separate nodes (CUDA_VISIBLE_DEVICES 0 / 1)"
+    )
+    split = split_gpus([2, 2], 2, {})
+    assert _seen(split) == ["", ""]
+    assert split.note == f"note: 2 agents x 2 ranks need 4 GPUs, 2 visible: {CPU_NOTE}"
+
+
+def test_four_gpus_are_split_in_order_as_many_as_each_agent_has_ranks():
+    assert _seen(split_gpus([2, 2], 4, {})) == ["0,1", "2,3"]
+    assert _seen(split_gpus([1, 1], 4, {})) == ["0", "1"]  # GPUs 2 and 3 stay idle
+    split = split_gpus([1, 3], 4, {})
+    assert _seen(split) == ["0", "1,2,3"]
+    assert split.note.startswith("note: 2 agents with 1 + 3 ranks, 4 GPUs visible: ")
+    assert _seen(split_gpus([1, 1, 1], 4, {})) == ["0", "1", "2"]
+    split = split_gpus([4, 4], 4, {})
+    assert _seen(split) == ["", ""]
+    assert split.note == f"note: 2 agents x 4 ranks need 8 GPUs, 4 visible: {CPU_NOTE}"
+
+
+def test_an_existing_cuda_visible_devices_list_is_what_is_shared():
+    assert _seen(split_gpus([1, 1], 2, {"CUDA_VISIBLE_DEVICES": "2, 3"})) == ["2", "3"]
+    uuids = {"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb,GPU-cc,GPU-dd"}
+    assert _seen(split_gpus([2, 2], 4, uuids)) == ["GPU-aa,GPU-bb", "GPU-cc,GPU-dd"]
+    # CUDA stops reading the list at a negative entry: one GPU, too few for two.
+    assert _seen(split_gpus([1, 1], 1, {"CUDA_VISIBLE_DEVICES": "5,-1,6"})) == ["", ""]
+
+
+def test_only_two_or_more_launchers_are_split():
+    assert split_gpus([2], 1, {}) == GpuSplit([{}])  # one agent: its ranks agree
+    split = split_gpus([None, 1, None, 1], 2, {})  # commands that are no launcher
+    assert split.envs == [
+        {},
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {},
+        {"CUDA_VISIBLE_DEVICES": "1"},
+    ]
+    assert split_gpus([None, 1], 1, {}) == GpuSplit([{}, {}])
+
+
+def test_the_ranks_of_a_torchrun_command_are_read_from_it(monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(_gpu_split, "split_gpus", lambda *a: seen.append(a))
+    monkeypatch.setattr(_gpu_split, "visible_gpu_count", lambda: 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2,3")
+    node = torchrun_command(TRAIN, nproc_per_node=3, nnodes=2, rdzv_endpoint="h:1")
+    module = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", TRAIN]
+    split_for(
+        [node, module, [TORCHRUN, TRAIN], [TORCHRUN, "--nproc_per_node=gpu", TRAIN],
+         [PYTHON, TRAIN]],
+        {"CUDA_VISIBLE_DEVICES": "2,3", "GONE": None},
+    )  # fmt: skip
+    [(ranks, gpu_count, environ)] = seen
+    assert ranks == [3, 2, 1, None, None] and gpu_count == 3
+    assert environ["CUDA_VISIBLE_DEVICES"] == "2,3" and "GONE" not in environ
+    # Fewer than two agents: the GPUs are not even counted.
+    assert split_for([node, [PYTHON, TRAIN]], None) == GpuSplit([{}, {}])
+    assert len(seen) == 1
+
+
+TWO_GPUS_NOTE = (
+    "note: 2 agents x 1 rank, 2 GPUs visible: each agent gets GPUs of its own, as on "
+    "separate nodes (CUDA_VISIBLE_DEVICES 0 / 1)"
+)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "given", "shown_first"),
+    [
+        (0, [None, None], "[node 0] $ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "),
+        (1, ["", ""], f"note: 2 agents x 1 rank need 2 GPUs, 1 visible: {CPU_NOTE}"),
+        (2, ["0", "1"], TWO_GPUS_NOTE),
+    ],
+)
+def test_two_agents_started_together_get_their_share(
+    tmp_path, monkeypatch, capsys, gpus, given, shown_first
+):
+    # A stand-in named torchrun says which GPUs it was given.
+    fake = _script(tmp_path, f"""\
+        #!{PYTHON}
+        import os
+        print(repr(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    """, name="torchrun")  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(_gpu_split, "visible_gpu_count", lambda: gpus)
+    agent = [str(fake), "--nproc_per_node=1", "train.py"]
+    results = run_commands(
+        [agent, agent], labels=["node 0", "node 1"], cwd=tmp_path, timeout=30
+    )
+    assert [r.stdout for r in results] == [f"{value!r}\n" for value in given]
+    shown = capsys.readouterr().out
+    assert shown.startswith(shown_first)
+    assert shown.count("note: ") == (gpus > 0)
+    if given[1] is not None:  # each agent's $ line shows what it was given
+        variable = f"CUDA_VISIBLE_DEVICES={shlex.quote(given[1])}"
+        assert f"\n[node 1] $ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 {variable} " in shown
 
 
 # --- what is shown ----------------------------------------------------------------
@@ -536,12 +669,18 @@ def test_a_killed_kernel_leaves_no_process_behind(launcher, tmp_path, mark, scri
 # --- the real launchers on the real script --------------------------------------------
 
 
+def _backend(ranks: int, gpus: int | None = None) -> str:
+    """What the script's ranks use: process_group's backend "auto" for ``ranks``
+    ranks on this machine (NCCL with a GPU each, else gloo)."""
+    return choose_backend("auto", ranks, gpus)
+
+
 @needs_torchrun
 def test_real_torchrun_on_one_node(tmp_path, mark):
     command = torchrun_command(TRAIN, "--epochs", 1, *FAST, nproc_per_node=2)
     result = run_command(command, cwd=tmp_path, env={MARK: mark}, timeout=120)
     assert result.stdout.startswith(
-        "2 ranks on 1 node(s), started by torchrun, backend gloo, attempt 0\n"
+        f"2 ranks on 1 node(s), started by torchrun, backend {_backend(2)}, attempt 0\n"
     )
     assert "  rank 1: local rank 1 on node 0 " in result.stdout
     assert re.search(
@@ -560,10 +699,10 @@ def test_real_torchrun_restarts_after_a_rank_dies(tmp_path, mark):
     )  # fmt: skip
     result = run_command(command, cwd=tmp_path, env={MARK: mark}, timeout=180)
     story = [
-        "started by torchrun, backend gloo, attempt 0\n",
+        f"started by torchrun, backend {_backend(2)}, attempt 0\n",
         "epoch 0: eval accuracy",
         "rank 1 dies in epoch 1\n",
-        "started by torchrun, backend gloo, attempt 1\n",
+        f"started by torchrun, backend {_backend(2)}, attempt 1\n",
         "resuming from train_ddp.pt at epoch 1\n",
         "epoch 1: eval accuracy",
         "done: weight checksum",
@@ -572,9 +711,11 @@ def test_real_torchrun_restarts_after_a_rank_dies(tmp_path, mark):
     assert -1 not in where and where == sorted(where), result.stdout
     assert re.search(
         # The first failure torchrun saw: rank 1, or rank 0 if its peer's death
-        # broke it within the same check.
+        # broke it within the same check. The binary is "python" where torchrun
+        # names this interpreter; elsewhere it may name another path to it
+        # (/usr/bin/python3.12 seen on a GPU node).
         r"^\[torchrun\] failed \(exitcode: 1\) local_rank: [01] \(pid: \d+\) "
-        r"of binary: python$",
+        r"of binary: \S*python\S*$",
         result.stderr,
         re.M,
     ), result.stderr
@@ -592,11 +733,18 @@ def test_real_two_node_rendezvous_on_this_machine(tmp_path, mark, capsys):
     )  # fmt: skip
     assert [r.returncode for r in results] == [0, 0]
     text = "".join(r.stdout for r in results)
-    assert "2 ranks on 2 node(s), started by torchrun" in text
+    # Each agent gets a GPU of its own where there are two; with one, both run on
+    # the CPU (and a note says so); with none, on the CPU anyway.
+    gpus = visible_gpu_count()
+    backend = _backend(1, gpus=1 if gpus >= 2 else 0)
+    assert f"2 ranks on 2 node(s), started by torchrun, backend {backend}" in text
     assert "rank 0: local rank 0 on node 0 " in text
     assert "rank 1: local rank 0 on node 1 " in text
     shown = capsys.readouterr().out
     assert re.search(r"^\[node [01]\] 2 ranks on 2 node\(s\)", shown, re.M), shown
+    assert ("need 2 GPUs, 1 visible: the agents run on the CPU" in shown) == (
+        gpus == 1
+    ), shown
 
 
 @needs_mpirun
@@ -604,6 +752,6 @@ def test_real_mpirun(tmp_path, mark):
     command = mpirun_command(TRAIN, "--epochs", 1, *FAST, np=2)
     result = run_command(command, cwd=tmp_path, env={MARK: mark}, timeout=120)
     assert result.stdout.startswith(
-        "2 ranks on 1 node(s), started by mpirun, backend gloo, attempt 0\n"
+        f"2 ranks on 1 node(s), started by mpirun, backend {_backend(2)}, attempt 0\n"
     )
     assert "done: weight checksum" in result.stdout

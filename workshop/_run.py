@@ -186,9 +186,12 @@ def run_all(
     timeout: float,
     show: bool,
     grace: float,
+    extra_env: Sequence[Mapping[str, str]] | None = None,
 ) -> Run:
     """Run ``commands`` to their end, or stop them all on timeout (``run.outcome``
-    is then "timeout"), on one's failure ("failed") or on any exception."""
+    is then "timeout"), on one's failure ("failed") or on any exception.
+    ``extra_env``, one mapping per command, adds variables to ``env`` for that
+    command alone (each torchrun agent its own GPUs, say)."""
     if not commands or any(not c for c in commands) or len(labels) != len(commands):
         raise ValueError(
             f"need one or more non-empty commands and a label for each; got "
@@ -207,8 +210,9 @@ def run_all(
             "an existing folder, or leave cwd out to run here"
         )
     envs = []
-    for command, prefix in zip(commands, prefixes, strict=True):
-        child, shown = environment(command, env)
+    extras = extra_env or [{} for _ in commands]
+    for command, prefix, extra in zip(commands, prefixes, extras, strict=True):
+        child, shown = environment(command, {**(env or {}), **extra})
         check_program(command[0], child.get("PATH"), folder)
         envs.append(child)
         if show:
@@ -236,10 +240,7 @@ def environment(
     command: list[str], env: Mapping[str, str | None] | None
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The command's whole environment, and the part worth showing with it."""
-    is_torchrun = (
-        Path(command[0]).name == "torchrun" or "torch.distributed.run" in command[1:3]
-    )
-    shown = dict(TORCHRUN_ENV) if is_torchrun else {}
+    shown = dict(TORCHRUN_ENV) if is_torchrun(command) else {}
     child = dict(os.environ, PYTHONUNBUFFERED="1", **shown)
     for key, value in (env or {}).items():
         if value is None:
@@ -248,6 +249,13 @@ def environment(
         else:
             child[key] = shown[key] = str(value)
     return child, shown
+
+
+def is_torchrun(command: Sequence[str]) -> bool:
+    """True for ``torchrun ...`` and ``python -m torch.distributed.run ...``."""
+    return bool(command) and (
+        Path(command[0]).name == "torchrun" or "torch.distributed.run" in command[1:3]
+    )
 
 
 def check_program(program: str, path: str | None, cwd: str | None = None) -> None:

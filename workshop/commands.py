@@ -6,6 +6,7 @@ torchrun agents standing in for two nodes), showing their output live in the cel
 returning it. Whatever happens (an error, ``timeout``, the kernel's stop button, one
 "node" failing, the kernel itself killed), every process they started is stopped:
 each command runs under a keeper process (``_reaper.py``) that holds its whole tree.
+Agents started together on this one machine share its GPUs (``_gpu_split.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._gpu_split import split_for
 from ._run import check_program, failure_message, run_all, timeout_message
 
 __all__ = [
@@ -258,6 +260,11 @@ def run_commands(
     its label (``[node 1] ...``). If one fails while others still run, the others
     are stopped, as a job ends when a node dies.
 
+    Two or more torchrun agents share this machine's GPUs (``_gpu_split.py``):
+    each gets GPUs of its own (``CUDA_VISIBLE_DEVICES``, shown on its ``$`` line),
+    or, with too few GPUs for all their ranks, none, so that their ranks run on the
+    CPU with gloo; a note before the commands says which (with ``show``).
+
     Args:
         commands: the commands, e.g. one :func:`torchrun_command` per node.
         labels: a name for each (default "command 0", "command 1", ...).
@@ -279,7 +286,10 @@ def run_commands(
     """
     commands = [[str(word) for word in command] for command in commands]
     labels = list(labels) if labels else [f"command {i}" for i in range(len(commands))]
-    run = run_all(commands, labels, env, cwd, timeout, show, grace)
+    split = split_for(commands, env)
+    if show and split.note:
+        print(split.note, flush=True)
+    run = run_all(commands, labels, env, cwd, timeout, show, grace, split.envs)
     results = [
         CommandResult(c, p.returncode, run.text("stdout", i), run.text("stderr", i),
                       run.seconds[i] or 0.0, labels[i])

@@ -6,6 +6,11 @@ Python, the optimizer, synchronisation) does not shrink when the batch is split 
 devices; only the per-sample part does. A small model is almost all fixed cost, so
 more devices barely help; a large model is almost all per-sample cost, so they do.
 
+The fit must survive a busy machine: timings there are noisy, and noise grows with
+the time measured, so a plain least-squares line, pulled by the slowest (largest)
+batch, can put the fixed cost below zero. :func:`fit_step_cost` fits relative
+errors instead, with both costs kept at zero or above.
+
 Used by notebook 01, section 7::
 
     timings = [time_steps(model, b, (1, 16, 16), 10) for b in (16, 64, 256)]
@@ -15,6 +20,8 @@ Used by notebook 01, section 7::
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,9 +52,24 @@ class StepCost:
         """Predicted seconds for one step at ``batch_size``."""
         return self.fixed_s + self.per_sample_s * batch_size
 
-    def fixed_share(self, batch_size: int) -> float:
+    def fixed_share(self, batch_size: float) -> float:
         """Fraction of a step at ``batch_size`` that splitting cannot shrink."""
         return self.fixed_s / self.seconds(batch_size)
+
+    def speedup_limit(self, batch_size: float) -> float:
+        """The speed-up that no number of devices can beat when ``batch_size`` is
+        split between them (Amdahl's law): 1 / the fixed share on one device;
+        ``math.inf`` when there is no fixed cost.
+
+        Example:
+            >>> StepCost(0.01, 0.001).speedup_limit(30)
+            4.0
+            >>> StepCost(0.0, 0.001).speedup_limit(30)
+            inf
+        """
+        if self.fixed_s <= 0:
+            return math.inf
+        return self.seconds(batch_size) / self.fixed_s
 
 
 def time_steps(
@@ -105,28 +127,72 @@ def time_steps(
 
 
 def fit_step_cost(timings: Sequence[StepTiming]) -> StepCost:
-    """Least-squares fit of ``seconds = fixed + per_sample * batch`` to timings.
+    """Fit ``seconds = fixed + per_sample * batch`` to timings, robustly.
+
+    Made for timings from a busy machine. Timings at the same batch size count as
+    their median, so one disturbed repeat does not move the line. The line is
+    fitted to relative errors (least squares weighted by 1 / seconds²): a step's
+    noise grows with its length, and weighted by absolute error a few percent of
+    the largest batch's step outweighs the smallest batch's whole fixed cost, which
+    then came out negative. Both costs are kept at zero or above: where the best
+    line has a negative part, the best line with that part zero is taken. So the
+    fixed cost is zero only when the timings say so (they grow in proportion to the
+    batch, or faster); check before dividing by it, as
+    :meth:`StepCost.speedup_limit` does.
+
+    Args:
+        timings: steps timed at two or more batch sizes, e.g. by :func:`time_steps`.
+
+    Returns:
+        The fitted :class:`StepCost`, both parts >= 0.
 
     Raises:
-        ValueError: fewer than two distinct batch sizes.
+        ValueError: fewer than two distinct batch sizes, or a timing that is not
+            a positive number of seconds.
 
     Example:
         >>> fit_step_cost([StepTiming(10, 0.02), StepTiming(20, 0.03)])
         StepCost(fixed_s=0.01, per_sample_s=0.001)
     """
-    sizes = {t.batch_size for t in timings}
-    if len(sizes) < 2:
+    for t in timings:
+        usable = t.batch_size > 0 and 0 < t.seconds_per_step < math.inf
+        if not usable:
+            raise ValueError(
+                f"{t} cannot be fitted: a timing needs a batch size above 0 and a "
+                "positive, finite number of seconds per step; time the step again "
+                "with time_steps"
+            )
+    by_size: dict[int, list[float]] = {}
+    for t in timings:
+        by_size.setdefault(t.batch_size, []).append(t.seconds_per_step)
+    if len(by_size) < 2:
         raise ValueError(
             f"fitting a step's cost needs timings at two or more batch sizes, got "
-            f"{sorted(sizes)}; time e.g. batch sizes 16, 64 and 256"
+            f"{sorted(by_size)}; time e.g. batch sizes 16, 64 and 256"
         )
-    n = len(timings)
-    mean_b = sum(t.batch_size for t in timings) / n
-    mean_s = sum(t.seconds_per_step for t in timings) / n
-    cov = sum((t.batch_size - mean_b) * (t.seconds_per_step - mean_s) for t in timings)
-    var = sum((t.batch_size - mean_b) ** 2 for t in timings)
-    per_sample = max(cov / var, 0.0)
-    fixed = max(mean_s - per_sample * mean_b, 0.0)
+    points = [(b, statistics.median(s)) for b, s in sorted(by_size.items())]
+    # Weighted sums of the normal equations, weight 1 / seconds^2.
+    w = [1 / s**2 for _, s in points]
+    sw = sum(w)
+    sx = sum(wi * b for wi, (b, _) in zip(w, points, strict=True))
+    sy = sum(wi * s for wi, (_, s) in zip(w, points, strict=True))
+    sxx = sum(wi * b * b for wi, (b, _) in zip(w, points, strict=True))
+    sxy = sum(wi * b * s for wi, (b, s) in zip(w, points, strict=True))
+    per_sample = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    best = ((sy - per_sample * sx) / sw, per_sample)  # the best line, unconstrained
+    candidates = [best] if min(best) >= 0 else []
+    candidates += [
+        (0.0, sxy / sxx),  # no fixed cost: the best line through the origin
+        (sy / sw, 0.0),  # no per-sample cost: the best flat line
+    ]
+
+    def misfit(cost: tuple[float, float]) -> float:
+        return sum(
+            wi * (s - cost[0] - cost[1] * b) ** 2
+            for wi, (b, s) in zip(w, points, strict=True)
+        )
+
+    fixed, per_sample = min(candidates, key=misfit)
     return StepCost(round(fixed, 12), round(per_sample, 12))
 
 

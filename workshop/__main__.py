@@ -1,6 +1,7 @@
 """Command line of the workshop package::
 
     python -m workshop doctor     # what this machine has, what the workshop will use
+    python -m workshop check      # the instructor's check of a node, before class
 
 A command is a function that takes the parsed arguments and returns an exit status;
 to add one, write it and register it in :func:`_parser`.
@@ -20,7 +21,20 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0  # it reports what is missing; that is not a failure
 
 
+def _check(args: argparse.Namespace) -> int:
+    from .check_node import run_from_args
+
+    try:
+        return run_from_args(args)
+    except KeyboardInterrupt:
+        message = "workshop check: interrupted; everything it started was stopped"
+        print(f"\n{message}", file=sys.stderr)
+        return 130
+
+
 def _parser() -> argparse.ArgumentParser:
+    from .check_node import add_arguments as check_arguments
+
     parser = argparse.ArgumentParser(
         prog="python -m workshop",
         description="Helpers for the workshop 'Scaling PyTorch on HPC'.",
@@ -35,6 +49,16 @@ def _parser() -> argparse.ArgumentParser:
         "allocation and the workshop's defaults. Always exits with status 0.",
     )
     doctor.set_defaults(run=_doctor)
+    check = commands.add_parser(
+        "check",
+        help="check a node before class: GPUs, launches, NCCL, throughput, notebooks",
+        description="Run the doctor, the GPU tests, a launch on every start path, "
+        "an NCCL all-reduce, ResNet-50 throughput and the notebooks, then print a "
+        "verdict: READY, or what is wrong and how to fix it. Exits with status 0 when "
+        "nothing failed, 1 otherwise.",
+    )
+    check_arguments(check)
+    check.set_defaults(run=_check)
     return parser
 
 

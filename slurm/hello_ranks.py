@@ -13,12 +13,12 @@ from the launcher through `workshop.process_group`, the same code that runs insi
 import torch
 import torch.distributed as dist
 
-from workshop import process_group, rank_device
+from workshop import backend_name, process_group, rank_device
 
 
 def main() -> None:
     with process_group() as info:
-        backend = dist.get_backend()
+        backend = backend_name(dist.get_backend())  # "nccl" for cpu:gloo,cuda:nccl
         value = torch.tensor([float(info.rank)], device=rank_device(backend, info))
         dist.all_reduce(value)  # every rank ends with 0 + 1 + ... + (world_size - 1)
         print(

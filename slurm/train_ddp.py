@@ -67,10 +67,9 @@ def where_am_i(info: workshop.RankInfo, device: torch.device) -> None:
     dist.all_gather_object(everyone, me)
     if info.rank == 0:
         nodes = len({node_rank for _, _, node_rank, _, _ in everyone})
-        # An NCCL group has gloo beside it for CPU tensors, so get_backend() reads
-        # "cpu:gloo,cuda:nccl"; call it by its GPU backend (as backend_name in
-        # workshop/env.py does; the package does not export that name).
-        backend = "nccl" if "nccl" in dist.get_backend() else dist.get_backend()
+        # NCCL ranks get one group with gloo beside NCCL for CPU tensors
+        # ("cpu:gloo,cuda:nccl"); backend_name calls it by its GPU backend, "nccl".
+        backend = workshop.backend_name(dist.get_backend())
         print(
             f"{info.world_size} ranks on {nodes} node(s), started by "
             f"{info.launcher}, backend {backend}, attempt {attempt}"

@@ -3,7 +3,9 @@
 Starting ranks (notebook 02 on): :func:`launch` runs a function on N real ranks from a
 notebook cell and returns a :class:`RunResult`, or raises :class:`LaunchError` with
 every rank stopped; :func:`process_group` is what every rank runs around the lesson's
-code, whether started by ``launch``, ``torchrun``, ``srun`` or ``mpirun``.
+code, whether started by ``launch``, ``torchrun``, ``srun`` or ``mpirun``;
+:func:`rank_device` is the rank's device and :func:`backend_name` names the group's
+backend ("nccl" for the "cpu:gloo,cuda:nccl" group that NCCL ranks get).
 
 Training (every notebook): :func:`digits`, :func:`cifar10`, :func:`synthetic` and
 :func:`make_loader` for data; :class:`SmallCNN` and :func:`resnet` for models;
@@ -54,7 +56,7 @@ from .data import cifar10, digits, make_loader, synthetic, time_loader
 from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .doctor import doctor
-from .env import RankInfo, rank_info, visible_gpu_count
+from .env import RankInfo, backend_name, rank_info, visible_gpu_count
 from .exercises import check
 from .features import has_collective
 from .launcher import LaunchError, RunResult, launch
@@ -93,6 +95,7 @@ __all__ = [
     "SlurmJob",
     "SmallCNN",
     "TwoStageModel",
+    "backend_name",
     "bubble_fraction",
     "check",
     "cifar10",

@@ -1,5 +1,10 @@
 """Shared test helpers: process checks, a way to run a small script as a 'kernel', and
-the environments launchers give the tasks they start."""
+the environments launchers give the tasks they start.
+
+Also the run order and a guard that keep the test process forkable on a GPU node:
+tests marked ``gpu`` run last, and a test that starts CUDA in the test process
+without that mark fails (after it, ``launch(..., start_method="fork")`` is refused
+and "auto" falls back to the fork server)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,15 +21,153 @@ import pytest
 from workshop.commands import free_port  # noqa: F401  (the tests' import of it)
 
 ROOT = Path(__file__).resolve().parents[1]
-_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "RANK", "LOCAL_", "WORLD_", "MASTER_")
+# PMI_ and PMIX_ too: a test run started by srun (--mpi=pmix) or mpirun has them, and
+# an mpirun started by a test would take them for its own job's.
+_LAUNCHER_PREFIXES = (
+    "SLURM_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "RANK",
+    "LOCAL_",
+    "WORLD_",
+    "MASTER_",
+)
+
+
+def repo_pythonpath(environ: dict[str, str] | None = None) -> str:
+    """PYTHONPATH for a child process: this checkout first, then what was there.
+
+    Replacing PYTHONPATH would drop folders a site puts on it (a node's kernel
+    packages, nbval, a module's torch), and the child could not import them.
+    """
+    environ = os.environ if environ is None else environ
+    # Absolute, so that "." still names this folder in a child started elsewhere.
+    before = [
+        os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
+    return os.pathsep.join([str(ROOT), *(p for p in before if p != str(ROOT))])
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """This environment with the checkout importable first, and ``extra`` added."""
+    return {**os.environ, "PYTHONPATH": repo_pythonpath(), **extra}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any launcher's variables, the package importable,
-    and ``extra`` added."""
+    """This environment without any launcher's variables, the package importable
+    (ahead of what PYTHONPATH already held), and ``extra`` added."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update(PYTHONPATH=str(ROOT), **extra)
+    env.update(PYTHONPATH=repo_pythonpath(), **extra)
     return env
+
+
+# --- run order and the CUDA guard ------------------------------------------------
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(config, items) -> None:
+    """Run the tests marked ``gpu`` last, each group in its collected order.
+
+    A GPU test may start CUDA in this process (a CUDA tensor, a device name), and
+    a process that has done so can no longer fork ranks that use the GPU: every
+    later ``launch`` would take the fork server and ``start_method="fork"`` would
+    be refused. Run last, no other test sees that. The last test of each file
+    before a GPU test or another file is flagged for the fork check below.
+    """
+    gpu = {id(item) for item in items if item.get_closest_marker("gpu") is not None}
+    items[:] = [i for i in items if id(i) not in gpu] + [
+        i for i in items if id(i) in gpu
+    ]
+    for item, following in zip(items, [*items[1:], None], strict=True):
+        item.stash[_CHECK_FORKS_AFTER] = id(item) not in gpu and (
+            following is None
+            or id(following) in gpu
+            or following.nodeid.split("::")[0] != item.nodeid.split("::")[0]
+        )
+
+
+_CHECK_FORKS_AFTER = pytest.StashKey[bool]()
+# What the guard knows about this process: whether CUDA was started here (then
+# there is nothing left to guard), and whether a gpu test has run (it may).
+_CUDA_STATE = {"started": False, "gpu_test_ran": False}
+_GUARD_HINT = (
+    "later launches can no longer fork: mark it gpu (such tests run last) or "
+    "run the CUDA part in a rank (launch) or a subprocess"
+)
+
+
+def _cuda_context_started() -> bool:
+    """torch's own CUDA context exists in this process (never True without a GPU;
+    torch is not imported for the question)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def _forks_are_poisoned() -> bool:
+    """Whether torch marks children forked from here as unable to use CUDA; False
+    where the CUDA driver library is not even loaded (any machine without a GPU
+    driver), without forking. Else one child is forked and asked, as ``launch``
+    does; only its real answer counts (``_POISONED``), not a child that did not
+    answer in time."""
+    from workshop import launcher
+
+    driver_loaded = getattr(launcher, "_driver_loaded", None)
+    ask_a_child = getattr(launcher, "_fork_is_poisoned", None)
+    if not (hasattr(os, "fork") and driver_loaded and ask_a_child and driver_loaded()):
+        return False
+    return bool(ask_a_child() and getattr(launcher, "_POISONED", False))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forks_usable_at_the_start():
+    """Note a process that is unusable for forking before any test ran (collection
+    asked the CUDA runtime, say where NVML cannot count the GPUs): the guard then
+    has nothing to protect, and blames no test."""
+    if _forks_are_poisoned():
+        _CUDA_STATE["started"] = True
+        warnings.warn(
+            "the test process could fork no CUDA-using rank before the first test "
+            "(the CUDA runtime was asked during collection); launches take the fork "
+            "server and start_method='fork' tests fail",
+            stacklevel=1,
+        )
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _cuda_stays_off_in_the_test_process(request, _forks_usable_at_the_start):
+    """Fail a test not marked gpu that starts CUDA in this process.
+
+    After every such test: has torch's CUDA context appeared (cheap)? After the
+    last one of each file: may forked children still use CUDA? That also catches
+    ``torch.cuda.is_available()``, which starts the driver but no context; it
+    costs a fork, and only where the CUDA driver is loaded.
+    """
+    if request.node.get_closest_marker("gpu") is not None:
+        _CUDA_STATE["gpu_test_ran"] = True
+        yield
+        return
+    yield
+    # Runs after the test's own fixtures are undone (a monkeypatch included), so
+    # only a real context counts.
+    if _CUDA_STATE["started"] or _CUDA_STATE["gpu_test_ran"]:
+        return
+    if _cuda_context_started():
+        _CUDA_STATE["started"] = True
+        pytest.fail(
+            f"{request.node.nodeid}: this test (or a fixture it uses) initialised CUDA "
+            f"in the pytest process; {_GUARD_HINT}",
+            pytrace=False,
+        )
+    if request.node.stash.get(_CHECK_FORKS_AFTER, False) and _forks_are_poisoned():
+        _CUDA_STATE["started"] = True
+        pytest.fail(
+            f"{request.node.nodeid}: this test or one before it in its file started "
+            "CUDA in the pytest process (torch.cuda.is_available(), "
+            f"get_device_name() or a CUDA call); {_GUARD_HINT}",
+            pytrace=False,
+        )
 
 
 def task_env(launcher: str, rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -64,10 +208,10 @@ def gone(pids, within: float = 10.0) -> list[int]:
         time.sleep(0.05)
 
 
-def run_module(module: str, *args: str, timeout: float = 300):
-    """Run ``python -m module args`` with this checkout importable; never raises on
-    a non-zero exit (the tests read the code and the output)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_module(module: str, *args: str, timeout: float = 300, **extra_env: str):
+    """Run ``python -m module args`` with this checkout importable and ``extra_env``
+    set; never raises on a non-zero exit (the tests read the code and the output)."""
+    env = repo_env(**extra_env)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         check=False,
@@ -119,7 +263,7 @@ class Script:
     def __init__(self, path: Path):
         import threading
 
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env = repo_env(PYTHONUNBUFFERED="1")
         self.popen = subprocess.Popen(
             [sys.executable, str(path)],
             stdout=subprocess.PIPE,

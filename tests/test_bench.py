@@ -1,14 +1,23 @@
-"""python -m workshop.bench launch: it runs, prints its table and writes its figures."""
+"""python -m workshop.bench launch and train: they run, print their tables and write
+their figures. Launch times gloo ranks everywhere; train runs on the CPU where the
+test hides the GPUs, and on the GPU in the test marked gpu."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from conftest import run_module
 
+from workshop.env import visible_gpu_count
 
-def _bench(*args: str, timeout: float = 300):
-    return run_module("workshop.bench", *args, timeout=timeout)
+# What CUDA_VISIBLE_DEVICES="" gives: no GPU for this process, whatever the machine.
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def _bench(*args: str, timeout: float = 300, **env: str):
+    return run_module("workshop.bench", *args, timeout=timeout, **env)
 
 
 def test_launch_benchmark_prints_ratios_and_writes_json(tmp_path):
@@ -54,24 +63,17 @@ def test_bench_without_a_command_shows_usage():
     assert "usage: python -m workshop.bench" in run.stderr
 
 
+TRAIN = (
+    *("train", "--model", "smallcnn", "--image-size", "16", "--batch-size", "16"),
+    *("--steps", "3", "--warmup", "1", "--channels-last"),
+)
+
+
 def test_train_benchmark_reports_samples_per_second(tmp_path):
     out = tmp_path / "train.json"
-    run = _bench(
-        "train",
-        "--model",
-        "smallcnn",
-        "--image-size",
-        "16",
-        "--batch-size",
-        "16",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-        "--channels-last",
-        "--json",
-        str(out),
-    )
+    # The CPU on any machine: the train benchmark has no device option, and picks
+    # the GPU where one is visible.
+    run = _bench(*TRAIN, "--json", str(out), **NO_GPU)
     assert run.returncode == 0, run.stderr
     assert "smallcnn on CPU (cpu), batch 16, 16px, amp=bf16, channels_last=True: " in (
         run.stdout
@@ -79,3 +81,22 @@ def test_train_benchmark_reports_samples_per_second(tmp_path):
     report = json.loads(out.read_text())
     assert report["samples_per_second"] > 0 and report["steps"] == 3
     assert report["amp"] == "bf16" and report["batch_size"] == 16
+    assert report["device"] == "CPU"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(visible_gpu_count() == 0, reason="needs a CUDA GPU; none here")
+def test_train_benchmark_runs_on_the_gpu_where_there_is_one(tmp_path):
+    out = tmp_path / "train.json"
+    # float32: bf16 is refused on GPUs before Ampere, and this test is for any GPU.
+    run = _bench(*TRAIN, "--amp", "none", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    line = re.search(
+        r"smallcnn on (.+) \((cuda(?::\d+)?)\), batch 16, 16px, amp=fp32, "
+        r"channels_last=True: [\d,]+ samples/s",
+        run.stdout,
+    )
+    assert line, run.stdout
+    report = json.loads(out.read_text())
+    assert report["device"] == line[1] != "CPU"  # the GPU's name, e.g. NVIDIA H100
+    assert report["samples_per_second"] > 0

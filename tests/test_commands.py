@@ -188,6 +188,18 @@ def test_mpirun_command_exports_the_rendezvous(monkeypatch):
     assert words[9:] == ["-x", "PYTHONPATH", "py", TRAIN]
 
 
+@needs_mpirun
+def test_mpirun_command_without_ssh_starts_ranks_here(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    found = shutil.which
+    hidden = ("ssh", "rsh")
+    monkeypatch.setattr(
+        shutil, "which", lambda name, **k: None if name in hidden else found(name, **k)
+    )
+    words = mpirun_command(TRAIN, np=1, master_port=29400)
+    assert words[:6] == ["mpirun", "-np", "1", "--mca", "plm", "^rsh"]
+
+
 def test_mpirun_command_says_how_to_install_open_mpi(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(

@@ -1,5 +1,8 @@
 """workshop.ddp_buckets: DDP's bucket all-reduces recorded from real ranks, what
-bucket_cap_mb, no_sync, autocast and compression do to them, and the timeline."""
+bucket_cap_mb, no_sync, autocast and compression do to them, and the timeline.
+
+The ranks are pinned to gloo on the CPU, where the figures below hold on any machine;
+the GPU test at the end runs the same tools on the rank's GPU under NCCL."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from torch import nn
 
 from workshop import draw_rank_timeline, launch
 from workshop.ddp_buckets import DDPSteps, ddp_timeline, timed_ddp_steps, watch_buckets
+from workshop.env import visible_gpu_count
 from workshop.models import SmallCNN
 
 GRAD_BYTES = 4 * sum(p.numel() for p in SmallCNN().parameters())
@@ -67,7 +71,9 @@ def _experiments():
 
 @pytest.fixture(scope="module")
 def runs():
-    result = launch(_experiments, world_size=2, show="none", timeout=300)
+    result = launch(
+        _experiments, world_size=2, backend="gloo", show="none", timeout=300
+    )
     return result.returns
 
 
@@ -177,10 +183,38 @@ def _bad_inputs():
 
 
 def test_bad_input_is_named():
-    errors = launch(_bad_inputs, world_size=1, show="none").returns[0]
+    # gloo: the checks are the same everywhere, and the models here are on the CPU.
+    errors = launch(_bad_inputs, world_size=1, backend="gloo", show="none").returns[0]
     assert len(errors) == 5
     assert "needs a DistributedDataParallel model, got Linear" in errors[0]
     assert "compress='int8' is not one of None, 'bf16', 'fp16'" in errors[1]
     assert "amp='fp16' is not one of None, 'bf16'" in errors[2]
     assert "accumulate must be a whole number >= 1, got 0" in errors[3]
     assert "got 1 batches but one step needs accumulate=2" in errors[4]
+
+
+def _on_the_rank_gpu():
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workshop import rank_device
+
+    device = rank_device()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(
+        SmallCNN().to(device), device_ids=[device.index], bucket_cap_mb=0.1
+    )
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    plain = timed_ddp_steps(ddp, _batches(3), opt)  # batches move to the GPU
+    return str(device), plain, str(next(ddp.parameters()).device)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(visible_gpu_count() == 0, reason="needs a CUDA GPU; none here")
+def test_buckets_are_recorded_on_the_rank_gpu_under_nccl():
+    result = launch(_on_the_rank_gpu, world_size=1, backend="nccl", show="none")
+    device, run, weights = result.returns[0]
+    assert result.backend == "nccl" and device == weights == "cuda:0"
+    assert run.bytes_per_step == GRAD_BYTES
+    assert {b.dtype for b in run.buckets} == {"float32"}
+    assert all(b.start <= b.end for b in run.buckets)
+    assert len(run.step_seconds) == 3

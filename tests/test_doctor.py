@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, run_module
+from conftest import repo_env, run_module
 
 from workshop import env
 from workshop.__main__ import main
@@ -414,7 +414,7 @@ def test_doctor_leaves_cuda_uninitialised_in_a_fresh_process():
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=repo_env(),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "initialised: False"
@@ -449,7 +449,7 @@ def test_a_rank_forked_after_doctor_can_use_the_gpu():
         capture_output=True,
         text=True,
         timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env=repo_env(),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("child exit 0"), result.stdout

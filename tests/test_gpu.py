@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from workshop import launch
-from workshop.env import visible_gpu_count
+from workshop.env import backend_name, visible_gpu_count
 
 GPUS = visible_gpu_count()
 pytestmark = [
@@ -21,24 +21,39 @@ def _nccl_sum():
     device = torch.device("cuda", torch.cuda.current_device())
     t = torch.ones(4, device=device) * (dist.get_rank() + 1)
     dist.all_reduce(t)
-    return {"backend": dist.get_backend(), "device": str(t.device), "tensor": t}
+    group = dist.get_backend()
+    return {
+        "group": group,
+        "backend": backend_name(group),
+        "device": str(t.device),
+        "tensor": t,
+    }
 
 
 def test_nccl_with_one_rank_and_cuda_tensors_come_back_on_the_cpu():
+    from workshop.launcher import _cuda_initialized
+
+    # GPU tests run last (conftest), and another one may have started CUDA here.
+    forkable = not _cuda_initialized()
     result = launch(_nccl_sum, world_size=1, backend="nccl", show="none")
     value = result.returns[0]
-    assert value["backend"] == "nccl"
+    # An NCCL group carries CPU tensors through gloo beside it.
+    assert value["group"] == "cpu:gloo,cuda:nccl"
+    assert value["backend"] == result.backend == "nccl"
     assert value["device"] == "cuda:0"
     assert value["tensor"].device.type == "cpu"
     assert value["tensor"].tolist() == [1.0] * 4
-    # Unpickling the result did not initialise CUDA here, so the kernel can still fork.
-    assert not torch.cuda.is_initialized()
-    assert result.start_method == "fork"
+    # Unpickling the result did not start CUDA here, so the kernel can still fork.
+    assert result.start_method == ("fork" if forkable else "server")
+    if forkable:
+        assert not torch.cuda.is_initialized()
+        assert not _cuda_initialized()
 
 
 def test_auto_backend_gives_each_rank_its_own_gpu():
     result = launch(_nccl_sum, world_size=GPUS, show="none")
     assert result.backend == "nccl"
+    assert {r["backend"] for r in result.returns} == {"nccl"}
     assert [r["device"] for r in result.returns] == [f"cuda:{i}" for i in range(GPUS)]
     total = GPUS * (GPUS + 1) / 2
     assert all(r["tensor"].tolist() == [total] * 4 for r in result.returns)

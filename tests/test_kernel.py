@@ -1,14 +1,15 @@
 """workshop.launch inside a real Jupyter kernel: the stop button stops every rank and
-leaves the kernel usable, and restarting the kernel leaves no rank behind."""
+leaves the kernel usable, and restarting the kernel leaves no rank behind. The ranks
+are pinned to gloo: on a GPU node "auto" would give NCCL to as many ranks as GPUs,
+and a launch header that says so."""
 
 from __future__ import annotations
 
-import os
 import time
 from queue import Empty
 
 import pytest
-from conftest import ROOT, gone
+from conftest import gone, repo_env
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
@@ -49,13 +50,15 @@ def hang(directory):
     with open(os.path.join(directory, f"pid-{{dist.get_rank()}}"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(3600)
-workshop.launch(hang, {directory!r}, world_size=3)
+workshop.launch(hang, {directory!r}, world_size=3, backend="gloo")
 """
 
 
 @pytest.fixture
 def kernel():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # The checkout first, and what PYTHONPATH held after it: a site may keep the
+    # kernel's own packages (ipykernel) there.
+    env = repo_env()
     km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env)
     yield km, kc
     kc.stop_channels()
@@ -106,7 +109,7 @@ def slow():
     print(f"started {dist.get_rank()}", flush=True)
     time.sleep(1.5)
     print(f"finished {dist.get_rank()}", flush=True)
-workshop.launch(slow, world_size=2)
+workshop.launch(slow, world_size=2, backend="gloo")
 """
 
 

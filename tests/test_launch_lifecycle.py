@@ -1,5 +1,7 @@
 """No rank outlives what started it: a kernel interrupt, the kernel's death, or the
-interpreter's exit. Each test runs a small script that plays the notebook kernel."""
+interpreter's exit. Each test runs a small script that plays the notebook kernel, a
+fresh process that has not touched CUDA, so "fork" works on a GPU node too; the
+ranks are pinned to gloo, since how ranks stop does not depend on the backend."""
 
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ HANGING_LAUNCH = """
     from workshop.launcher import _SERVER
 
     METHOD = {method!r}
+    GLOO = dict(backend="gloo", start_method=METHOD)
 
     def hang():
         print("rank-pid", os.getpid(), flush=True)
         time.sleep(3600)
 
     if METHOD == "server":
-        workshop.launch(dist.get_rank, world_size=1, start_method=METHOD, show="none")
+        workshop.launch(dist.get_rank, world_size=1, show="none", **GLOO)
         print("server-pid", _SERVER.popen.pid, flush=True)
     print("kernel-pid", os.getpid(), flush=True)
 """
@@ -48,10 +51,10 @@ def test_interrupt_stops_every_rank_and_the_kernel_goes_on(script, method):
         HANGING_LAUNCH.format(method=method)
         + f"""
     try:
-        workshop.launch(hang, world_size={n}, start_method=METHOD, show="lines")
+        workshop.launch(hang, world_size={n}, show="lines", **GLOO)
     except KeyboardInterrupt:
         print("caught KeyboardInterrupt", flush=True)
-    r = workshop.launch(dist.get_rank, world_size=2, start_method=METHOD, show="none")
+    r = workshop.launch(dist.get_rank, world_size=2, show="none", **GLOO)
     print("after", r.returns, flush=True)
     """
     )
@@ -74,7 +77,7 @@ def test_no_rank_survives_the_kernel_being_killed(script, method):
     s = script(
         HANGING_LAUNCH.format(method=method)
         + f"""
-    workshop.launch(hang, world_size={n}, start_method=METHOD, show="lines")
+    workshop.launch(hang, world_size={n}, show="lines", **GLOO)
     """
     )
     pids = _rank_pids(s, n)
@@ -93,7 +96,8 @@ def test_nothing_is_left_at_interpreter_exit(script):
         + """
     import threading
     threading.Thread(target=workshop.launch, args=(hang,), daemon=True,
-                     kwargs=dict(world_size=2, start_method="server")).start()
+                     kwargs=dict(world_size=2, backend="gloo",
+                                 start_method="server")).start()
     while True:
         time.sleep(0.1)
     """

@@ -137,11 +137,53 @@ def test_worker_outside_a_process_group_says_how_to_run_it():
         scaling_worker()
 
 
+def test_one_backend_serves_every_world_size(monkeypatch):
+    """The backend "auto" is settled for the largest world size, so that a node with
+    one GPU does not measure 1 rank on the GPU and 2 on the CPU."""
+    import torch.distributed as dist
+
+    import workshop.env
+    import workshop.launcher
+
+    backends = []
+
+    def fake_launch(fn, *, world_size, backend, **kwargs):
+        backends.append(backend)
+        times = [[0.01] * kwargs["steps"]] * world_size
+        raw = {
+            **{k: kwargs[k] for k in ("mode", "model", "fit_sizes")},
+            **{"world_size": world_size, "backend": backend, "device": "CPU"},
+            **{"batch_per_rank": 8, "global_batch": 8 * world_size},
+            **{"image_size": 16, "parameters": 10, "gradient_bytes": 40},
+            **{"threads_per_rank": 1, "fit_seconds": []},
+            **{"step_seconds": times, "compute_seconds": times},
+            "allreduce_seconds": [0.0] * kwargs["steps"],
+        }
+        return SimpleNamespace(returns=[raw])
+
+    monkeypatch.setattr(workshop.launcher, "launch", fake_launch)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    settings = {"alpha": 1e-5, "beta": 1e9, "steps": 2}
+    for gpus, expected in ((0, "gloo"), (1, "gloo"), (2, "nccl")):
+        monkeypatch.setattr(workshop.env, "visible_gpu_count", lambda gpus=gpus: gpus)
+        backends.clear()
+        result = measure_scaling((1, 2), "weak", **settings)
+        assert backends == [expected, expected], gpus
+        assert result.backend == expected
+    monkeypatch.setattr(workshop.env, "visible_gpu_count", lambda: 1)
+    backends.clear()
+    with pytest.raises(ValueError, match=r"world_size=2 but only 1 GPU is visible"):
+        measure_scaling((1, 2), "weak", backend="nccl", **settings)
+    assert backends == []  # refused before any launch
+
+
 # ------------------------------------------------------------------ a real run
 @pytest.fixture(scope="module")
 def run():
-    """Both modes at 1 and 2 ranks, tiny: four launches, a few seconds."""
-    return measure_scaling((1, 2), "both", **TINY)
+    """Both modes at 1 and 2 ranks, tiny: four launches, a few seconds. On gloo, the
+    CPU, on every machine: what the tests below check (on a GPU node "auto" gives
+    NCCL where there is a GPU per rank)."""
+    return measure_scaling((1, 2), "both", backend="gloo", **TINY)
 
 
 def test_real_run_rows_hold_the_measurements(run):
@@ -244,6 +286,7 @@ def test_cli_runs_end_to_end_with_alpha_and_beta_given(tmp_path):
     prefix = tmp_path / "cli"
     run = _bench(
         *("--world-sizes", "1,2", "--mode", "weak", "--steps", "2", "--warmup", "1"),
+        *("--backend", "gloo"),  # what the lines below check, on any machine
         *("--batch", "8", "--image-size", "16", "--alpha", "1e-5", "--beta", "1e9"),
         *("--out", str(prefix), "--plot"),
     )
@@ -283,6 +326,7 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     done = run_module(
         "torch.distributed.run",
         *("--standalone", "--nproc_per_node=2", "-m", "workshop.bench", "scaling"),
+        *("--backend", "gloo"),  # as the baseline was measured
         *("--mode", "weak", "--steps", "2", "--warmup", "1", "--batch", "8"),
         *("--image-size", "16", "--baseline", str(baseline), "--out", str(prefix)),
         timeout=120,
@@ -303,6 +347,7 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     done = run_module(
         "torch.distributed.run",
         *("--standalone", "--nproc_per_node=1", "-m", "workshop.bench", "scaling"),
+        *("--backend", "gloo"),
         *("--mode", "weak", "--steps", "2", "--warmup", "1", "--batch", "4"),
         *("--image-size", "16", "--baseline", str(baseline), "--out", str(other)),
         timeout=120,

@@ -357,10 +357,17 @@ def test_an_empty_loader_is_an_error():
 
 
 @pytest.mark.skipif(visible_gpu_count() > 0, reason="a GPU is visible here")
-def test_asking_for_cuda_without_a_gpu_says_what_to_pass():
+def test_asking_for_cuda_without_a_gpu_says_what_to_pass(monkeypatch):
+    import workshop.steps
+
+    # The machine without a GPU, on any machine (naming a device starts no CUDA).
+    monkeypatch.setattr(workshop.steps, "visible_gpu_count", lambda: 0)
     with pytest.raises(ValueError, match=r"device='cuda' but no CUDA GPU is visible"):
         resolve_device("cuda")
     assert resolve_device(None) == CPU
+    monkeypatch.setattr(workshop.steps, "visible_gpu_count", lambda: 1)
+    assert resolve_device(None) == torch.device("cuda")
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
 
 
 # --- the same loop on DDP ranks ------------------------------------------------------

@@ -3,6 +3,7 @@ under torchrun and with the variables srun and mpirun give each task."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -206,3 +207,21 @@ def test_the_exit_wait_sleeps_only_while_gloo_threads_linger(monkeypatch):
         monkeypatch.setattr(worker, "_gloo_threads", lambda n=threads: n)
         worker._let_gloo_threads_finish()
     assert slept == [0.1, 0.1]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_ranks_share_the_cores_this_process_may_use_not_the_hosts(monkeypatch):
+    from workshop.worker import _configure_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # ours
+    before = torch.get_num_threads()
+    try:
+        _configure_threads(RankInfo(rank=0, world_size=2, local_world_size=2))
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
+        _configure_threads(RankInfo(rank=0, world_size=8, local_world_size=8))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

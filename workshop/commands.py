@@ -165,6 +165,11 @@ def mpirun_command(
         # Open MPI refuses to run as root unless told to; in a container (this
         # workshop's image) everything runs as root. On a cluster you never are.
         words.append("--allow-run-as-root")
+    if not (shutil.which("ssh") or shutil.which("rsh")):
+        # Open MPI 4 refuses to start, even on one node, when its remote-shell
+        # launcher finds neither ssh nor rsh (as in a slim container); without that
+        # launcher it starts the ranks here. Under Slurm it uses Slurm's instead.
+        words += ["--mca", "plm", "^rsh"]
     port = free_port() if master_port is None else master_port
     words += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={port}"]
     if os.environ.get("PYTHONPATH"):

@@ -32,7 +32,8 @@ class Profile:
     """The result of :func:`profile_steps`.
 
     Attributes:
-        activities: what was recorded ("CPU", and "CUDA" where a GPU is visible).
+        activities: what was recorded ("CPU", and "CUDA" when the step used the
+            GPU).
         steps: how many steps were recorded (after the warm-up).
         top: the costliest operators, most expensive first, as plain data.
         table: ``torch.profiler``'s own table of the same operators.
@@ -53,11 +54,17 @@ def profile_steps(
     warmup: int = 1,
     trace_dir: str | os.PathLike | None = None,
     row_limit: int = 10,
+    cuda: bool | None = None,
 ) -> Profile:
     """Run ``step`` ``warmup + steps`` times and profile the last ``steps`` runs.
 
     The warm-up steps run first, unrecorded: the first step of a model pays one-off
     costs (memory allocation, kernel selection) that would mislead the table.
+
+    GPU work is recorded when the step uses the GPU: by default, when CUDA is in
+    use in this process once the warm-up has run. A step on the CPU of a GPU node
+    is then profiled on the CPU alone, and CUDA stays untouched, so a notebook
+    kernel can still fork ranks afterwards.
 
     Args:
         step: one training step (forward, backward, optimizer step), no arguments.
@@ -66,12 +73,16 @@ def profile_steps(
         trace_dir: where to write the trace (a ``.pt.trace.json`` file that Perfetto
             and TensorBoard's profiler plugin open); no trace when omitted.
         row_limit: operators kept in ``top`` and ``table``.
+        cuda: record GPU work too (True), or not (False); None decides from
+            whether CUDA is in use after the warm-up (pass True for a step that
+            first touches the GPU with ``warmup=0``).
 
     Returns:
         A :class:`Profile`.
 
     Raises:
-        ValueError: ``steps`` below 1 or ``warmup`` below 0.
+        ValueError: ``steps`` below 1 or ``warmup`` below 0, or ``cuda=True``
+            where no GPU is visible.
 
     Example:
         >>> report = profile_steps(lambda: model(x).sum().backward())  # doctest: +SKIP
@@ -92,14 +103,22 @@ def profile_steps(
             f"profile_steps needs steps >= 1 and warmup >= 0, got steps={steps} and "
             f"warmup={warmup}; pass steps=3, warmup=1 for example"
         )
-    activities = [ProfilerActivity.CPU]
+    if not (cuda is None or isinstance(cuda, bool)):
+        raise ValueError(f"cuda={cuda!r}: pass True, False or None (decide)")
     # Asking NVML, not CUDA, whether there is a GPU keeps a notebook kernel forkable.
-    gpu = visible_gpu_count() > 0
-    if gpu:
-        activities.append(ProfilerActivity.CUDA)
+    if cuda and visible_gpu_count() == 0:
+        raise ValueError(
+            "cuda=True but no CUDA GPU is visible here; pass cuda=None to record "
+            "the CPU alone"
+        )
     for _ in range(warmup):
         step()
+    # A step that ran on the GPU has initialised CUDA; one on the CPU has not, and
+    # synchronising or recording CUDA for it would start CUDA in this process.
+    gpu = torch.cuda.is_initialized() if cuda is None else cuda
+    activities = [ProfilerActivity.CPU]
     if gpu:
+        activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize()
     with profile(activities=activities, record_shapes=False) as prof:
         for _ in range(steps):
@@ -111,7 +130,10 @@ def profile_steps(
     device_key = "self_device_time_total"
     if averages and not hasattr(averages[0], device_key):
         device_key = "self_cuda_time_total"
-    sort_by = device_key if gpu else "self_cpu_time_total"
+    # By GPU time when the GPU did the work; a CPU step recorded beside an idle GPU
+    # (CUDA was in use for something else) has none, so it goes by CPU time.
+    gpu_work = gpu and any(getattr(e, device_key, 0) > 0 for e in averages)
+    sort_by = device_key if gpu_work else "self_cpu_time_total"
     ranked = sorted(averages, key=lambda e: getattr(e, sort_by, 0), reverse=True)
     top = [
         OperatorCost(

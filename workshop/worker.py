@@ -39,7 +39,13 @@ def _configure_threads(info: RankInfo) -> None:
         return
     import torch
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // info.local_world_size))
+    # The cores this process may run on: in a container or a Slurm step that is
+    # often fewer than os.cpu_count(), the host's count.
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:  # macOS
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // info.local_world_size))
 
 
 def _gloo_threads() -> int:

@@ -2,7 +2,9 @@
 
 Each measurement starts N ranks, initialises the process group (gloo), passes a
 barrier and collects the ranks: the whole cost a learner waits for before the first
-line of their own code runs.
+line of their own code runs. gloo on every machine, as in the torchrun no-op it is
+set against: on a GPU node "auto" would give NCCL, whose start-up (a CUDA context
+per rank) is another figure.
 """
 
 from __future__ import annotations
@@ -45,21 +47,37 @@ class LaunchTimes:
         return statistics.median(self.seconds)
 
 
+def _launch_barrier(
+    world_size: int, method: str = "auto", timeout: float | None = 600.0
+) -> None:
+    """One launch of a barrier on gloo ranks (see the module's docstring)."""
+    from ..launcher import launch
+
+    launch(
+        _barrier,
+        world_size=world_size,
+        backend="gloo",
+        start_method=method,
+        timeout=timeout,
+        show="none",
+    )
+
+
 def time_launch(method: str, world_size: int, repeats: int) -> LaunchTimes:
     """Time ``repeats`` launches of a barrier with ``start_method=method``."""
-    from ..launcher import _SERVER, launch
+    from ..launcher import _SERVER
 
     times = LaunchTimes(method)
     if method == "server":
         _SERVER.close()  # measure the cold start once
         t0 = time.perf_counter()
-        launch(_barrier, world_size=world_size, start_method=method, show="none")
+        _launch_barrier(world_size, method)
         times.first = time.perf_counter() - t0
     elif method == "fork":
-        launch(_barrier, world_size=world_size, start_method=method, show="none")
+        _launch_barrier(world_size, method)
     for _ in range(repeats):
         t0 = time.perf_counter()
-        launch(_barrier, world_size=world_size, start_method=method, show="none")
+        _launch_barrier(world_size, method)
         times.seconds.append(time.perf_counter() - t0)
     return times
 
@@ -88,13 +106,13 @@ def time_torchrun(world_size: int, repeats: int) -> LaunchTimes:
 
 def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
     """Launch ``count`` times in a row; count those that finished and that hung."""
-    from ..launcher import LaunchError, launch
+    from ..launcher import LaunchError
 
     done, hung, failed, seconds = 0, 0, 0, []
     for _ in range(count):
         t0 = time.perf_counter()
         try:
-            launch(_barrier, world_size=world_size, timeout=timeout, show="none")
+            _launch_barrier(world_size, timeout=timeout)
             done += 1
         except LaunchError as exc:
             if exc.running_ranks:

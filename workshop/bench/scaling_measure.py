@@ -172,7 +172,9 @@ def measure_scaling(
             when None. Must divide by every world size.
         model: "cnn" (the workshop's SmallCNN) or a ResNet name ("resnet18", ...).
         image_size: synthetic images' size (32 for the CNN, 224 for a ResNet).
-        backend: "auto", "gloo" or "nccl".
+        backend: "auto", "gloo" or "nccl", the same at every world size: "auto"
+            gives NCCL only where the largest world size has a GPU per rank, so
+            that every row is measured on the same hardware.
         alpha, beta: the ring model's latency per step (s) and bandwidth per link
             (bytes/s), both or neither; fitted to all-reduces timed in the run when
             neither they nor ``allreduce_json`` are given.
@@ -188,13 +190,15 @@ def measure_scaling(
 
     Raises:
         ValueError: bad settings, such as a global batch that does not divide by a
-            world size (checked before anything starts).
+            world size, or NCCL with fewer GPUs than the largest world size
+            (checked before anything starts).
         workshop.LaunchError: a rank failed or a launch passed ``timeout``.
 
     Example:
         >>> result = measure_scaling((1, 2), mode="weak", steps=10)  # doctest: +SKIP
         >>> print(result.table())                                    # doctest: +SKIP
     """
+    from ..env import choose_backend
     from ..launcher import launch
 
     sizes, modes = _check_settings(world_sizes, mode, steps, warmup, batch, model)
@@ -202,6 +206,10 @@ def measure_scaling(
     if "strong" in modes:
         _whole("global_batch", global_batch, 1)
         _check_divides(global_batch, sizes)
+    # Chosen once, for the largest world size: left to each launch, "auto" on a node
+    # with 1 GPU would run 1 rank on the GPU (NCCL) and 2 on the CPU (gloo), and the
+    # speed-up between them would compare two machines.
+    backend = choose_backend(backend, max(sizes))
     given = _given_alpha_beta(alpha, beta, allreduce_json)
     fit = [] if given else _fit_sizes(_gradient_bytes(model))
     raws = []

@@ -23,7 +23,9 @@ def _try_for_real(name):
         "broadcast": lambda: dist.broadcast(one, src=0),
         "all_reduce": lambda: dist.all_reduce(one),
         "reduce": lambda: dist.reduce(one, dst=0),
-        "all_gather": lambda: dist.all_gather([torch.zeros(1)] * size, one),
+        "all_gather": lambda: dist.all_gather(
+            [torch.zeros(1) for _ in range(size)], one
+        ),
         "gather": lambda: dist.gather(
             one, [torch.zeros(1) for _ in range(size)] if rank == 0 else None, dst=0
         ),
@@ -51,7 +53,9 @@ def _try_for_real(name):
 
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_the_answer_matches_what_real_ranks_can_do(name):
-    real = workshop.launch(_try_for_real, name, world_size=2, backend="gloo")
+    real = workshop.launch(
+        _try_for_real, name, world_size=2, backend="gloo", timeout=60
+    )
     assert real.returns == [has_collective(name)] * 2
 
 
@@ -99,15 +103,27 @@ def test_nccl_runs_every_collective_and_bad_names_are_explained():
         has_collective("all_reduce", "mpi")
 
 
-def _all_to_all_cell() -> str:
+def _notebook_02_cell(marker: str) -> str:
     notebook = json.loads(
         (ROOT / "notebooks" / "02_distributed_data_parallel.ipynb").read_text()
     )
     cells = [
         "".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "code"
     ]
-    (cell,) = [c for c in cells if "dist.all_to_all(incoming, outgoing)" in c]
+    (cell,) = [c for c in cells if marker in c]
     return cell
+
+
+def _show_into(drawn: list):
+    def show(fn, world_size=4):
+        result = workshop.launch(
+            fn, world_size=world_size, trace=True, show="none", backend="gloo"
+        )
+        call = workshop.collectives(result.traces)[0]
+        drawn.append(call)
+        return workshop.draw_collective(call)
+
+    return show
 
 
 @pytest.mark.parametrize("gloo_has_it", [True, False])
@@ -116,17 +132,13 @@ def test_notebook_02s_all_to_all_cell_runs_on_every_torch(
 ):
     # The cell as the notebook has it, with gloo answering as torch 2.15 and as
     # torch 2.11: either way the same exchange is drawn, and an old torch says why.
+    if gloo_has_it and not has_collective("all_to_all"):
+        pytest.skip(f"gloo in torch {torch.__version__} has no all_to_all to draw")
     monkeypatch.setattr(workshop, "has_collective", lambda name: gloo_has_it)
     drawn = []
-
-    def show(fn, world_size=4):
-        result = workshop.launch(fn, world_size=world_size, trace=True, show="none")
-        call = workshop.collectives(result.traces)[0]
-        drawn.append(call)
-        return workshop.draw_collective(call)
-
-    exec(_all_to_all_cell(), {"workshop": workshop, "torch": torch, "dist": dist,
-                              "show": show})  # fmt: skip
+    cell = _notebook_02_cell("dist.all_to_all(incoming, outgoing)")
+    exec(cell, {"workshop": workshop, "torch": torch, "dist": dist,
+                "show": _show_into(drawn)})  # fmt: skip
     (call,) = drawn
     expected_op = "all_to_all" if gloo_has_it else "all_to_all_single"
     assert [e.op for e in call] == [expected_op] * 4
@@ -139,4 +151,33 @@ def test_notebook_02s_all_to_all_cell_runs_on_every_torch(
         assert said == (
             f"gloo in torch {torch.__version__} has no all_to_all (the list form); "
             "here is the same exchange with all_to_all_single\n"
+        )
+
+
+@pytest.mark.parametrize("gloo_has_it", [True, False])
+def test_notebook_02s_reduce_scatter_cell_runs_on_every_torch(
+    gloo_has_it, monkeypatch, capsys
+):
+    # As torch 2.15 and as torch 2.4, whose gloo has no reduce_scatter: the same
+    # sums arrive, and the old torch says how.
+    if gloo_has_it and not has_collective("reduce_scatter"):
+        pytest.skip(f"gloo in torch {torch.__version__} has no reduce_scatter")
+    monkeypatch.setattr(workshop, "has_collective", lambda name: gloo_has_it)
+    drawn = []
+    cell = _notebook_02_cell("dist.reduce_scatter(mine, pieces)")
+    exec(cell, {"workshop": workshop, "torch": torch, "dist": dist,
+                "show": _show_into(drawn)})  # fmt: skip
+    (call,) = drawn
+    sums = [sum(q + 10.0 * r for q in range(4)) for r in range(4)]
+    said = capsys.readouterr().out
+    if gloo_has_it:
+        assert [e.op for e in call] == ["reduce_scatter"] * 4
+        assert [e.after for e in call] == [[sums[rank]] for rank in range(4)]
+        assert said == ""
+    else:
+        assert [e.op for e in call] == ["all_reduce"] * 4
+        assert all(e.after == sums for e in call)  # each keeps its own slice of it
+        assert said == (
+            f"gloo in torch {torch.__version__} has no reduce_scatter; here is the "
+            "same result from an all_reduce, of which each rank keeps its own slice\n"
         )

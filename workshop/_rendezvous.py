@@ -46,11 +46,18 @@ class Rendezvous:
         """Start serving the store on the listening socket."""
         import torch.distributed as dist
 
+        from .features import torch_release
+
         kwargs = dict(
             is_master=True,
             timeout=timedelta(seconds=self.timeout),
             wait_for_workers=False,
         )
+        # torch 2.4's default (libuv) store cannot serve a socket bound elsewhere: it
+        # refuses, after logging an error line into the cell. Ask for the older
+        # store at once there.
+        if torch_release() < (2, 5):
+            kwargs["use_libuv"] = False
         try:
             # The store takes ownership of the descriptor it is given and closes it.
             self.store = dist.TCPStore(
@@ -62,12 +69,12 @@ class Rendezvous:
             )
         except (RuntimeError, TypeError, ValueError):
             # Some torch releases serve a pre-bound socket only without libuv.
+            kwargs["use_libuv"] = False
             self.store = dist.TCPStore(
                 "127.0.0.1",
                 self.port,
                 self.world_size,
                 master_listen_fd=os.dup(self.fd),
-                use_libuv=False,
                 **kwargs,
             )
         finally:

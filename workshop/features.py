@@ -19,9 +19,23 @@ import time
 import warnings
 from collections.abc import Callable
 
-__all__ = ["COLLECTIVES", "has_collective"]
+__all__ = ["COLLECTIVES", "has_collective", "torch_release"]
 
 _YES, _NO, _BROKEN = 0, 3, 4
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the installed torch, or of ``version``.
+
+    For the few differences that cannot be found by trying (a deadlock, a log line
+    printed before an error). Example: ``torch_release("2.4.1+cu121") == (2, 4)``.
+    """
+    if version is None:
+        import torch
+
+        version = torch.__version__
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def _one_rank_calls() -> dict[str, Callable]:

@@ -27,6 +27,7 @@ from .env import (
     slurm_allocation,
     torchrun_restart_risk,
 )
+from .features import torch_release
 
 __all__ = ["process_group", "rank_device"]
 
@@ -81,6 +82,16 @@ def _let_gloo_threads_finish(wait: float = 0.1) -> None:
 
     if _gloo_threads() != 0:
         time.sleep(wait)
+
+
+def _old_gloo_would_deadlock(backend: str) -> bool:
+    """Whether destroying this rank's gloo group may hang (torch before 2.5) and the
+    rank may skip it: only a rank of workshop.launch, which leaves by os._exit."""
+    return (
+        backend in ("gloo", "nccl")
+        and launcher_hosts_store()
+        and torch_release() < (2, 5)
+    )
 
 
 def _settle_gloo_at_exit() -> None:
@@ -257,7 +268,14 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             _check_one_gpu_per_rank(info)
         yield info
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and _old_gloo_would_deadlock(backend):
+            # torch 2.4 can hang in destroy_process_group: freeing the gloo group
+            # joins its worker threads while holding the GIL, and a worker that still
+            # holds the last collective's tensor needs the GIL to free it (seen in 1
+            # launch of 4). A rank of workshop.launch leaves by os._exit, which tears
+            # the group down without that join; it is left to do so.
+            pass
+        elif dist.is_initialized():
             dist.destroy_process_group()
             if backend in ("gloo", "nccl"):  # an NCCL group has gloo beside it
                 _settle_gloo_at_exit()

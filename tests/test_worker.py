@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,7 +51,16 @@ def test_rank_0_warns_when_torchrun_restarts_share_its_store(share):
     assert run.returncode == 0, run.stderr
     assert "sum of ranks = 1" in run.stdout
     warned = run.stderr.count("Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
-    assert warned == (1 if share else 0), run.stderr
+    assert warned == (1 if share and _torchrun_shares_its_store() else 0), run.stderr
+
+
+def _torchrun_shares_its_store() -> bool:
+    # A torchrun that lends its store to the ranks also reads the variable that
+    # stops it (torch 2.15 does both; torch 2.4 neither, so nothing to warn of).
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    source = Path(dynamic_rendezvous.__file__).read_text()
+    return "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in source
 
 
 def test_the_hello_script_under_torchrun():
@@ -193,6 +203,10 @@ def test_gloo_threads_kept_alive_by_ddp_get_time_to_finish_at_exit():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    if lines[0] == "inside: -1":
+        # Unnamed threads (torch 2.4): the exit wait sleeps whenever it cannot tell.
+        assert lines[1] == "after: -1 settle at exit: True"
+        return
     assert lines[0] == "inside: 2"
     # torch 2.15 leaves both threads running here (a later torch may not).
     assert lines[1] in (f"after: {n} settle at exit: True" for n in (2, 0))

@@ -51,6 +51,8 @@ def _configure_threads(info: RankInfo) -> None:
 
 def _gloo_threads() -> int:
     """How many of gloo's worker threads this process still runs (-1: cannot tell)."""
+    if torch_release() < (2, 5):  # torch 2.4 leaves gloo's threads unnamed
+        return -1
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:  # not Linux
@@ -272,8 +274,9 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             # torch 2.4 can hang in destroy_process_group: freeing the gloo group
             # joins its worker threads while holding the GIL, and a worker that still
             # holds the last collective's tensor needs the GIL to free it (seen in 1
-            # launch of 4). A rank of workshop.launch leaves by os._exit, which tears
-            # the group down without that join; it is left to do so.
+            # launch of 4; running one more collective first only made it rarer). A
+            # rank of workshop.launch leaves by os._exit, which ends the group
+            # without that join, so it is left to do so.
             pass
         elif dist.is_initialized():
             dist.destroy_process_group()

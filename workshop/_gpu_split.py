@@ -9,11 +9,10 @@ local rank 0 ``cuda:0``. :func:`split_gpus` decides which GPUs each agent may se
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ._run import is_torchrun
+from ._run import environment, is_torchrun
 from .env import visible_gpu_count
 
 __all__ = ["GpuSplit", "split_for", "split_gpus"]
@@ -135,10 +134,5 @@ def split_for(
     ranks = [_torchrun_ranks(command) for command in commands]
     if sum(n is not None for n in ranks) < 2:
         return GpuSplit([{} for _ in commands])
-    environ = dict(os.environ)
-    for key, value in (env or {}).items():
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = str(value)
+    environ, _ = environment(commands[0], env)  # what the commands start with
     return split_gpus(ranks, visible_gpu_count(), environ)

@@ -1,5 +1,6 @@
 """Process plumbing shared by every start path: dying with the parent, signalling a
-rank's whole process group, and telling whether a process is still there."""
+rank's whole process group, telling whether a process is still there, and asking a
+forked child one question."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import sys
 import threading
 import time
+import warnings
+from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 
@@ -78,3 +81,37 @@ def status_to_exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
+
+
+def answer_in_child(
+    question: Callable[[], int], timeout: float, failed: int = 2
+) -> int | None:
+    """Fork, run ``question`` in the child, and return the exit code it answers with.
+
+    For what this process cannot safely find out itself (whether a fork could use
+    CUDA; whether gloo runs a collective, without starting gloo's threads here).
+    The child runs ``question`` and nothing else, and leaves by ``os._exit`` with
+    its answer, or ``failed`` if it raised. None when the child did not answer
+    within ``timeout`` seconds; it is killed then, never left behind.
+    """
+    with warnings.catch_warnings():
+        # Python warns that forking a threaded process may deadlock the child; the
+        # child only answers one question and leaves.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = failed
+        try:
+            code = question()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.001)

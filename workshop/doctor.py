@@ -106,10 +106,9 @@ def _gpu_items() -> Items:
 
 def _cpu_items() -> Items:
     total = os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):
-        usable = len(os.sched_getaffinity(0))
-        if usable != total:
-            return [("cores", f"{total} ({usable} usable by this process)")]
+    usable = env.usable_cores()
+    if usable != total:
+        return [("cores", f"{total} ({usable} usable by this process)")]
     return [("cores", str(total))]
 
 

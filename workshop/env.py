@@ -36,6 +36,7 @@ __all__ = [
     "group_backend",
     "rank_info",
     "slurm_allocation",
+    "usable_cores",
     "visible_gpu_count",
 ]
 
@@ -362,6 +363,15 @@ def backend_name(backend: str) -> str:
         return backend
     per_device = dict(part.split(":", 1) for part in backend.split(","))
     return per_device.get("cuda", per_device.get("cpu", backend))
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask where the system
+    has one (a container or a Slurm step often gets fewer cores than the host's
+    ``os.cpu_count()``), else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # macOS
 
 
 def default_world_size(gpus: int | None = None) -> int:

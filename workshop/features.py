@@ -14,10 +14,9 @@ ranks from. One question costs about 20 ms, and each answer is kept.
 from __future__ import annotations
 
 import os
-import signal
-import time
-import warnings
 from collections.abc import Callable
+
+from ._procs import answer_in_child
 
 __all__ = ["COLLECTIVES", "has_collective", "torch_release"]
 
@@ -91,27 +90,8 @@ def _ask_gloo(name: str) -> int:
 
 
 def _answer_in_child(name: str, timeout: float = 20.0) -> int:
-    with warnings.catch_warnings():
-        # Python warns that forking a threaded process may deadlock the child; the
-        # child only builds a private one-rank group and leaves.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:
-        code = _BROKEN
-        try:
-            code = _ask_gloo(name)
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return _BROKEN
-        time.sleep(0.002)
+    answer = answer_in_child(lambda: _ask_gloo(name), timeout, failed=_BROKEN)
+    return _BROKEN if answer is None else answer
 
 
 def has_collective(name: str, backend: str = "gloo") -> bool:

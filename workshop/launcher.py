@@ -12,7 +12,6 @@ import atexit
 import os
 import signal
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ import cloudpickle
 
 from ._forkserver import ForkServer
 from ._output import RankOutput
+from ._procs import answer_in_child
 from ._rank import Job
 from ._rendezvous import Rendezvous
 from ._session import LIVE, LaunchSession
@@ -122,27 +122,10 @@ def _fork_is_poisoned() -> bool:
         return True
     import torch
 
-    with warnings.catch_warnings():
-        # Python warns that forking a threaded process may deadlock the child; this
-        # child reads one flag and leaves, holding no lock.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: answer through the exit status, run nothing else
-        try:
-            os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
-        finally:
-            os._exit(2)
-    deadline = time.monotonic() + 10.0
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:  # never seen; do not wait forever
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return True  # unknown: the server is the safe way
-        time.sleep(0.001)
-    _POISONED = os.waitstatus_to_exitcode(status) == 1
+    answer = answer_in_child(lambda: 1 if torch.cuda._is_in_bad_fork() else 0, 10.0)
+    if answer is None:  # no answer (never seen): the server is the safe way
+        return True
+    _POISONED = answer == 1
     return _POISONED
 
 

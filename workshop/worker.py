@@ -26,6 +26,7 @@ from .env import (
     rank_info,
     slurm_allocation,
     torchrun_restart_risk,
+    usable_cores,
 )
 from .features import torch_release
 
@@ -40,13 +41,7 @@ def _configure_threads(info: RankInfo) -> None:
         return
     import torch
 
-    # The cores this process may run on: in a container or a Slurm step that is
-    # often fewer than os.cpu_count(), the host's count.
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:  # macOS
-        cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // info.local_world_size))
+    torch.set_num_threads(max(1, usable_cores() // info.local_world_size))
 
 
 def _gloo_threads() -> int:
@@ -270,15 +265,13 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             _check_one_gpu_per_rank(info)
         yield info
     finally:
-        if dist.is_initialized() and _old_gloo_would_deadlock(backend):
-            # torch 2.4 can hang in destroy_process_group: freeing the gloo group
-            # joins its worker threads while holding the GIL, and a worker that still
-            # holds the last collective's tensor needs the GIL to free it (seen in 1
-            # launch of 4; running one more collective first only made it rarer). A
-            # rank of workshop.launch leaves by os._exit, which ends the group
-            # without that join, so it is left to do so.
-            pass
-        elif dist.is_initialized():
+        # torch 2.4 can hang in destroy_process_group: freeing the gloo group joins
+        # its worker threads while holding the GIL, and a worker that still holds the
+        # last collective's tensor needs the GIL to free it (seen in 1 launch of 4;
+        # running one more collective first only made it rarer). A rank of
+        # workshop.launch leaves by os._exit, which ends the group without that join,
+        # so there the group is left to it.
+        if dist.is_initialized() and not _old_gloo_would_deadlock(backend):
             dist.destroy_process_group()
             if backend in ("gloo", "nccl"):  # an NCCL group has gloo beside it
                 _settle_gloo_at_exit()

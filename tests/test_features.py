@@ -114,8 +114,16 @@ def _notebook_02_cell(marker: str) -> str:
     return cell
 
 
-def _show_into(drawn: list):
-    def show(fn, world_size=4):
+def _drawn_by_cell(marker: str, collective: str, gloo_has_it: bool, monkeypatch):
+    """Run notebook 02's cell holding ``marker`` with gloo answering
+    ``gloo_has_it`` about ``collective``; the events of the call it drew. Skipped
+    where this torch's gloo lacks the collective the cell would then call."""
+    if gloo_has_it and not has_collective(collective):
+        pytest.skip(f"gloo in torch {torch.__version__} has no {collective} to draw")
+    monkeypatch.setattr(workshop, "has_collective", lambda name: gloo_has_it)
+    drawn = []
+
+    def show(fn, world_size=4):  # the notebook's own, with the drawn call kept
         result = workshop.launch(
             fn, world_size=world_size, trace=True, show="none", backend="gloo"
         )
@@ -123,7 +131,10 @@ def _show_into(drawn: list):
         drawn.append(call)
         return workshop.draw_collective(call)
 
-    return show
+    cell = _notebook_02_cell(marker)
+    exec(cell, {"workshop": workshop, "torch": torch, "dist": dist, "show": show})
+    (call,) = drawn
+    return call
 
 
 @pytest.mark.parametrize("gloo_has_it", [True, False])
@@ -132,14 +143,9 @@ def test_notebook_02s_all_to_all_cell_runs_on_every_torch(
 ):
     # The cell as the notebook has it, with gloo answering as torch 2.15 and as
     # torch 2.11: either way the same exchange is drawn, and an old torch says why.
-    if gloo_has_it and not has_collective("all_to_all"):
-        pytest.skip(f"gloo in torch {torch.__version__} has no all_to_all to draw")
-    monkeypatch.setattr(workshop, "has_collective", lambda name: gloo_has_it)
-    drawn = []
-    cell = _notebook_02_cell("dist.all_to_all(incoming, outgoing)")
-    exec(cell, {"workshop": workshop, "torch": torch, "dist": dist,
-                "show": _show_into(drawn)})  # fmt: skip
-    (call,) = drawn
+    call = _drawn_by_cell(
+        "dist.all_to_all(incoming, outgoing)", "all_to_all", gloo_has_it, monkeypatch
+    )
     expected_op = "all_to_all" if gloo_has_it else "all_to_all_single"
     assert [e.op for e in call] == [expected_op] * 4
     after = [[float(v) for v in torch.tensor(e.after).flatten()] for e in call]
@@ -160,14 +166,9 @@ def test_notebook_02s_reduce_scatter_cell_runs_on_every_torch(
 ):
     # As torch 2.15 and as torch 2.4, whose gloo has no reduce_scatter: the same
     # sums arrive, and the old torch says how.
-    if gloo_has_it and not has_collective("reduce_scatter"):
-        pytest.skip(f"gloo in torch {torch.__version__} has no reduce_scatter")
-    monkeypatch.setattr(workshop, "has_collective", lambda name: gloo_has_it)
-    drawn = []
-    cell = _notebook_02_cell("dist.reduce_scatter(mine, pieces)")
-    exec(cell, {"workshop": workshop, "torch": torch, "dist": dist,
-                "show": _show_into(drawn)})  # fmt: skip
-    (call,) = drawn
+    call = _drawn_by_cell(
+        "dist.reduce_scatter(mine, pieces)", "reduce_scatter", gloo_has_it, monkeypatch
+    )
     sums = [sum(q + 10.0 * r for q in range(4)) for r in range(4)]
     said = capsys.readouterr().out
     if gloo_has_it:

@@ -18,7 +18,7 @@ from conftest import gone
 
 import workshop
 from workshop import LaunchError
-from workshop.env import backend_name, visible_gpu_count
+from workshop.env import backend_name, choose_backend
 from workshop.launcher import choose_start_method
 
 METHODS = ["fork", "server", "spawn"]
@@ -54,7 +54,7 @@ def _rank_facts():
 def test_every_rank_runs_in_an_initialised_group(world_size):
     result = workshop.launch(_rank_facts, world_size=world_size, show="none")
     # "auto": NCCL where every rank can have a GPU of its own, else gloo.
-    expected = "nccl" if visible_gpu_count() >= world_size else "gloo"
+    expected = choose_backend("auto", world_size)
     assert result.world_size == world_size
     assert result.backend == expected
     assert result.exit_codes == [0] * world_size

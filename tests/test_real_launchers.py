@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, clean_env, free_port
 
 from workshop import load_allreduce
-from workshop.env import visible_gpu_count
+from workshop.env import choose_backend
 
 PYTHON = sys.executable
 FAST_SWEEP = (
@@ -52,7 +52,7 @@ def _said(done: subprocess.CompletedProcess) -> str:
 
 def _two_ranks_backend() -> str:
     """What "auto" gives 2 ranks on this machine: NCCL with a GPU each, else gloo."""
-    return "nccl" if visible_gpu_count() >= 2 else "gloo"
+    return choose_backend("auto", 2)
 
 
 # --- Open MPI -----------------------------------------------------------------------

@@ -112,11 +112,9 @@ def _forks_are_poisoned() -> bool:
     answer in time."""
     from workshop import launcher
 
-    driver_loaded = getattr(launcher, "_driver_loaded", None)
-    ask_a_child = getattr(launcher, "_fork_is_poisoned", None)
-    if not (hasattr(os, "fork") and driver_loaded and ask_a_child and driver_loaded()):
+    if not (hasattr(os, "fork") and launcher._driver_loaded()):
         return False
-    return bool(ask_a_child() and getattr(launcher, "_POISONED", False))
+    return launcher._fork_is_poisoned() and launcher._POISONED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -240,14 +240,16 @@ def children_of(pid: int) -> list[int]:
 @pytest.fixture
 def no_leftover_children():
     """Fail a test that leaves a child process of the test process behind (the fork
-    server is the one child that is meant to outlive a launch)."""
-    from workshop.launcher import _SERVER
+    server and the launcher's watchdog are the children meant to outlive a launch)."""
+    from workshop import launcher
 
     yield
-    server = _SERVER.popen.pid if _SERVER.popen else None
+    kept = {
+        p.pid for p in (launcher._SERVER.popen, launcher._WATCHDOG) if p is not None
+    }
     deadline = time.monotonic() + 10
     while True:
-        left = [p for p in children_of(os.getpid()) if p != server]
+        left = [p for p in children_of(os.getpid()) if p not in kept]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)

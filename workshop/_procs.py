@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -33,6 +34,22 @@ def die_with_parent(parent_pid: int) -> None:
     # The parent may have died before the request above took effect.
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def name_thread(name: str) -> None:
+    """Give the calling thread ``name`` (at most 15 characters) as its Linux name.
+
+    The name of a process's first thread is the process's name (``/proc/PID/comm``,
+    what ``ps`` and ``top`` show), and a process forked from a thread starts with
+    that thread's name. Quietly does nothing elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -210,11 +210,24 @@ def child_main(job: Job, result_fd: int) -> None:
     code = 1
     try:
         reset_signals()
+        _take_launch_name()
         code = _in_fresh_thread(run_rank, job, result_fd)
     except KeyboardInterrupt:
         code = 130
     finally:
         os._exit(code)
+
+
+def _take_launch_name() -> None:
+    """Name this thread after the launch's tag, which a process forked from it (a
+    daemon that never runs a new program) inherits: the launcher finds such a
+    process by that name once the rank has gone (see ``_sweep``)."""
+    from ._procs import name_thread
+    from ._sweep import TAG_VAR
+
+    tag = os.environ.get(TAG_VAR)
+    if tag:
+        name_thread(tag)
 
 
 def _in_fresh_thread(body: Callable[..., int], *args: Any) -> int:
@@ -230,6 +243,7 @@ def _in_fresh_thread(body: Callable[..., int], *args: Any) -> int:
     outcome = [1]
 
     def run() -> None:
+        _take_launch_name()  # for what fn forks from this thread (see below)
         outcome[0] = body(*args)
 
     thread = threading.Thread(target=run, name="rank", daemon=True)

@@ -6,6 +6,7 @@ import os
 import socket
 from datetime import timedelta
 
+from ._sweep import TAG_VAR
 from .env import LAUNCHER_STORE_VAR
 
 
@@ -86,8 +87,9 @@ class Rendezvous:
         self.listener.close()
 
 
-def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The complete environment of ``rank`` in a single-node launch."""
+def rank_env(rank: int, world_size: int, port: int, tag: str = "") -> dict[str, str]:
+    """The complete environment of ``rank`` in a single-node launch; ``tag`` marks
+    every process the rank starts as the launch's (see ``_sweep``)."""
     env = dict(os.environ)
     env.update(
         RANK=str(rank),
@@ -99,6 +101,8 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
         MASTER_PORT=str(port),
     )
     env[LAUNCHER_STORE_VAR] = "1"
+    if tag:
+        env[TAG_VAR] = tag
     loopback = _loopback_interface()
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
         # Ranks of a single-node launch talk over loopback only; this also spares

@@ -61,6 +61,7 @@ class LaunchSession:
         timeout: float | None,
         output: RankOutput,
         server: ForkServer,
+        tag: str = "",
     ):
         self.job = job
         self.server = server
@@ -76,13 +77,15 @@ class LaunchSession:
         self.ended_at: dict[int, float] = {}
         self.closed = False
         self.t0 = time.time()
+        # Marks every process of this launch, the ranks' children too (see _sweep).
+        self.tag = tag
 
     # -- starting
     def start(self, job_bytes: bytes | None, port: int, keep_closed: list[int]) -> None:
         """Start every rank; ``job_bytes`` (the pickled job) for server and spawn."""
         payload = _start.request_payload(job_bytes) if job_bytes is not None else None
         for rank in range(self.world_size):
-            env = rank_env(rank, self.world_size, port)
+            env = rank_env(rank, self.world_size, port, self.tag)
             if self.method == "fork":
                 closed = keep_closed + [
                     fd for h in self.handles for fd in h.fds.values()

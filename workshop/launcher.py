@@ -18,13 +18,14 @@ from typing import Any
 
 import cloudpickle
 
+from . import _sweep
 from ._forkserver import ForkServer
+from ._launch_checks import check_capacity, refuse_inside_a_rank, validate
 from ._output import RankOutput
 from ._procs import answer_in_child
 from ._rank import Job
 from ._rendezvous import Rendezvous
 from ._session import LIVE, LaunchSession
-from ._start import START_METHODS
 from .env import choose_backend, visible_gpu_count
 from .results import LaunchError, RunResult
 
@@ -32,6 +33,10 @@ __all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
 
 _SERVER = ForkServer()
 _told_cuda = False
+# The watchdog that stops what the ranks started if this process dies (see _sweep),
+# started with the first launch; and the number of launches so far (for their tags).
+_WATCHDOG = None
+_launches = 0
 
 
 def _serialise_job(job: Job) -> bytes:
@@ -57,37 +62,6 @@ def _serialise_job(job: Job) -> bytes:
                 "state_dict) and build the object inside fn"
             ) from exc
     return cloudpickle.dumps(job)
-
-
-def _validate(fn: Any, world_size: Any, timeout: Any, start_method: Any) -> None:
-    if not callable(fn):
-        raise TypeError(
-            f"fn must be a function, got {type(fn).__name__} ({fn!r}); pass the "
-            "function itself, launch(train, world_size=2), not its result train()"
-        )
-    if (
-        isinstance(world_size, bool)
-        or not isinstance(world_size, int)
-        or world_size < 1
-    ):
-        raise ValueError(
-            "world_size must be a whole number of ranks, 1 or more; got "
-            f"{world_size!r}. Pass world_size=2, for example"
-        )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or timeout <= 0
-    ):
-        raise ValueError(
-            f"timeout must be a number of seconds above 0, or None for no limit; "
-            f"got {timeout!r}"
-        )
-    if start_method not in START_METHODS:
-        raise ValueError(
-            f"unknown start_method={start_method!r}; pass one of "
-            + ", ".join(repr(m) for m in START_METHODS)
-        )
 
 
 def _driver_loaded(maps_file: str = "/proc/self/maps") -> bool:
@@ -210,14 +184,18 @@ def launch(
     ``MASTER_ADDR`` and ``MASTER_PORT`` set and the default process group initialised
     (NCCL with one GPU per rank when there are enough GPUs, else gloo on the CPU); the
     group is destroyed afterwards. ``fn`` may be defined in the notebook itself:
-    closures, lambdas and notebook globals work.
+    closures, lambdas and notebook globals work. Processes a rank starts end with the
+    launch, however it ends: whatever is still running then is stopped (SIGTERM, 1 s,
+    SIGKILL) and named on stderr, and if this process dies, a watchdog stops them.
 
     Args:
         fn: the function every rank runs.
         *args: positional arguments for ``fn``.
-        world_size: number of ranks.
+        world_size: number of ranks; refused before anything starts when the
+            machine cannot take them (cores, memory, open-file and process limits).
         backend: "auto", "gloo", "nccl" or "mpi".
-        timeout: seconds before every rank is stopped; None for no limit.
+        timeout: seconds before every rank is stopped, at least 1; None (or
+            ``math.inf``) for no limit.
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
         show: "auto" (live in the cell), "lines" (plain lines) or "none".
@@ -235,7 +213,9 @@ def launch(
         LaunchError: a rank raised or crashed (the other ranks are stopped), or
             ``timeout`` passed. The message names the ranks, the exception and the
             traceback; ``.result`` holds what the ranks printed.
-        ValueError, TypeError: bad arguments, with the fix in the message.
+        ValueError, TypeError: bad arguments (an ``async def`` or generator ``fn``
+            too), with the fix in the message.
+        RuntimeError: called inside a rank, whose process group exists already.
         KeyboardInterrupt: the kernel was interrupted; every rank was stopped first.
 
     Example:
@@ -251,12 +231,14 @@ def launch(
         server, whose first start takes a few seconds while it imports torch.
     """
     global _told_cuda
-    _validate(fn, world_size, timeout, start_method)
+    timeout = validate(fn, world_size, timeout, start_method, show, trace)
+    refuse_inside_a_rank()
     gpus = visible_gpu_count()
     requested_backend = backend
     backend = choose_backend(backend, world_size, gpus)
     cuda = _cuda_initialized()
     method, reason = choose_start_method(start_method, cuda)
+    check_capacity(world_size, method)
     if method == "server" and cuda and not _told_cuda:
         _told_cuda = True
         print(
@@ -266,8 +248,6 @@ def launch(
             "untouched); its first start takes a few seconds.",
             file=sys.stderr,
         )
-    if not isinstance(trace, bool):
-        raise TypeError(f"trace must be True or False, got {trace!r}")
     job = Job(fn, args, kwargs, backend, timeout or 3600.0, trace=trace)
     job_bytes = _serialise_job(job)
     if method == "server":
@@ -294,9 +274,10 @@ def launch(
             f"{'s' if gpus != 1 else ''}: the ranks run on the CPU with gloo "
             f"(world_size={gpus} would give each rank its own GPU, with NCCL)"
         )
+    tag = _new_tag()
     rendezvous = Rendezvous(world_size, timeout or 3600.0)
     output = RankOutput(world_size, header, show)
-    run = LaunchSession(job, world_size, backend, method, timeout, output, _SERVER)
+    run = LaunchSession(job, world_size, backend, method, timeout, output, _SERVER, tag)
     running: list[int] = []
     stopped: list[int] | None = None
     try:
@@ -329,6 +310,7 @@ def launch(
     finally:
         run.close()
         rendezvous.close()
+        _stop_leftovers(tag)
     if running:
         raise run.timeout_error(running)
     if stopped is not None:
@@ -336,11 +318,44 @@ def launch(
     return run.result()
 
 
+def _new_tag() -> str:
+    """A tag for the next launch, with the watchdog running for its processes."""
+    global _WATCHDOG, _launches
+    if _WATCHDOG is None or _WATCHDOG.poll() is not None:
+        try:
+            _WATCHDOG = _sweep.start_watchdog()
+        except OSError as exc:  # the launch still works; only the kernel's
+            print(  # death could then leave a rank's children behind
+                f"workshop.launch: the watchdog could not start ({exc})",
+                file=sys.stderr,
+            )
+    _launches += 1
+    return _sweep.launch_tag(_launches)
+
+
+def _stop_leftovers(tag: str) -> None:
+    """Stop what the ranks of the launch ``tag`` started and left running, and say
+    so: a rank's processes end with the launch, however it ended."""
+    left = _sweep.stop_tagged(tag, since=_sweep.start_ticks())
+    if left:
+        print(
+            f"workshop.launch: the ranks left {len(left)} process"
+            f"{'es' if len(left) != 1 else ''} running; stopped "
+            f"{'them' if len(left) != 1 else 'it'}:\n  " + "\n  ".join(left),
+            file=sys.stderr,
+        )
+
+
 @atexit.register
 def _stop_everything() -> None:
-    """At interpreter exit, leave no rank and no fork server behind."""
+    """At interpreter exit, leave no rank, nothing a rank started, and no fork
+    server behind."""
     for handle in list(LIVE):
         handle.signal(signal.SIGKILL)
         handle.poll()
     LIVE.clear()
     _SERVER.close()
+    if _launches:
+        _sweep.stop_tagged(
+            _sweep.kernel_prefix(), exact=False, since=_sweep.start_ticks(), grace=0.0
+        )

@@ -8,6 +8,13 @@ checkpoint with ``os.replace``, which POSIX makes a single step. A job killed
 mid-write (Slurm's time limit, a node failure) leaves the previous checkpoint intact,
 plus a stray temporary file that the next save removes.
 
+What can be saved loads: :func:`load_checkpoint` reads with
+``torch.load(weights_only=True)`` (opening a file runs no code), so a save keeps
+plain data only. Numpy scalars and enum members become the plain values they hold;
+anything else the loader would refuse stops the save, naming where it is
+(``extra['history'][3]``). A failed save or load names the checkpoint's path, the
+cause and a fix (``_checkpoint_errors``), never the hidden temporary file.
+
 Notebook 02, section "Checkpointing", uses it::
 
     save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=epoch)  # every rank calls
@@ -18,6 +25,7 @@ Notebook 02, section "Checkpointing", uses it::
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from pathlib import Path
@@ -25,6 +33,15 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from ._checkpoint_errors import (
+    check_destination,
+    check_device,
+    os_error_in,
+    read_error,
+    write_error,
+)
+from ._checkpoint_plain import plain_copy
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -66,7 +83,11 @@ def _remove_stale_temps(path: Path) -> None:
 
 
 def _write_atomically(state: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_destination(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e, state) from e
     _remove_stale_temps(path)
     temp = _temp_name(path, os.getpid())
     try:
@@ -75,10 +96,14 @@ def _write_atomically(state: dict[str, Any], path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename
         os.replace(temp, path)  # one step: readers see the old file or the new one
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as e:
+        with contextlib.suppress(OSError):
             temp.unlink()
-        raise
+        cause = os_error_in(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        # Name the user's path, not the hidden temporary file the OS complained of.
+        raise write_error(path, cause, state) from e
     # Make the rename itself durable (a crash right after could otherwise undo it).
     with contextlib.suppress(OSError):
         directory = os.open(path.parent, os.O_RDONLY)
@@ -107,50 +132,49 @@ def save_checkpoint(
         optimizer: its state (momentum, Adam's moments) is saved too; without it a
             resumed run would not continue exactly where it stopped.
         **extra: plain values to keep beside them (epoch, step, the learning
-            rate, accuracy so far): numbers, strings, lists, dicts, tensors.
+            rate, accuracy so far): numbers, strings, lists, tuples, dicts,
+            tensors. A numpy scalar is kept as the Python number it holds
+            (``np.float64(0.5)`` loads as ``0.5``) and an enum member as its
+            ``.value``, because :func:`load_checkpoint` could not read them back.
 
     Returns:
         The path written.
 
     Raises:
-        TypeError: an ``extra`` value that is not plain data (it could not be loaded
-            back safely).
+        TypeError: a value (in ``extra``, the model's or the optimizer's state)
+            that :func:`load_checkpoint` could not read back, e.g. a numpy array
+            or a namedtuple; the message names where it is
+            (``extra['history'][3]``) and its type. Raised on every rank.
+        OSError: the file could not be written (a parent of ``path`` is a file,
+            ``path`` is a folder, the folder is read-only or not yours, the disk
+            or quota is full); the message names ``path``, the cause and a fix,
+            and any previous checkpoint at ``path`` is left intact.
 
     Example:
         >>> save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=3)  # doctest: +SKIP
     """
     path = Path(path)
-    _check_plain(extra)
+    # Every rank checks (cheap: references, no copies), so that a value that cannot
+    # be saved stops all ranks with the same error instead of rank 0 alone while
+    # the others wait at the barrier.
+    state = {
+        "format": _FORMAT,
+        "model": plain_copy(_unwrap(model).state_dict(), "model.state_dict()"),
+        "optimizer": (
+            plain_copy(optimizer.state_dict(), "optimizer.state_dict()")
+            if optimizer is not None
+            else None
+        ),
+        "extra": plain_copy(extra, "extra"),
+    }
     rank, distributed = _distributed()
     if rank == 0:
-        state = {
-            "format": _FORMAT,
-            "model": _unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "extra": extra,
-        }
         _write_atomically(state, path)
     if distributed:
         import torch.distributed as dist
 
         dist.barrier()
     return path
-
-
-def _check_plain(value: Any, where: str = "extra") -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_plain(item, f"{where}[{key!r}]")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
-    elif not isinstance(value, int | float | str | bool | torch.Tensor | type(None)):
-        raise TypeError(
-            f"{where} is a {type(value).__name__}; a checkpoint keeps plain values "
-            "only "
-            "(numbers, strings, lists, dicts, tensors), so that loading it runs no "
-            "code; pass e.g. its state_dict() or a number instead"
-        )
 
 
 def load_checkpoint(
@@ -178,14 +202,24 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a whole checkpoint of this kind, or it holds no
-            optimizer state but an optimizer was passed.
+        IsADirectoryError: ``path`` is a folder.
+        ValueError: ``map_location`` names a device this machine does not have;
+            the file is cut short or damaged, is not a checkpoint of
+            :func:`save_checkpoint`, or holds a value that
+            ``torch.load(weights_only=True)`` refuses (each said apart, with the
+            type refused); or it holds no optimizer state but an optimizer was
+            passed.
 
     Example:
         >>> state = load_checkpoint("ckpt.pt", ddp_model, optimizer)  # doctest: +SKIP
         >>> start_epoch = state["epoch"] + 1                          # doctest: +SKIP
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{path} is a folder, not a checkpoint; give the checkpoint file in it",
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"no checkpoint at {path}; check the path, or start from scratch when "
@@ -194,18 +228,24 @@ def load_checkpoint(
     if map_location is None:
         first = next(iter(model.parameters()), None)
         map_location = first.device if first is not None else "cpu"
+    else:
+        check_device(map_location)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise  # it cannot be read (permissions, I/O): its message names the path
     except Exception as e:
-        raise ValueError(
-            f"{path} is not a readable checkpoint ({type(e).__name__}: {e}); it may be "
-            "truncated by a write that was not atomic. Use an older checkpoint or "
-            "start again"
-        ) from e
+        raise read_error(path, e) from e
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        found = (
+            f"format {state['format']!r}"
+            if isinstance(state, dict) and "format" in state
+            else f"a {type(state).__name__} without a format {_FORMAT} marker"
+        )
         raise ValueError(
-            f"{path} was not written by save_checkpoint (no format {_FORMAT} marker); "
-            "load it with torch.load instead"
+            f"{path} was not written by save_checkpoint (it holds {found}); load it "
+            "with torch.load instead, or give the path of a checkpoint that "
+            "save_checkpoint wrote"
         )
     _unwrap(model).load_state_dict(state["model"])
     if optimizer is not None:

@@ -198,7 +198,9 @@ def launch(
             ``math.inf``) for no limit.
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
-        show: "auto" (live in the cell), "lines" (plain lines) or "none".
+        show: "auto" (live in the cell), "lines" (plain lines) or "none". A cell
+            shows each rank's last 200 lines; the result keeps the last 10,000
+            of each rank and stream.
         trace: record every point-to-point and collective call of each rank
             (operation, peers, tensor values or shapes, times) into
             ``RunResult.traces``, for the communication diagrams.

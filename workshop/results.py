@@ -19,8 +19,11 @@ class RunResult:
         backend: the process group's backend ("gloo" or "nccl").
         start_method: how ranks were started ("fork", "server" or "spawn").
         returns: what ``fn`` returned on each rank (GPU tensors come back on the CPU).
-        stdout: everything each rank printed to stdout.
-        stderr: everything each rank printed to stderr.
+        stdout: what each rank printed to stdout: its last 10,000 lines (at most
+            2,000,000 characters), each line cut at 10,000 characters with a
+            count of the rest, under a first line "[... N earlier lines dropped;
+            the last M kept ...]" when lines were dropped.
+        stderr: the same for stderr.
         exit_codes: each rank's exit code (negative: ended by that signal).
         wall_times: seconds each rank ran, from its start to its end.
         pids: each rank's process id (gone by the time you read this).

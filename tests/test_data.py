@@ -3,9 +3,7 @@ seeded loaders and the loader timer."""
 
 from __future__ import annotations
 
-import pickle
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,6 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from workshop.data import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    cifar10,
     digits,
     make_loader,
     synthetic,
@@ -93,113 +88,6 @@ def test_digits_upsamples_to_any_size():
 def test_digits_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         digits(**kwargs)
-
-
-# --- CIFAR-10 from a folder -----------------------------------------------------------
-
-_PER_BATCH = 3
-_NAMES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-
-
-def _write_cifar(root: Path, skip: tuple[str, ...] = ()) -> Path:
-    """A stand-in CIFAR-10 in the real format (pickled dicts of uint8 rows), with
-    _PER_BATCH images per batch file. Image j of file i is filled with the value
-    10 * i + j in every pixel, and its label is (i + j) % 10."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    for i, name in enumerate(_NAMES):
-        if name in skip:
-            continue
-        values = [10 * i + j for j in range(_PER_BATCH)]
-        batch = {
-            "batch_label": f"fake {name}",
-            "labels": [(i + j) % 10 for j in range(_PER_BATCH)],
-            "data": np.repeat(np.array(values, dtype=np.uint8)[:, None], 3072, axis=1),
-            "filenames": [f"{name}_{j}.png" for j in range(_PER_BATCH)],
-        }
-        with open(folder / name, "wb") as f:
-            pickle.dump(batch, f)
-    if "batches.meta" not in skip:
-        classes = ["airplane", "automobile", "bird", "cat", "deer"]
-        classes += ["dog", "frog", "horse", "ship", "truck"]
-        with open(folder / "batches.meta", "wb") as f:
-            pickle.dump({"label_names": classes, "num_vis": 3072}, f)
-    return folder
-
-
-def test_cifar10_reads_the_python_version_from_a_local_folder(tmp_path):
-    _write_cifar(tmp_path)
-    train, test = cifar10(tmp_path), cifar10(str(tmp_path), split="test")
-    assert (len(train), len(test)) == (5 * _PER_BATCH, _PER_BATCH)
-    assert train.classes[3] == "cat"
-
-    image, label = train[_PER_BATCH + 1]  # file 1 (data_batch_2), image 1
-    assert image.shape == (3, 32, 32)
-    assert image.dtype == torch.float32
-    assert label == 2
-    expected = [
-        (11 / 255 - m) / s for m, s in zip(CIFAR10_MEAN, CIFAR10_STD, strict=True)
-    ]
-    assert image[:, 0, 0].tolist() == pytest.approx(expected, abs=1e-6)
-    assert image.std(dim=(1, 2)).max().item() < 1e-6  # one value per channel
-
-    test_image, test_label = test[2]  # test_batch is file 5
-    assert test_label == (5 + 2) % 10
-    assert test_image[0, 0, 0].item() == pytest.approx((52 / 255 - 0.4914) / 0.2470)
-
-
-def test_cifar10_accepts_the_batches_folder_itself(tmp_path):
-    folder = _write_cifar(tmp_path)
-    assert len(cifar10(folder, split="test")) == _PER_BATCH
-
-
-def test_cifar10_goes_through_a_loader_and_survives_pickling(tmp_path):
-    _write_cifar(tmp_path)
-    train = cifar10(tmp_path)
-    images, labels = next(iter(make_loader(train, 4, shuffle=False)))
-    assert images.shape == (4, 3, 32, 32)
-    assert labels.tolist() == [0, 1, 2, 1]
-    # What a spawned loader worker, or a rank, does with the dataset.
-    copy = pickle.loads(pickle.dumps(train))
-    assert torch.equal(copy[7][0], train[7][0])
-
-
-def test_cifar10_in_a_folder_without_it_names_the_path_and_the_fix(tmp_path):
-    with pytest.raises(
-        FileNotFoundError,
-        match=(
-            rf"no CIFAR-10 found in '{tmp_path}': expected the folder "
-            r"'cifar-10-batches-py' \(the python version from the CIFAR-10 site\) "
-            r"inside it, but it is not there; pass the directory that contains it"
-        ),
-    ):
-        cifar10(tmp_path)
-
-
-def test_cifar10_at_a_missing_path_says_it_does_not_exist(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"but that path does not exist"):
-        cifar10(tmp_path / "nowhere")
-
-
-def test_cifar10_next_to_its_archive_says_to_unpack_it(tmp_path):
-    (tmp_path / "cifar-10-python.tar.gz").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"not yet unpacked; run `tar -xzf "):
-        cifar10(tmp_path)
-
-
-def test_cifar10_with_files_missing_lists_them(tmp_path):
-    _write_cifar(tmp_path, skip=("data_batch_3", "batches.meta"))
-    with pytest.raises(
-        FileNotFoundError,
-        match=r"is incomplete: data_batch_3, batches.meta missing",
-    ):
-        cifar10(tmp_path)
-
-
-def test_cifar10_rejects_an_unknown_split(tmp_path):
-    _write_cifar(tmp_path)
-    with pytest.raises(ValueError, match=r"split='validation' is not known"):
-        cifar10(tmp_path, split="validation")
 
 
 # --- synthetic ------------------------------------------------------------------------
@@ -330,8 +218,9 @@ def test_time_loader_rejects_no_batches():
 def test_the_docstring_examples_run():
     import doctest
 
+    import workshop.cifar
     import workshop.data
     import workshop.loaders
 
-    for module in (workshop.data, workshop.loaders):
+    for module in (workshop.data, workshop.cifar, workshop.loaders):
         assert doctest.testmod(module).failed == 0, module.__name__

@@ -7,7 +7,9 @@ Three sources, from smallest to largest:
   (notebook 01, notebook 02's DDP section, the tests).
 * :func:`cifar10`: CIFAR-10 read from a directory that is already on disk, the usual
   case on a cluster, where compute nodes often cannot reach the internet and datasets
-  live in a shared folder.
+  live in a shared folder. Its files are checked against their published MD5 sums
+  and unpickled by a reader that runs no code, since others may write that folder
+  (:mod:`workshop.cifar`, re-exported here).
 * :func:`synthetic`: random images made on demand, for throughput measurements where
   the data does not matter but its shape does.
 
@@ -19,13 +21,12 @@ delivers samples.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from .cifar import CIFAR10_MEAN, CIFAR10_STD, cifar10
 from .loaders import make_loader, time_loader
 
 __all__ = [
@@ -39,12 +40,6 @@ __all__ = [
 ]
 
 _SPLITS = ("train", "test")
-
-#: Per-channel mean and standard deviation of CIFAR-10's training images in [0, 1].
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-_CIFAR_FOLDER = "cifar-10-batches-py"
 
 
 def _check_split(split: str) -> None:
@@ -125,113 +120,6 @@ def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset
     images = train_images if split == "train" else to_tensor(x_test)
     labels = y_train if split == "train" else y_test
     return TensorDataset((images - mean) / std, torch.from_numpy(labels.copy()))
-
-
-def _cifar_root(path: str | Path) -> Path:
-    """The directory that holds ``cifar-10-batches-py``, or a clear error."""
-    given = Path(path).expanduser()
-    if given.name == _CIFAR_FOLDER and given.is_dir():
-        root = given.parent
-    elif (given / _CIFAR_FOLDER).is_dir():
-        root = given
-    else:
-        if not given.exists():
-            found = "that path does not exist"
-        elif not given.is_dir():
-            found = "that path is a file, not a directory"
-        elif (given / "cifar-10-python.tar.gz").exists():
-            found = (
-                "it holds the archive cifar-10-python.tar.gz, not yet unpacked; run "
-                f"`tar -xzf {given / 'cifar-10-python.tar.gz'} -C {given}` first"
-            )
-        else:
-            found = "it is not there"
-        raise FileNotFoundError(
-            f"no CIFAR-10 found in {str(given)!r}: expected the folder "
-            f"{_CIFAR_FOLDER!r} (the python version from the CIFAR-10 site) inside "
-            f"it, but {found}; pass the directory that contains it"
-        )
-    folder = root / _CIFAR_FOLDER
-    expected = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-    missing = [name for name in expected if not (folder / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"CIFAR-10 in {str(folder)!r} is incomplete: {', '.join(missing)} "
-            f"missing (expected {', '.join(expected)}); unpack "
-            f"cifar-10-python.tar.gz again in {str(root)!r}"
-        )
-    return root
-
-
-@functools.cache
-def _local_cifar10_class() -> type:
-    """torchvision's CIFAR10 reading the same files without their MD5 sums.
-
-    torchvision would otherwise hash all 170 MB again in every rank at every start,
-    one more full read from a shared file system that every rank is already reading,
-    and would refuse a small stand-in with the same layout (the tests write one).
-    :func:`_cifar_root` has checked that the files are there, and a damaged file
-    still fails when it is unpickled. (torchvision skips the check of a file whose
-    checksum is None.) Made on first use because importing torchvision takes seconds
-    that the digits lessons need not pay.
-    """
-    from torchvision.datasets import CIFAR10
-
-    class _LocalCIFAR10(CIFAR10):
-        train_list: ClassVar = [[name, None] for name, _ in CIFAR10.train_list]
-        test_list: ClassVar = [[name, None] for name, _ in CIFAR10.test_list]
-        meta: ClassVar = {**CIFAR10.meta, "md5": None}
-
-    _LocalCIFAR10.__module__ = __name__
-    _LocalCIFAR10.__qualname__ = "_LocalCIFAR10"
-    return _LocalCIFAR10
-
-
-def __getattr__(name: str) -> Any:
-    # pickle finds a class by its module and name: a DataLoader worker started with
-    # spawn (or a rank started by workshop.launch) gets the class from here without
-    # having called cifar10() itself.
-    if name == "_LocalCIFAR10":
-        return _local_cifar10_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def cifar10(path: str | Path, split: str = "train") -> Dataset:
-    """CIFAR-10 from a directory already on disk; never downloads.
-
-    Uses torchvision's ``CIFAR10`` reader with ``download=False``. Images come back as
-    float32 tensors (3, 32, 32), normalised per channel with :data:`CIFAR10_MEAN` and
-    :data:`CIFAR10_STD`; labels are ints 0..9.
-
-    Args:
-        path: the directory that contains ``cifar-10-batches-py`` (the "CIFAR-10
-            python version" archive, unpacked), or that folder itself. On a cluster,
-            the shared datasets directory.
-        split: "train" (50,000 images) or "test" (10,000).
-
-    Returns:
-        A map-style dataset of (image, label).
-
-    Raises:
-        FileNotFoundError: no ``cifar-10-batches-py`` at ``path``, or some of its
-            files are missing; the message says what was found.
-        ValueError: an unknown split.
-
-    Example:
-        >>> train = cifar10("/shared/datasets")            # doctest: +SKIP
-        >>> train[0][0].shape                               # doctest: +SKIP
-        torch.Size([3, 32, 32])
-    """
-    from torchvision import transforms
-
-    _check_split(split)
-    root = _cifar_root(path)
-    transform = transforms.Compose(
-        [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
-    )
-    return _local_cifar10_class()(
-        str(root), train=split == "train", transform=transform, download=False
-    )
 
 
 class _Synthetic(Dataset):

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # local_slurm.sh: a private, single-node Slurm cluster on this machine, for trying the
 # batch scripts in slurm/ and for the tests. Nothing is installed or written outside
-# DIR, and it listens on loopback ports chosen free at start.
+# DIR, and it listens on loopback ports chosen free at start: its daemons and the
+# jobs' srun steps accept connections from this machine only. Slurm listens on the
+# address the host name resolves to, so `start` refuses where that is not a loopback
+# one (Debian's /etc/hosts maps the name to 127.0.1.1).
 #
 #   bash scripts/local_slurm.sh start DIR   # prints the line to export SLURM_CONF
 #   export SLURM_CONF=DIR/slurm.conf
@@ -23,8 +26,25 @@ usage() { echo "usage: $0 start|stop|stop-daemons DIR" >&2; exit 2; }
 ACTION="$1"
 DIR="$(mkdir -p "$2" && cd "$2" && pwd)"
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+free_port() {  # ADDRESS
+    python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0))
+print(s.getsockname()[1])' "$1"
+}
+
+loopback_address() {  # NAME: its address, if it is a loopback one
+    # Slurm binds its listening sockets, with NoInAddrAny, to the first address that
+    # getaddrinfo gives for the host name (IPv4, AI_ADDRCONFIG). Print that address;
+    # fail, printing what the name resolves to, when it is not on loopback.
+    python3 -c 'import ipaddress, socket, sys
+try:
+    found = socket.getaddrinfo(sys.argv[1], None, socket.AF_INET, socket.SOCK_STREAM,
+                               0, socket.AI_ADDRCONFIG)
+except OSError as e:
+    sys.exit(f"no address ({e})")
+addresses = [info[4][0] for info in found]
+if not ipaddress.ip_address(addresses[0]).is_loopback:
+    sys.exit(", ".join(dict.fromkeys(addresses)))
+print(addresses[0])' "$1"
 }
 
 stop_daemons() {
@@ -54,12 +74,25 @@ start() {
     done
     if [[ ${#missing[@]} -gt 0 ]]; then
         echo "local_slurm.sh: not found: ${missing[*]}. Install Slurm and munge" \
-            "(Debian: apt-get install slurm-wlm munge), e.g. with make setup as root" >&2
+            "(Debian: apt-get install slurm-wlm munge), e.g. with make setup as" \
+            "root" >&2
         exit 1
     fi
     if [[ "$(id -u)" -ne 0 ]]; then
         echo "local_slurm.sh: slurmd starts jobs as their users, so it needs root;" \
             "run as root, or submit to a real cluster's Slurm" >&2
+        exit 1
+    fi
+    # Every daemon and srun listens on the address the host name resolves to, not on
+    # all interfaces (CommunicationParameters below): that must be a loopback one.
+    local name addr
+    name="$(hostname)"
+    if ! addr="$(loopback_address "$name" 2>&1)"; then
+        echo "local_slurm.sh: this machine's host name $name resolves to $addr," \
+            "not a loopback address; the private cluster would listen there, where" \
+            "other machines can reach it. Map the name to loopback (a line" \
+            "'127.0.1.1 $name' in /etc/hosts, as Debian does), or submit to a real" \
+            "cluster's Slurm" >&2
         exit 1
     fi
     stop  # a cluster left in DIR by an earlier run
@@ -72,9 +105,12 @@ start() {
     cat >"$DIR/slurm.conf" <<EOF
 # Written by scripts/local_slurm.sh: one node, this machine, on loopback.
 ClusterName=workshop
-SlurmctldHost=$host(127.0.0.1)
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
+SlurmctldHost=$host($addr)
+SlurmctldPort=$(free_port "$addr")
+SlurmdPort=$(free_port "$addr")
+# Listen on the host name's address ($addr, loopback), not on 0.0.0.0: slurmctld
+# (NoCtldInAddrAny), and slurmd, slurmstepd and srun (NoInAddrAny).
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 AuthType=auth/munge
 AuthInfo=socket=$DIR/run/munge.socket
 CredType=cred/munge
@@ -95,7 +131,7 @@ SlurmdLogFile=$DIR/log/slurmd.log
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=$host NodeAddr=$addr CPUs=$cpus RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
     munged --force --socket="$DIR/run/munge.socket" --key-file="$DIR/munge/munge.key" \

@@ -193,7 +193,9 @@ def _start_private() -> SlurmCluster:
 
     Raises:
         RuntimeError: ``local_slurm.sh start`` failed; the message has its error
-            and the folder with the logs.
+            and the folder with the logs, if it got as far as writing any. It
+            refuses, for one, where the host name resolves to an address other
+            machines can reach: the cluster listens on that address.
     """
     folder = Path(tempfile.mkdtemp(prefix="workshop-slurm-"))
     # The watchdog first: should this process die during the start, it still stops
@@ -221,9 +223,15 @@ def _start_private() -> SlurmCluster:
     if failure:
         _slurm_watchdog.stop_cluster(folder, _LOCAL_SLURM)
         _end(watchdog)
+        logs = folder / "log"
+        if not logs.is_dir():
+            # Refused before starting anything (no Slurm, not root, a host name that
+            # is not on loopback): there is nothing to look at, so nothing to keep.
+            shutil.rmtree(folder, ignore_errors=True)
+            raise RuntimeError(f"could not start a private Slurm cluster: {failure}")
         raise RuntimeError(
             f"could not start a private Slurm cluster in {folder}: {failure}; its "
-            f"logs are in {folder / 'log'}"
+            f"logs are in {logs}"
         )
     _unique_job_ids(folder / "slurm.conf")
     cluster = SlurmCluster(

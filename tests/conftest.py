@@ -9,6 +9,7 @@ and "auto" falls back to the fork server)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -235,6 +236,32 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] not in (b"Z", b"X"):
             found.append(int(entry.name))
     return found
+
+
+def _host_address() -> str:
+    """The IPv4 address this machine's host name resolves to, the one Slurm's daemons
+    bind to; "" when it does not resolve."""
+    import socket
+
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+
+
+_SLURM_MISSING = shutil.which("slurmctld") is None or os.geteuid() != 0
+needs_slurm = pytest.mark.skipif(
+    _SLURM_MISSING,
+    reason="needs Slurm's daemons and munge, and root to run slurmd "
+    "(make setup installs them as root: slurm-wlm munge)",
+)
+# The private cluster listens on the address the host name resolves to, and
+# local_slurm.sh refuses to start where that is not loopback.
+needs_private_slurm = pytest.mark.skipif(
+    _SLURM_MISSING or not _host_address().startswith("127."),
+    reason="needs Slurm's daemons, root, and a host name that resolves to loopback "
+    f"(here: {_host_address() or 'none'}), where local_slurm.sh starts a cluster",
+)
 
 
 @pytest.fixture

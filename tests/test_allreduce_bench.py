@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import matplotlib
 import pytest
-from conftest import repo_env
+from conftest import clean_env, repo_env
 from figure_helpers import texts_on
 
 from workshop.bench.allreduce_bench import (
@@ -25,7 +26,7 @@ from workshop.bench.allreduce_bench import (
     save_allreduce,
 )
 from workshop.bench.allreduce_result import human_size
-from workshop.bench.allreduce_worker import check_sweep
+from workshop.bench.allreduce_worker import check_reference, check_sweep
 from workshop.comm_plots import plot_allreduce
 from workshop.costmodel import ring_allreduce_time
 
@@ -166,6 +167,21 @@ def test_one_rank_is_refused_before_anything_starts():
         measure_allreduce(1)
 
 
+def test_a_reference_copy_too_small_to_time_is_refused_before_anything_starts():
+    # 0 became a 4-byte copy, and busbw was reported as 160% (or 800%) of it.
+    message = (
+        r"a reference copy of 0 bytes is too small to time: give 1 MiB or more "
+        r"\(--reference-size 1M, reference_bytes=1048576\); the default is 256 MiB\. "
+        r"A smaller copy takes a few microseconds, mostly the call's own cost, so "
+        r"its bandwidth says nothing about memory"
+    )
+    with pytest.raises(ValueError, match=message):
+        measure_allreduce(2, sizes=[4096], reference_bytes=0)
+    with pytest.raises(ValueError, match=r"a reference copy of 1048572 bytes is too"):
+        check_reference((1 << 20) - 4)
+    assert check_reference(1 << 20) == 1 << 20
+
+
 def test_the_sweep_outside_a_rank_says_how_to_run_it():
     with pytest.raises(RuntimeError, match=r"runs inside a rank .*measure_allreduce"):
         allreduce_sweep([4096])
@@ -217,7 +233,7 @@ def test_every_rank_returns_the_same_result(no_leftover_children):
         repeats=2,
         warmup=0,
         min_time=0,
-        reference_bytes=4096,
+        reference_bytes=1 << 20,  # the smallest reference allowed
         world_size=2,
         show="none",
     )
@@ -233,7 +249,7 @@ def test_min_time_repeats_fast_sizes_up_to_max_repeats(no_leftover_children):
         repeats=3,
         warmup=2,
         min_time=60.0,
-        reference_bytes=4096,
+        reference_bytes=1 << 20,  # the smallest reference allowed
         max_repeats=7,
     )
     assert len(result.seconds[0]) == 7  # 60 s of 4 KiB calls, cut at 7
@@ -563,6 +579,15 @@ def test_cli_under_torchrun_joins_the_job_and_rank_0_reports(tmp_path):
         (["--world-size", "1"], "--world-size 1: an all-reduce needs 2 ranks or more"),
         (["--max-size", "3X"], "cannot read the size '3X'"),
         (["--repeats", "0"], "repeats=0: time each size at least once"),
+        (
+            ["--reference-size", "0"],
+            "argument --reference-size: a reference copy of 0 bytes is too small to "
+            "time: give 1 MiB or more (--reference-size 1M, ",
+        ),
+        (
+            ["--reference-size", "64K"],
+            "a reference copy of 65536 bytes is too small to time: give 1 MiB or more",
+        ),
     ],
 )
 def test_cli_rejects_bad_options_before_starting_ranks(
@@ -578,6 +603,64 @@ def test_cli_rejects_bad_options_before_starting_ranks(
     assert code == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def _cli_without_a_launcher(monkeypatch, *args: str) -> int:
+    """``python -m workshop.bench allreduce ARGS`` in this process, as if no launcher
+    started it (a test run under srun or mpirun has their variables)."""
+    from workshop.bench.__main__ import main as bench
+
+    for key in set(os.environ) - set(clean_env()):
+        monkeypatch.delenv(key)
+    return bench(["allreduce", *args])
+
+
+def test_cli_checks_that_out_can_be_written_before_starting_ranks(
+    tmp_path, monkeypatch, capsys
+):
+    # As root, chmod stops no write: a path under a regular file cannot be made.
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "ar"
+    assert _cli_without_a_launcher(monkeypatch, "--out", str(out)) == 2
+    shown = capsys.readouterr()
+    assert shown.err == (
+        f"error: --out {out}: cannot write files there ({tmp_path / 'file.txt'} is a "
+        "file, not a folder); checked before measuring. Pass a PREFIX in a folder "
+        "you can write, e.g. --out runs/ar\n"
+    )
+    assert shown.out == ""  # no rank was started
+
+
+def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
+    tmp_path, monkeypatch, capsys
+):
+    from workshop.bench import allreduce_bench
+
+    folder = tmp_path / "runs"
+
+    def measured(*args, **kwargs):
+        # The folder was writable when checked, and is gone by the end (a file
+        # took its place), as when a shared disk fills or a job's folder is cleared.
+        folder.rmdir()
+        folder.write_text("not a folder")
+        return _synthetic()
+
+    monkeypatch.setattr(allreduce_bench, "measure_allreduce", measured)
+    prefix = folder / "ar"
+    assert _cli_without_a_launcher(monkeypatch, "--out", str(prefix), "--plot") == 1
+    shown = capsys.readouterr()
+    assert shown.err == (
+        f"could not write the results to {prefix}.json ({folder} is a file, not a "
+        "folder). They follow as that file would have held them: copy the lines "
+        "between the markers to ar.json in a folder you can write\n"
+    )
+    assert "ring model: alpha = 300.0 us per step" in shown.out  # the summary, too
+    assert "wrote " not in shown.out
+    text = shown.out.split("----- ar.json -----\n")[1]
+    text = text.split("\n----- end of ar.json -----")[0]
+    (tmp_path / "kept.json").write_text(text)
+    kept = load_allreduce(tmp_path / "kept.json")
+    assert kept.seconds == _synthetic().seconds  # every repetition, none lost
 
 
 def test_cli_under_a_launcher_of_one_rank_asks_for_two(monkeypatch, capsys):

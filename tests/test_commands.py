@@ -520,6 +520,40 @@ def test_an_unknown_program_says_what_to_install(monkeypatch, tmp_path):
         run_command([PYTHON], timeout=0)
 
 
+def test_a_command_given_as_a_string_is_refused_with_its_list_form(capsys):
+    # A string would be iterated letter by letter: "program 'e' not found".
+    with pytest.raises(
+        TypeError,
+        match=r"^run_command\(command\) must be a list of words, not a string: got "
+        r"'echo hi'\. Pass \['echo', 'hi'\] \(shlex\.split\('echo hi'\) gives it\); "
+        r"no shell runs the command, so pipes, \$VARIABLES and && would not work",
+    ):
+        run_command("echo hi", show=False)
+    with pytest.raises(TypeError, match=r"must be a list of words, like \[sys\."):
+        run_command(Path("s.py"), show=False)  # type: ignore[arg-type]
+    with pytest.raises(
+        TypeError,
+        match=r"^run_commands takes a list of commands, each a list of words; got "
+        r"the string 'echo hi'\. For one command call run_command\(\['echo', 'hi'\]\)"
+        r", or run_commands\(\[\['echo', 'hi'\]\]\)$",
+    ):
+        run_commands("echo hi", show=False)
+    with pytest.raises(
+        TypeError,
+        match=r"got a list of strings, \['echo hi', 'ls -l'\]\. If that is one "
+        r"command, call run_command\(\['echo hi', 'ls -l'\]\); if each string is a "
+        r"command, split each: run_commands\(\[\['echo', 'hi'\], \['ls', '-l'\]\]\)$",
+    ):
+        run_commands(["echo hi", "ls -l"], show=False)
+    with pytest.raises(
+        TypeError,
+        match=r"^run_commands: command 1 must be a list of words, not a string: got "
+        r"'ls -l'\. Pass \['ls', '-l'\]",
+    ):
+        run_commands([[PYTHON, "-V"], "ls -l"], show=False)
+    assert capsys.readouterr().out == ""  # refused before anything was shown or run
+
+
 def test_a_timeout_stops_a_tree_that_ignores_sigterm(tmp_path, mark):
     # Like torchrun: children in sessions of their own; unlike it, all of them
     # ignore SIGTERM, so only SIGKILL after the grace period ends them.

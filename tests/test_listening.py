@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, free_port, gone, repo_env
+from conftest import (
+    ROOT,
+    clean_env,
+    free_port,
+    gone,
+    needs_private_slurm,
+    needs_slurm,
+    repo_env,
+)
 
 from workshop import _slurm_watchdog
 from workshop._reaper import descendants
@@ -317,11 +325,6 @@ def test_a_launch_listens_on_loopback_only(tmp_path):
 
 # --- (b) the private Slurm cluster ---------------------------------------------------
 
-needs_slurm = pytest.mark.skipif(
-    shutil.which("slurmctld") is None or os.geteuid() != 0,
-    reason="needs Slurm's daemons and munge, and root to run slurmd "
-    "(make setup installs them as root: slurm-wlm munge)",
-)
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 
 
@@ -334,7 +337,7 @@ def _conf(folder: Path) -> dict[str, str]:
     return pairs
 
 
-@needs_slurm
+@needs_private_slurm
 def test_the_private_slurm_cluster_and_its_job_steps_listen_on_loopback_only(
     tmp_path,
 ):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import statistics
 from types import SimpleNamespace
 
 import pytest
-from conftest import run_module
+from conftest import clean_env, run_module
 from scaling_helpers import scaling_result
 
 from workshop.bench import allreduce_bench
@@ -318,6 +319,131 @@ def test_cli_reports_a_bad_global_batch_without_starting_ranks():
     bad = _bench("--world-sizes", "1,x")
     assert bad.returncode == 2
     assert "'1,x' is not a list of rank counts; write them like 1,2,4" in bad.stderr
+
+
+def _bench_here(monkeypatch, *args: str) -> int:
+    """``python -m workshop.bench scaling ARGS`` in this process, as if no launcher
+    started it (a test run under srun or mpirun has their variables); its exit code,
+    argparse's included."""
+    from workshop.bench.__main__ import main as bench
+
+    for key in set(os.environ) - set(clean_env()):
+        monkeypatch.delenv(key)
+    try:
+        return bench(["scaling", *args])
+    except SystemExit as exc:  # argparse's own errors
+        return exc.code
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Each of these was taken for "the default" (32) or passed over before.
+        (["--batch", "0"], "argument --batch: '0' is not a whole number of samples, "
+         "1 or more; pass, e.g., --batch 32, or leave the option out for its default"),
+        (["--image-size", "0"], "argument --image-size: '0' is not a whole number of "
+         "pixels, 1 or more; pass, e.g., --image-size 32"),
+        (["--global-batch", "0"], "argument --global-batch: '0' is not a whole "
+         "number of samples, 1 or more; pass, e.g., --global-batch 64"),
+        (["--steps", "0"], "argument --steps: '0' is not a whole number of steps, 1 "
+         "or more"),
+        (["--warmup", "-1"], "argument --warmup: '-1' is not a whole number of steps, "
+         "0 or more"),
+        (["--timeout", "0"], "argument --timeout: '0' is not a number of seconds "
+         "above 0; pass, e.g., --timeout 600"),
+        (["--baseline", "/missing"], "argument --baseline: cannot use '/missing' as a "
+         "baseline: no scaling results at '/missing'; write them with `python -m "
+         "workshop.bench scaling --out PREFIX` (PREFIX.json)"),
+        (["--allreduce-json", "/missing"], "argument --allreduce-json: no file "
+         "'/missing' (looked from "),
+        (["--image-size", "2"], "image_size=2 is not a whole number of pixels, 4 or "
+         "more, for model 'cnn' (its two 2x2 poolings need 4); pass, e.g., "
+         "image_size=32"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_bad_values_before_measuring(monkeypatch, capsys, args, message):
+    assert _bench_here(monkeypatch, "--world-sizes", "1", *args) == 2
+    shown = capsys.readouterr()
+    assert message in shown.err
+    assert "measuring" not in shown.out  # nothing started
+
+
+def test_measure_scaling_refuses_an_image_size_of_zero():
+    with pytest.raises(
+        ValueError,
+        match=r"image_size=0 is not a whole number of pixels, 1 or more, for model "
+        r"'resnet18'; pass, e.g., image_size=224, or None for that default",
+    ):
+        measure_scaling((1,), model="resnet18", image_size=0)
+
+
+def test_cli_refuses_a_baseline_when_it_measures_every_world_size_itself(
+    monkeypatch, capsys, tmp_path
+):
+    baseline, _ = scaling_result([]).save(tmp_path / "base")
+    assert _bench_here(monkeypatch, "--baseline", str(baseline)) == 2
+    shown = capsys.readouterr()
+    assert (
+        "python -m workshop.bench scaling: --baseline compares a run that torchrun, "
+        "srun or mpirun started at one world size with an earlier run; this run "
+        "measures every world size itself and compares them with the smallest. "
+        "Leave --baseline out, or run under a launcher"
+    ) in shown.err
+    assert "measuring" not in shown.out
+
+
+def test_cli_checks_that_out_can_be_written_before_measuring(
+    monkeypatch, capsys, tmp_path
+):
+    # As root, chmod stops no write: a path under a regular file cannot be made.
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "out"
+    assert _bench_here(monkeypatch, "--world-sizes", "1", "--out", str(out)) == 2
+    shown = capsys.readouterr()
+    assert (
+        f"python -m workshop.bench scaling: --out {out}: cannot write files there "
+        f"({tmp_path / 'file.txt'} is a file, not a folder); checked before "
+        "measuring. Pass a PREFIX in a folder you can write, e.g. --out runs/out"
+    ) in shown.err
+    assert "measuring" not in shown.out
+    # A folder that is missing is made (and nothing is left in it but the results).
+    made = tmp_path / "new" / "deeper"
+    from workshop.bench.bench_output import check_writable
+
+    assert check_writable(made / "scale") == made and list(made.iterdir()) == []
+
+
+def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
+    monkeypatch, capsys, tmp_path
+):
+    from workshop.bench import scaling_bench
+    from workshop.bench.scaling_results import ScalingRow
+
+    folder = tmp_path / "runs"
+    row = ScalingRow("weak", 1, 8, 8, 2, 800.0, 0.01, 0.008, 0.002, 0.0, 0.0)
+
+    def measured(*args, **kwargs):
+        # The folder was writable when checked, and is gone by the end (a file
+        # took its place), as when a shared disk fills or a job's folder is cleared.
+        folder.rmdir()
+        folder.write_text("not a folder")
+        return scaling_result([row])
+
+    monkeypatch.setattr(scaling_bench, "measure_scaling", measured)
+    prefix = folder / "scale"
+    assert _bench_here(monkeypatch, "--world-sizes", "1", "--out", str(prefix)) == 1
+    shown = capsys.readouterr()
+    assert (
+        f"could not write the results to {prefix}.json ({folder} is a file, not a "
+        "folder). They follow as that file would have held them: copy the lines "
+        "between the markers to scale.json in a folder you can write"
+    ) in shown.err
+    assert "mode    ranks batch/rank  samples/s" in shown.out  # the table, as ever
+    text = shown.out.split("----- scale.json -----\n")[1]
+    text = text.split("\n----- end of scale.json -----")[0]
+    kept = tmp_path / "kept.json"
+    kept.write_text(text)
+    assert load_scaling(kept).rows[0].samples_per_second == 800.0  # nothing lost
 
 
 def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path, run):

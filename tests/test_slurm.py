@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import pytest
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, needs_private_slurm
 
 from workshop import _slurm_cluster, _slurm_watchdog, load_scaling, plot_scaling
 from workshop import slurm as slurm_module
@@ -51,6 +51,7 @@ def _started(launcher: str, attempt: int) -> str:
         f"2 ranks on 1 node(s), started by {launcher}, backend {BACKEND_2}, "
         f"attempt {attempt}"
     )
+
 
 PYTHON = sys.executable
 CPU_NODE = {"nodes": 1, "ntasks_per_node": 2, "gpus_per_node": 0}
@@ -236,6 +237,62 @@ def test_submit_errors_say_what_to_do(tmp_path, monkeypatch):
         submit("slurm/hello_ranks.sbatch", nodes=3, output_dir=tmp_path)
 
 
+def test_a_slurm_conf_that_names_no_file_is_refused_before_sbatch_runs(
+    tmp_path, monkeypatch, capsys
+):
+    # A real sbatch would retry the missing file for 60 s, then blame the options.
+    log = tmp_path / "ran"
+    for tool in ("sbatch", "scontrol", "sacct"):
+        _fake(tmp_path / "bin", tool, f"echo {tool} >> {log}\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    missing = tmp_path / "gone" / "slurm.conf"
+    monkeypatch.setenv("SLURM_CONF", str(missing))
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^SLURM_CONF={re.escape(str(missing))} names a file that does not "
+        r"exist, not a Slurm "
+        r"configuration file, so Slurm's commands would retry reading it for 60 s "
+        r"and then fail\. HINT: unset it to use this machine's own configuration "
+        r"\(os\.environ\.pop\(\"SLURM_CONF\"\) here, `unset SLURM_CONF` in a "
+        r"shell\), or point it at an existing slurm\.conf, or call "
+        r"slurm_cluster\(\)",
+    ):
+        submit("slurm/hello_ranks.sbatch", output_dir=tmp_path / "out")
+    assert not log.exists() and not (tmp_path / "out").exists()
+    assert capsys.readouterr().out == ""  # not even the sbatch line was printed
+    status = _job(tmp_path).status()  # scontrol too: UNKNOWN, with the reason
+    assert (status.state, status.source) == ("UNKNOWN", "error")
+    assert status.reason.startswith(f"SLURM_CONF={missing} names a file that does ")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path))
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^SLURM_CONF={re.escape(str(tmp_path))} names a folder, not a Slurm",
+    ):
+        submit("slurm/hello_ranks.sbatch", output_dir=tmp_path / "out")
+    assert not log.exists()
+
+
+def test_slurm_cluster_names_a_slurm_conf_that_is_not_there(tmp_path, monkeypatch):
+    # It used to wait for scontrol ping's minute of retries, then start a private
+    # cluster over the user's setting.
+    log = tmp_path / "ran"
+    for tool in ("sbatch", "scontrol", "sinfo"):
+        _fake(tmp_path / "bin", tool, f"echo {tool} >> {log}\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    missing = tmp_path / "gone" / "slurm.conf"
+    monkeypatch.setenv("SLURM_CONF", str(missing))
+    cluster = slurm_cluster()
+    assert (cluster.available, cluster.kind) == (False, "none")
+    assert str(cluster) == (
+        f"no Slurm to submit to: SLURM_CONF={missing} names a file that does not "
+        "exist, not a Slurm configuration file, so Slurm's commands would retry "
+        "reading it for 60 s and then fail. HINT: unset it to use this machine's own "
+        'configuration (os.environ.pop("SLURM_CONF") here, `unset SLURM_CONF` in a '
+        "shell), or point it at an existing slurm.conf"
+    )
+    assert not log.exists()  # no Slurm command was asked
+
+
 # --- watching a job: a fake status, no Slurm needed ----------------------------------
 
 
@@ -400,12 +457,6 @@ def test_sinfo_is_read_into_partitions_nodes_cpus_and_gpus():
 
 # --- real jobs on a private one-node cluster -----------------------------------------
 
-needs_slurm = pytest.mark.skipif(
-    shutil.which("slurmctld") is None or os.geteuid() != 0,
-    reason="needs Slurm's daemons and munge, and root to run slurmd "
-    "(make setup installs them as root: slurm-wlm munge)",
-)
-
 
 def _pgrep(pattern: str) -> list[str]:
     found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
@@ -436,6 +487,8 @@ def cluster():
     before = os.environ.pop("SLURM_CONF", None)
     try:
         started = slurm_cluster()
+        if not started.available:
+            pytest.skip(f"no private cluster could start here: {started.reason}")
         if started.kind != "private":
             pytest.skip(f"a Slurm answers here already ({started}); these tests "
                         "submit only to a private cluster of their own")  # fmt: skip
@@ -450,7 +503,7 @@ def cluster():
             os.environ["SLURM_CONF"] = before
 
 
-@needs_slurm
+@needs_private_slurm
 def test_slurm_cluster_reuses_the_private_cluster(cluster):
     assert slurm_cluster() is cluster
     assert (cluster.available, cluster.kind, cluster.nodes) == (True, "private", 1)
@@ -464,7 +517,7 @@ def test_slurm_cluster_reuses_the_private_cluster(cluster):
     assert len(_pgrep(str(cluster.folder))) == 4  # munged, slurmctld, slurmd, watchdog
 
 
-@needs_slurm
+@needs_private_slurm
 def test_hello_ranks_is_submitted_watched_and_read(cluster, tmp_path, capsys):
     job = submit(
         "slurm/hello_ranks.sbatch", **CPU_NODE, options={"cpus-per-task": 1},
@@ -492,7 +545,7 @@ def test_hello_ranks_is_submitted_watched_and_read(cluster, tmp_path, capsys):
         ) in text
 
 
-@needs_slurm
+@needs_private_slurm
 def test_train_ddp_fails_then_resumes_when_submitted_again(cluster, tmp_path):
     checkpoint = tmp_path / "train.pt"
     args = ("--epochs", "2", "--checkpoint", str(checkpoint))
@@ -516,7 +569,7 @@ def test_train_ddp_fails_then_resumes_when_submitted_again(cluster, tmp_path):
     assert re.search(r"done: weight checksum -?\d+\.\d{6}", text)
 
 
-@needs_slurm
+@needs_private_slurm
 def test_train_torchrun_restarts_the_ranks_within_the_job(cluster, tmp_path):
     checkpoint = tmp_path / "train.pt"
     job = submit(
@@ -537,7 +590,7 @@ def test_train_torchrun_restarts_the_ranks_within_the_job(cluster, tmp_path):
     assert "done: weight checksum" in text
 
 
-@needs_slurm
+@needs_private_slurm
 def test_the_scaling_job_writes_results_that_load_and_plot(cluster, tmp_path):
     job = submit("slurm/scaling.sbatch", **CPU_NODE, options={"cpus-per-task": 1},
                  output_dir=tmp_path)  # fmt: skip
@@ -599,7 +652,7 @@ def _until_task_runs(within: float = 60) -> None:
         time.sleep(0.2)
 
 
-@needs_slurm
+@needs_private_slurm
 def test_a_timeout_leaves_the_job_and_an_interrupt_cancels_it(
     cluster, tmp_path, monkeypatch, capsys
 ):
@@ -626,14 +679,14 @@ def test_a_timeout_leaves_the_job_and_an_interrupt_cancels_it(
     assert "CANCELLED AT" in job.output()
 
 
-@needs_slurm
+@needs_private_slurm
 def test_sbatch_refuses_more_nodes_than_there_are(cluster, tmp_path):
     with pytest.raises(RuntimeError, match=r"sbatch refused the job .*\n"
                        r"command: sbatch --parsable --nodes=3 "):  # fmt: skip
         submit("slurm/hello_ranks.sbatch", nodes=3, output_dir=tmp_path)
 
 
-@needs_slurm
+@needs_private_slurm
 def test_a_controller_that_answers_is_used_not_started(cluster):
     done = subprocess.run(
         [PYTHON, "-c", "from workshop.slurm import slurm_cluster; "
@@ -681,7 +734,7 @@ def _folder(kernel: subprocess.Popen) -> Path:
     raise AssertionError(f"the kernel printed no folder; exit code {kernel.wait(5)}")
 
 
-@needs_slurm
+@needs_private_slurm
 def test_a_private_cluster_stops_when_the_process_exits(tmp_path):
     kernel = _kernel(tmp_path, "exit")
     try:
@@ -696,7 +749,7 @@ def test_a_private_cluster_stops_when_the_process_exits(tmp_path):
         kernel.stdout.close()
 
 
-@needs_slurm
+@needs_private_slurm
 def test_a_killed_kernel_leaves_nothing_behind(tmp_path):
     kernel = _kernel(tmp_path, str(_sleeper(tmp_path)))
     try:
@@ -716,7 +769,7 @@ def test_a_killed_kernel_leaves_nothing_behind(tmp_path):
         kernel.stdout.close()
 
 
-@needs_slurm
+@needs_private_slurm
 @pytest.mark.parametrize("action", ["stop", "stop-daemons"])
 def test_the_stop_script_ends_running_jobs_too(tmp_path, action):
     # A job's slurmstepd and tasks outlive slurmd by design: `stop` cancels the jobs

@@ -14,6 +14,14 @@ then SIGKILL) when it gets SIGTERM, SIGINT or SIGHUP; when the kernel that start
 (``PARENT_PID``) dies, even by SIGKILL; and when the command ends but leaves processes
 behind. It exits as the command did: the same code, or killed by the same signal.
 
+One more case needs it while the command still runs: mpirun ends only once every
+rank's output pipe is closed, so a child a rank left behind (it inherited the pipe)
+keeps mpirun waiting after all its ranks ended, until the cell's timeout. So when the
+command has no process of its own left but orphans of its tree live on (re-parented
+here), those orphans are what it waits for: they are stopped the same way. While the
+command has children of its own (ranks still running), its orphans (a rank's daemon)
+are left alone until it ends.
+
 It runs as a plain script from the standard library only (``python -I``): importing
 the ``workshop`` package would import torch, seconds of start-up for every command.
 """
@@ -30,14 +38,24 @@ import time
 
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL = 0.05  # seconds between looks at the tree: a cheap loop, a prompt reaction
+_LOOK = 0.5  # seconds between looks for orphans while the command runs (reads /proc)
 _GIVE_UP = 10.0  # seconds after SIGKILL before leaving an unkillable process (state D)
 
 
 def descendants(*roots: int) -> list[int]:
     """Live (non-zombie) descendants of ``roots``, parents before children."""
+    return _below(_children(), roots)
+
+
+def _children() -> dict[int, list[int]]:
+    """The live children of every process that has some, by parent pid."""
     children: dict[int, list[int]] = {}
     for pid, ppid in _processes():
         children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def _below(children: dict[int, list[int]], roots: tuple[int, ...]) -> list[int]:
     found, todo = [], [pid for root in roots for pid in children.get(root, [])]
     while todo:
         pid = todo.pop(0)
@@ -116,11 +134,16 @@ def keep(command: list[str], parent: int, grace: float) -> int | None:
     status: int | None = None
     stopping_since: float | None = None
     warned: set[int] = set()
+    doomed: dict[int, float] = {}  # orphans stopped while the command runs: since
+    next_look = time.monotonic() + _LOOK
     while True:
         status = _reap(child.pid, status)
         # A new parent means the kernel died (even before this line first ran).
         if not (asked or status is not None or os.getppid() != parent):
-            time.sleep(_POLL)  # running: no need to read /proc
+            if time.monotonic() >= next_look:  # /proc twice a second, not 20 times
+                _stop_orphans(me, child.pid, doomed, grace)
+                next_look = time.monotonic() + _LOOK
+            time.sleep(_POLL)
             continue
         stopping_since = stopping_since or time.monotonic()
         tree = descendants(me)
@@ -136,6 +159,27 @@ def keep(command: list[str], parent: int, grace: float) -> int | None:
                 warned.add(pid)  # again on every signal it gets
                 _signal(pid, signal.SIGTERM)
         time.sleep(_POLL)
+
+
+def _stop_orphans(
+    me: int, command: int, doomed: dict[int, float], grace: float
+) -> None:
+    """While the command runs: stop the orphans of its tree (re-parented here) once
+    the command has no process of its own left, as it then waits for them; SIGTERM
+    first, SIGKILL ``grace`` seconds later. ``doomed`` keeps when each got SIGTERM."""
+    children = _children()
+    orphans = set(_below(children, (me,))) - {command, *_below(children, (command,))}
+    for pid in list(doomed):
+        if pid not in orphans:  # ended (or adopted elsewhere): forget it
+            del doomed[pid]
+    now = time.monotonic()
+    if orphans and not children.get(command):  # ranks done, leftovers live on
+        for pid in orphans - doomed.keys():
+            doomed[pid] = now
+            _signal(pid, signal.SIGTERM)
+    for pid, since in doomed.items():  # once judged leftovers, they end
+        if now - since > grace:
+            _signal(pid, signal.SIGKILL)
 
 
 def main(argv: list[str]) -> None:

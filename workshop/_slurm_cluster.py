@@ -248,6 +248,22 @@ def _start_private() -> SlurmCluster:
     return _with_sinfo(cluster)
 
 
+def conf_problem() -> str | None:
+    """What is wrong with ``SLURM_CONF``, if it names no file; else None. Every Slurm
+    command would retry reading such a file for a minute, then fail."""
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or Path(conf).is_file():
+        return None
+    what = "a folder" if Path(conf).is_dir() else "a file that does not exist"
+    return (
+        f"SLURM_CONF={conf} names {what}, not a Slurm configuration file, so "
+        "Slurm's commands would retry reading it for 60 s and then fail. "
+        "HINT: unset it to use this machine's own configuration "
+        '(os.environ.pop("SLURM_CONF") here, `unset SLURM_CONF` in a shell), '
+        "or point it at an existing slurm.conf"
+    )
+
+
 def slurm_cluster(start_private: bool = True) -> SlurmCluster:
     """Find out whether Slurm jobs can be submitted from here, and where.
 
@@ -277,6 +293,9 @@ def slurm_cluster(start_private: bool = True) -> SlurmCluster:
         return _PRIVATE
     if shutil.which("sbatch") is None:
         return SlurmCluster(False, "none", _NO_SBATCH)
+    problem = conf_problem()
+    if problem:  # a minute of retries, then a misleading answer: say it now
+        return SlurmCluster(False, "none", problem)
     ok, said = _query(["scontrol", "ping"])
     if ok:
         where = os.environ.get("SLURM_CONF")

@@ -12,6 +12,7 @@ Agents started together on this one machine share its GPUs (``_gpu_split.py``).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -237,6 +238,8 @@ def run_command(
     Raises:
         CommandError: a non-zero exit (with ``check``), or ``timeout`` passed.
         FileNotFoundError: the program is not installed, with what to install.
+        TypeError: ``command`` is a string, not a list of words (the message shows
+            the list).
         KeyboardInterrupt: the kernel was interrupted; everything was stopped.
 
     Example:
@@ -244,6 +247,7 @@ def run_command(
         >>> run_command([sys.executable, "-c", "print('hi')"], show=False).stdout
         'hi\\n'
     """
+    _words(command, "run_command(command)")
     return run_commands(
         [command], env=env, cwd=cwd, timeout=timeout, check=check, show=show,
         grace=grace, labels=[None],
@@ -282,6 +286,7 @@ def run_commands(
     Raises:
         CommandError, FileNotFoundError, KeyboardInterrupt: as :func:`run_command`;
         the error names the first command that failed.
+        TypeError: ``commands`` is not a list of commands, each a list of words.
 
     Example:
         >>> import sys
@@ -289,7 +294,25 @@ def run_commands(
         >>> [r.stdout for r in run_commands([hi, hi], show=False)]
         ['hi\\n', 'hi\\n']
     """
-    commands = [[str(word) for word in command] for command in commands]
+    if isinstance(commands, (str, bytes)):
+        line = commands.decode() if isinstance(commands, bytes) else commands
+        raise TypeError(
+            f"run_commands takes a list of commands, each a list of words; got the "
+            f"string {line!r}. For one command call run_command({_listed(line)}), "
+            f"or run_commands([{_listed(line)}])"
+        )
+    commands = list(commands)
+    if commands and all(isinstance(c, (str, os.PathLike)) for c in commands):
+        # Its words would each be taken for a command, and their letters for words.
+        words = [os.fspath(c) for c in commands]
+        each = [_listed(c) for c in words]
+        raise TypeError(
+            f"run_commands takes a list of commands, each a list of words; got a "
+            f"list of strings, {words!r}. If that is one command, call "
+            f"run_command({words!r}); if each string is a command, split each: "
+            f"run_commands([{', '.join(each)}])"
+        )
+    commands = [_words(c, f"run_commands: command {i}") for i, c in enumerate(commands)]
     labels = list(labels) if labels else [f"command {i}" for i in range(len(commands))]
     split = split_for(commands, env)
     if show and split.note:
@@ -310,6 +333,32 @@ def run_commands(
             results,
         )  # fmt: skip
     return results
+
+
+def _listed(line: str) -> str:
+    """A shell line as the list of words it stands for, as Python source."""
+    try:
+        return repr(shlex.split(line))
+    except ValueError:  # unbalanced quotes: show the line split on spaces
+        return repr(line.split())
+
+
+def _words(command: object, what: str) -> list[str]:
+    """``command`` as a list of words; a string is refused, since iterating it
+    would run each of its characters as a word ("program 'e' not found")."""
+    if isinstance(command, (str, bytes)):
+        text = command.decode() if isinstance(command, bytes) else command
+        raise TypeError(
+            f"{what} must be a list of words, not a string: got {text!r}. Pass "
+            f"{_listed(text)} (shlex.split({text!r}) gives it); no shell runs the "
+            "command, so pipes, $VARIABLES and && would not work in a string anyway"
+        )
+    if isinstance(command, os.PathLike) or not isinstance(command, Sequence):
+        raise TypeError(
+            f"{what} must be a list of words, like [sys.executable, 'train.py'], "
+            f"got {command!r}"
+        )
+    return [str(word) for word in command]
 
 
 def _check_count(name: str, value: object, least: int, example: str) -> None:

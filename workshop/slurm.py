@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._slurm_cluster import SlurmCluster, slurm_cluster
+from ._slurm_cluster import SlurmCluster, conf_problem, slurm_cluster
 from ._slurm_options import (
     find_script,
     gives_output,
@@ -61,15 +61,32 @@ _NOT_INSTALLED = (
 )
 
 
+def _check_conf() -> None:
+    """Refuse a ``SLURM_CONF`` that names no file: every Slurm command would retry
+    reading it for 60 s, then fail with a message about the configuration.
+
+    Raises:
+        FileNotFoundError: ``SLURM_CONF`` is set to a path that is not a file.
+    """
+    problem = conf_problem()
+    if problem:
+        raise FileNotFoundError(
+            problem + ", or call slurm_cluster(), which sets it when it starts a "
+            "private cluster"
+        )
+
+
 def _slurm(command: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
     """Run a Slurm command, text captured.
 
     Raises:
-        FileNotFoundError: the command is not installed (the message says what to do).
+        FileNotFoundError: the command is not installed, or ``SLURM_CONF`` names no
+            file (the message says what to do).
         RuntimeError: it did not answer within ``timeout`` seconds.
     """
     if shutil.which(command[0]) is None:
         raise FileNotFoundError(_NOT_INSTALLED.format(tool=command[0]))
+    _check_conf()
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -285,7 +302,8 @@ def submit(
         The :class:`SlurmJob`.
 
     Raises:
-        FileNotFoundError: no such script, or sbatch is not installed.
+        FileNotFoundError: no such script, sbatch is not installed, or
+            ``SLURM_CONF`` names a file that does not exist.
         ValueError, TypeError: bad options (see :func:`sbatch_options`).
         RuntimeError: sbatch refused the job; the message has its error and the
             command line.
@@ -302,6 +320,7 @@ def submit(
     extra = sbatch_options(nodes, ntasks_per_node, gpus_per_node, time, options)
     if shutil.which("sbatch") is None:
         raise FileNotFoundError(_NOT_INSTALLED.format(tool="sbatch"))
+    _check_conf()  # before sbatch spends 60 s retrying a file that is not there
     command = ["sbatch", "--parsable", *extra]
     pattern = None
     if not gives_output(extra):

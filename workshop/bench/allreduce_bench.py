@@ -21,6 +21,7 @@ way at least once.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -36,7 +37,14 @@ from .allreduce_result import (
     parse_size,
     save_allreduce,
 )
-from .allreduce_worker import allreduce_sweep, check_sweep, measure_allreduce
+from .allreduce_worker import (
+    MIN_REFERENCE_BYTES,
+    allreduce_sweep,
+    check_reference,
+    check_sweep,
+    measure_allreduce,
+)
+from .bench_output import check_writable, save_or_keep
 
 __all__ = [
     "FIT_TOLERANCE",
@@ -55,6 +63,13 @@ __all__ = [
 def _size_arg(text: str) -> int:
     try:
         return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _reference_arg(text: str) -> int:
+    try:
+        return check_reference(parse_size(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -101,9 +116,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reference-size",
-        type=_size_arg,
+        type=_reference_arg,
         default=256 * MiB,
-        help="bytes of the reference memory copy (256M)",
+        help=f"bytes of the reference memory copy (256M; "
+        f"{human_size(MIN_REFERENCE_BYTES)} at least)",
     )
     parser.add_argument(
         "--out",
@@ -123,8 +139,9 @@ def _default_world_size() -> int:
     return gpus if gpus >= 2 else 2
 
 
-def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -> None:
-    """Print the table and the fit, and write the files."""
+def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -> bool:
+    """Print the table and the fit, and write the files; False if they could not
+    be written (the JSON was printed instead)."""
     load = result.machine.get("load_average")
     print(
         f"backend {result.backend}, {result.world_size} ranks ({result.launcher}), "
@@ -137,7 +154,13 @@ def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -
         print(f"skipped (would not fit in memory): {skipped}")
     print(result.summary())
     prefix = args.out or f"allreduce-{result.backend}-N{result.world_size}"
-    written = list(save_allreduce(result, prefix))
+    written = save_or_keep(
+        lambda p: save_allreduce(result, p),
+        prefix,
+        lambda: json.dumps(result.to_dict(), indent=2),
+    )
+    if not written:
+        return False
     if args.plot:
         import matplotlib
 
@@ -148,6 +171,7 @@ def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -
         plot_allreduce(result).savefig(written[-1], dpi=110)
     print(f"wrote {', '.join(map(str, written))}")
     print(f"took {time.perf_counter() - started:.1f} s")
+    return True
 
 
 def main(args: argparse.Namespace) -> int:
@@ -171,6 +195,9 @@ def main(args: argparse.Namespace) -> int:
                 f"--world-size {args.world_size}: an all-reduce needs 2 ranks or "
                 "more; pass --world-size 2"
             )
+        # Before minutes of measuring, not after; on every rank, so that all of
+        # them stop if rank 0 (the one that writes) would fail.
+        check_writable(args.out or "allreduce", "--out")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -192,8 +219,8 @@ def main(args: argparse.Namespace) -> int:
             )
         with process_group(args.backend, timeout=args.timeout) as info:
             result = allreduce_sweep(sizes, **options)
-        if info.is_main:
-            _report(result, args, started)
+        if info.is_main and not _report(result, args, started):
+            return 1
         return 0
     world_size = args.world_size or _default_world_size()
     print(
@@ -207,5 +234,4 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    _report(result, args, started)
-    return 0
+    return 0 if _report(result, args, started) else 1

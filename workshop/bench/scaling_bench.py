@@ -40,11 +40,15 @@ a quick fit of a few all-reduce sizes timed in the same run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 from ..env import RankInfo
+from .bench_output import check_writable, save_or_keep
 from .scaling_files import load_scaling
 from .scaling_measure import (
     _assemble,
@@ -85,6 +89,58 @@ __all__ = [
 
 
 # ------------------------------------------------------------------ command line
+def _whole_arg(least: int, what: str, example: str) -> Callable[[str], int]:
+    """An argparse type: a whole number, ``least`` or more. Zero is refused, not
+    taken for "the default", so that what ran is what was asked for."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of {what}, {least} or more; pass, "
+                f"e.g., {example}, or leave the option out for its default"
+            )
+        return value
+
+    return parse
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds above 0; pass, e.g., --timeout 600"
+        )
+    return value
+
+
+def _baseline_arg(text: str) -> ScalingResult:
+    """--baseline: read at once, so that a missing or wrong file is said before
+    anything is measured."""
+    try:
+        return load_scaling(text)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot use {text!r} as a baseline: {exc}"
+        ) from None
+
+
+def _allreduce_json_arg(text: str) -> str:
+    if not (Path(text).is_file() or Path(f"{text}.json").is_file()):
+        raise argparse.ArgumentTypeError(
+            f"no file {text!r} (looked from {os.getcwd()}); pass the .json that "
+            "`python -m workshop.bench allreduce --out PREFIX` wrote, or --alpha "
+            "and --beta"
+        )
+    return text
+
+
 def _world_sizes_arg(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
@@ -111,37 +167,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="cnn", help="cnn (SmallCNN) or a ResNet name, e.g. resnet18"
     )
+    samples = _whole_arg(1, "samples", "--batch 32")
     parser.add_argument(
         "--batch",
-        type=int,
+        type=samples,
         help="samples per rank per step, weak scaling (default 32; 128 on GPUs)",
     )
     parser.add_argument(
         "--global-batch",
-        type=int,
+        type=_whole_arg(1, "samples", "--global-batch 64"),
         help="samples per step over all ranks, strong scaling (default: --batch)",
     )
-    parser.add_argument("--image-size", type=int, help="default 32 (cnn), 224 (ResNet)")
     parser.add_argument(
-        "--steps", type=int, default=20, help="timed steps of each kind"
+        "--image-size",
+        type=_whole_arg(1, "pixels", "--image-size 32"),
+        help="default 32 (cnn, 4 at least), 224 (ResNet)",
     )
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument(
+        "--steps",
+        type=_whole_arg(1, "steps", "--steps 20"),
+        default=20,
+        help="timed steps of each kind",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=_whole_arg(0, "steps", "--warmup 5"),
+        default=5,
+        help="untimed steps first",
+    )
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
     parser.add_argument("--alpha", type=float, help="seconds per ring step (+ --beta)")
     parser.add_argument("--beta", type=float, help="bytes/s per link (+ --alpha)")
     parser.add_argument(
-        "--allreduce-json", metavar="PATH", help="alpha and beta from this file"
+        "--allreduce-json",
+        metavar="PATH",
+        type=_allreduce_json_arg,
+        help="alpha and beta from this file",
     )
     parser.add_argument(
         "--baseline",
         metavar="PATH",
+        type=_baseline_arg,
         help="under torchrun: JSON of an earlier run (1 rank, say) to compare with",
     )
-    parser.add_argument("--timeout", type=float, default=600.0, help="s per launch")
+    parser.add_argument(
+        "--timeout", type=_seconds_arg, default=600.0, help="s per launch"
+    )
     parser.add_argument("--out", metavar="PREFIX", help="write PREFIX.json and .csv")
     parser.add_argument(
         "--plot", action="store_true", help="also write PREFIX.png (needs --out)"
     )
+
+
+def _json(result: ScalingResult) -> str:
+    """What :meth:`ScalingResult.save` writes to ``PREFIX.json``."""
+    import json
+    from dataclasses import asdict
+
+    from .scaling_results import _KIND
+
+    return json.dumps({"kind": _KIND, **asdict(result)}, indent=1)
 
 
 def _default_world_sizes(gpus: int) -> list[int]:
@@ -158,13 +243,14 @@ def _under_launcher(
     from ..worker import process_group
 
     _, modes = _check_settings(
-        [info.world_size], args.mode, args.steps, args.warmup, batch, args.model
-    )
+        [info.world_size], args.mode, args.steps, args.warmup, batch, args.model,
+        args.image_size,
+    )  # fmt: skip
     global_batch = args.global_batch or batch
     if "strong" in modes:
         _check_divides(global_batch, [info.world_size])
     given = _given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
-    baseline = load_scaling(args.baseline) if args.baseline else None
+    baseline = args.baseline  # read when the options were parsed
     if baseline is not None:  # before measuring, not after: say at once
         planned = [
             SimpleNamespace(
@@ -176,7 +262,7 @@ def _under_launcher(
             )
             for m in modes
         ]
-        size = args.image_size or default_image_size(args.model)
+        size = args.image_size or default_image_size(args.model)  # None: default
         _check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
     fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
     if args.world_sizes and info.is_main:
@@ -221,15 +307,29 @@ def main(args: argparse.Namespace) -> int:
         return 2
     started = time.perf_counter()
     gpus = visible_gpu_count()
-    batch = args.batch or (128 if gpus else 32)
+    batch = args.batch if args.batch is not None else (128 if gpus else 32)
     info = rank_info()
     try:
+        if args.baseline is not None and info.launcher == "none":
+            raise ValueError(
+                "--baseline compares a run that torchrun, srun or mpirun started at "
+                "one world size with an earlier run; this run measures every world "
+                "size itself and compares them with the smallest. Leave --baseline "
+                "out, or run under a launcher (torchrun --nproc_per_node=2 -m "
+                "workshop.bench scaling --baseline ...)"
+            )
+        if args.out:  # before minutes of measuring, not after; on every rank, so
+            check_writable(args.out, "--out")  # all stop if rank 0 could not write
         if info.launcher != "none":
             result = _under_launcher(args, info, batch)
             if result is None:
                 return 0
         else:
             sizes = args.world_sizes or _default_world_sizes(gpus)
+            _check_settings(  # again in measure_scaling: here, before saying it starts
+                sizes, args.mode, args.steps, args.warmup, batch, args.model,
+                args.image_size,
+            )  # fmt: skip
             print(
                 f"measuring {args.model} at world sizes {','.join(map(str, sizes))}, "
                 f"{args.mode} scaling, one launch each",
@@ -251,7 +351,7 @@ def main(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 verbose=True,
             )
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:
         print(f"python -m workshop.bench scaling: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
@@ -260,14 +360,17 @@ def main(args: argparse.Namespace) -> int:
         )
         return 1
     print("\n" + result.report())
+    code = 0
     if args.out:
-        for path in result.save(args.out):
+        written = save_or_keep(result.save, args.out, lambda: _json(result))
+        for path in written:
             print(f"wrote {path}")
-        if args.plot:
+        if args.plot and written:
             from ..scaling_plots import plot_scaling
 
             figure = plot_scaling(result, title=f"DDP scaling of {args.model}")
             figure.savefig(f"{args.out}.png", dpi=110)
             print(f"wrote {args.out}.png")
+        code = 0 if written else 1
     print(f"finished in {time.perf_counter() - started:.1f} s")
-    return 0
+    return code

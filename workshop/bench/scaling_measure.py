@@ -24,9 +24,16 @@ from .scaling_results import (
     add_speedups,
     why_not_comparable,
 )
-from .scaling_worker import CNN_NAMES, _check_divides, scaling_worker
+from .scaling_worker import (
+    CNN_NAMES,
+    _check_divides,
+    default_image_size,
+    scaling_worker,
+)
 
 __all__ = ["measure_scaling"]
+
+_CNN_MIN_IMAGE = 4  # pixels: SmallCNN's two 2x2 poolings need 4 to leave 1
 
 
 # ------------------------------------------------------------------ measuring
@@ -36,7 +43,13 @@ def _whole(name: str, value: Any, least: int) -> None:
 
 
 def _check_settings(
-    world_sizes: Any, mode: str, steps: int, warmup: int, batch: int, model: str
+    world_sizes: Any,
+    mode: str,
+    steps: int,
+    warmup: int,
+    batch: int,
+    model: str,
+    image_size: int | None = None,
 ) -> tuple[list[int], list[str]]:
     from ..models import RESNETS
 
@@ -60,6 +73,21 @@ def _check_settings(
         raise ValueError(
             f"model={model!r} is not known; pass 'cnn' or one of " + ", ".join(RESNETS)
         )
+    if image_size is not None:  # None: the model's default; 0 is not that
+        # The CNN halves the image twice (2x2 pooling): below 4 pixels nothing is
+        # left, and the ranks would fail in their first step.
+        least = _CNN_MIN_IMAGE if model in CNN_NAMES else 1
+        if (
+            isinstance(image_size, bool)
+            or not isinstance(image_size, int)
+            or image_size < least
+        ):
+            why = " (its two 2x2 poolings need 4)" if model in CNN_NAMES else ""
+            raise ValueError(
+                f"image_size={image_size!r} is not a whole number of pixels, {least} "
+                f"or more, for model {model!r}{why}; pass, e.g., image_size="
+                f"{default_image_size(model)}, or None for that default"
+            )
     return sorted(world_sizes), list(MODES) if mode == "both" else [mode]
 
 
@@ -171,7 +199,8 @@ def measure_scaling(
         global_batch: samples per step over all ranks in strong scaling; ``batch``
             when None. Must divide by every world size.
         model: "cnn" (the workshop's SmallCNN) or a ResNet name ("resnet18", ...).
-        image_size: synthetic images' size (32 for the CNN, 224 for a ResNet).
+        image_size: synthetic images' size; None for 32 (the CNN, which needs 4
+            at least) or 224 (a ResNet).
         backend: "auto", "gloo" or "nccl", the same at every world size: "auto"
             gives NCCL only where the largest world size has a GPU per rank, so
             that every row is measured on the same hardware.
@@ -201,7 +230,9 @@ def measure_scaling(
     from ..env import choose_backend
     from ..launcher import launch
 
-    sizes, modes = _check_settings(world_sizes, mode, steps, warmup, batch, model)
+    sizes, modes = _check_settings(
+        world_sizes, mode, steps, warmup, batch, model, image_size
+    )
     global_batch = batch if global_batch is None else global_batch
     if "strong" in modes:
         _whole("global_batch", global_batch, 1)

@@ -237,7 +237,7 @@ def scaling_worker(
     per_rank = per_rank_batch(mode, batch, world_size)
     torch.manual_seed(seed)
     net, default_size, classes = _build_model(model)
-    size = image_size or default_size
+    size = default_size if image_size is None else image_size
     net = net.to(device)
     grads = [p for p in net.parameters() if p.requires_grad]
     ddp = DistributedDataParallel(

@@ -67,6 +67,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_configure(config) -> None:
+    # A test run started in the background of a shell without job control (`cmd &`
+    # in a script) inherits SIGINT ignored, and so would every "kernel" it starts:
+    # the interrupt tests need Ctrl-C to raise KeyboardInterrupt, as in a notebook.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Run the tests marked ``gpu`` last, each group in its collected order.
 

@@ -102,6 +102,18 @@ def test_a_launch_inside_a_rank_is_refused_with_the_reason():
         workshop.launch(_nested, world_size=1, backend="gloo", show="none")
 
 
+def _run(code: str) -> str:
+    """What a fresh Python process running ``code`` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=repo_env(),
+        cwd=ROOT,
+        timeout=120,
+    ).stdout
+
+
 def test_a_launch_in_a_process_that_is_a_rank_already_is_refused():
     # A script started by torchrun that calls launch: its group is up already.
     code = textwrap.dedent(
@@ -117,14 +129,7 @@ def test_a_launch_in_a_process_that_is_a_rank_already_is_refused():
             dist.destroy_process_group()
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=repo_env(),
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
+    out = _run(code)
     assert (
         "launch() was called in a process whose default process group is already "
         "initialised (rank 0 of 1, started by torchrun, srun or mpirun, say)" in out
@@ -167,14 +172,7 @@ def test_a_low_open_file_limit_is_named_before_anything_starts():
             print(exc)
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=repo_env(),
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
+    out = _run(code)
     assert "world_size=30 is more ranks than this machine can run" in out
     assert "an open-file limit of 64 (ulimit -n; 3 per rank in this process" in out
     assert "launch: world_size" not in out  # nothing was started

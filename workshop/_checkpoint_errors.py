@@ -220,10 +220,8 @@ def read_error(path: Path, error: Exception) -> ValueError:
             "opening a file runs no code. save_checkpoint stores plain equivalents "
             "(float, int, an enum's .value) or refuses such values, so this file was "
             "written some other way (torch.save, an older save_checkpoint). If you "
-            "trust it, allow the type for one load: `with "
-            f"torch.serialization.safe_globals([{name}]): load_checkpoint(...)` (add "
-            "any further type the next try names), then save it again with "
-            "save_checkpoint"
+            f"trust it, {_allow(name)} (add any further type the next try names), "
+            "then save it again with save_checkpoint"
         )
     said = _UNPICKLER_SAYS.search(message)
     detail = said.group(1) if said else f"{type(error).__name__}: {message}"
@@ -231,4 +229,19 @@ def read_error(path: Path, error: Exception) -> ValueError:
     return ValueError(
         f"{path} is a PyTorch file that could not be read back ({detail}): "
         f"it is damaged, or was not written by save_checkpoint. {damaged}"
+    )
+
+
+def _allow(name: str) -> str:
+    """How to let ``torch.load`` rebuild the type ``name``, on the installed torch."""
+    import torch.serialization
+
+    if hasattr(torch.serialization, "safe_globals"):  # torch 2.5 and later
+        return (
+            "allow the type for one load: `with torch.serialization.safe_globals("
+            f"[{name}]): load_checkpoint(...)`"
+        )
+    return (  # torch 2.4 has only the process-wide list
+        f"allow the type: `torch.serialization.add_safe_globals([{name}])`, then "
+        "load_checkpoint(...) again"
     )

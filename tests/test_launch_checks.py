@@ -149,7 +149,7 @@ def test_more_ranks_than_the_cores_can_take_are_refused():
 
 
 def test_memory_and_open_files_limit_the_ranks(monkeypatch):
-    monkeypatch.setattr(checks, "_available_memory", lambda: 1 << 30)
+    monkeypatch.setattr(checks, "available_memory", lambda: 1 << 30)
     with pytest.raises(
         ValueError,
         match=r"1\.0 GiB of available memory \(about 100 MiB per rank\), which fits "

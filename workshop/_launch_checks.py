@@ -15,7 +15,7 @@ from typing import Any
 
 from ._start import START_METHODS
 from ._sweep import TAG_VAR
-from .env import usable_cores
+from .env import available_memory, usable_cores
 
 SHOW_MODES = ("auto", "lines", "none")
 
@@ -142,17 +142,6 @@ def _open_files() -> int:
         return 64  # no /proc: a typical count
 
 
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _user_threads() -> int:
     """Threads this user runs now (what RLIMIT_NPROC counts)."""
     uid, count = os.getuid(), 0
@@ -181,7 +170,7 @@ def capacity(method: str) -> list[tuple[int, str]]:
             "per core at most)",
         )
     ]
-    memory = _available_memory()
+    memory = available_memory()
     if memory is not None:
         per_rank = RANK_MEMORY.get(method, RANK_MEMORY["spawn"])
         limits.append(

@@ -30,6 +30,7 @@ __all__ = [
     "BACKENDS",
     "RankInfo",
     "SlurmAllocation",
+    "available_memory",
     "backend_name",
     "choose_backend",
     "default_world_size",
@@ -372,6 +373,19 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1  # macOS
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give without swapping (Linux's
+    ``MemAvailable``); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def default_world_size(gpus: int | None = None) -> int:

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..env import available_memory
 from .allreduce_result import (
     DTYPE_BYTES,
     AllreduceResult,
-    KiB,
     MiB,
     human_size,
     message_sizes,
@@ -112,14 +112,8 @@ def _usable_bytes(device: Any, ranks_here: int) -> int | None:
 
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * KiB // ranks_here
-    except OSError:
-        pass
-    return None
+    available = available_memory()
+    return None if available is None else available // ranks_here
 
 
 def _timed(call: Callable[[], object], device: Any) -> float:

@@ -13,12 +13,15 @@ from pathlib import Path
 __all__ = ["check_writable", "save_or_keep"]
 
 
-def _file_in_the_way(folder: Path) -> Path | None:
-    """The nearest existing path at or above ``folder`` if it is not a folder."""
+def _why_not(folder: Path, exc: OSError) -> str:
+    """Why files cannot go into ``folder``: the nearest existing path at or above it
+    when that is a file, else what the system said."""
     for path in (folder, *folder.parents):
         if path.exists():
-            return None if path.is_dir() else path
-    return None
+            if not path.is_dir():
+                return f"{path} is a file, not a folder"
+            break
+    return str(exc)
 
 
 def check_writable(prefix: str | os.PathLike[str], option: str = "--out") -> Path:
@@ -46,10 +49,9 @@ def check_writable(prefix: str | os.PathLike[str], option: str = "--out") -> Pat
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
             pass
     except OSError as exc:
-        blocker = _file_in_the_way(folder)
-        why = f"{blocker} is a file, not a folder" if blocker else str(exc)
         raise ValueError(
-            f"{option} {os.fspath(prefix)}: cannot write files there ({why}); "
+            f"{option} {os.fspath(prefix)}: cannot write files there "
+            f"({_why_not(folder, exc)}); "
             f"checked before measuring. Pass a PREFIX in a folder you can write, "
             f"e.g. {option} runs/{Path(prefix).name or 'result'}"
         ) from exc
@@ -81,8 +83,7 @@ def save_or_keep(
         return list(save(Path(prefix)))
     except OSError as exc:
         where = os.fspath(prefix)
-        blocker = _file_in_the_way(Path(where).parent)
-        why = f"{blocker} is a file, not a folder" if blocker else str(exc)
+        why = _why_not(Path(where).parent, exc)
         print(
             f"could not write the results to {where}.json ({why}). They follow as "
             f"that file would have held them: copy the lines between the markers to "

@@ -237,16 +237,25 @@ def test_submit_errors_say_what_to_do(tmp_path, monkeypatch):
         submit("slurm/hello_ranks.sbatch", nodes=3, output_dir=tmp_path)
 
 
-def test_a_slurm_conf_that_names_no_file_is_refused_before_sbatch_runs(
-    tmp_path, monkeypatch, capsys
-):
-    # A real sbatch would retry the missing file for 60 s, then blame the options.
+def _slurm_conf_missing(tmp_path, monkeypatch, tools) -> tuple[Path, Path]:
+    """Fake Slurm ``tools`` that log each call, and SLURM_CONF naming no file;
+    returns (the log, which stays absent while no tool ran; the missing file)."""
     log = tmp_path / "ran"
-    for tool in ("sbatch", "scontrol", "sacct"):
+    for tool in tools:
         _fake(tmp_path / "bin", tool, f"echo {tool} >> {log}\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     missing = tmp_path / "gone" / "slurm.conf"
     monkeypatch.setenv("SLURM_CONF", str(missing))
+    return log, missing
+
+
+def test_a_slurm_conf_that_names_no_file_is_refused_before_sbatch_runs(
+    tmp_path, monkeypatch, capsys
+):
+    # A real sbatch would retry the missing file for 60 s, then blame the options.
+    log, missing = _slurm_conf_missing(
+        tmp_path, monkeypatch, ("sbatch", "scontrol", "sacct")
+    )
     with pytest.raises(
         FileNotFoundError,
         match=rf"^SLURM_CONF={re.escape(str(missing))} names a file that does not "
@@ -275,12 +284,9 @@ def test_a_slurm_conf_that_names_no_file_is_refused_before_sbatch_runs(
 def test_slurm_cluster_names_a_slurm_conf_that_is_not_there(tmp_path, monkeypatch):
     # It used to wait for scontrol ping's minute of retries, then start a private
     # cluster over the user's setting.
-    log = tmp_path / "ran"
-    for tool in ("sbatch", "scontrol", "sinfo"):
-        _fake(tmp_path / "bin", tool, f"echo {tool} >> {log}\n")
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    missing = tmp_path / "gone" / "slurm.conf"
-    monkeypatch.setenv("SLURM_CONF", str(missing))
+    log, missing = _slurm_conf_missing(
+        tmp_path, monkeypatch, ("sbatch", "scontrol", "sinfo")
+    )
     cluster = slurm_cluster()
     assert (cluster.available, cluster.kind) == (False, "none")
     assert str(cluster) == (

@@ -262,7 +262,11 @@ def _under_launcher(
             )
             for m in modes
         ]
-        size = args.image_size or default_image_size(args.model)  # None: default
+        size = (
+            default_image_size(args.model)
+            if args.image_size is None
+            else args.image_size
+        )
         _check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
     fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
     if args.world_sizes and info.is_main:

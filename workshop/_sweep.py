@@ -119,12 +119,15 @@ def tagged(prefix: str, exact: bool = False, since: int = 0) -> list[int]:
 
 
 def describe(pid: int) -> str:
-    """``pid`` with the start of its command line and the rank that started it."""
+    """``pid`` with the start of its command line, the program by its name alone:
+    a long path to the interpreter would fill the line before its arguments."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError:
         argv = []
+    if argv:
+        argv[0] = os.path.basename(argv[0])
     command = " ".join(argv) or "?"
     if len(command) > 60:
         command = command[:57] + "..."

@@ -24,8 +24,9 @@ def main() -> None:
         print(
             f"hello from rank {info.rank} of {info.world_size} (local rank "
             f"{info.local_rank}, node {info.node_rank}, started by {info.launcher}, "
-            f"{backend}): sum of ranks = {value.item():g}",
-            flush=True,
+            f"{backend}): sum of ranks = {value.item():g}\n",
+            end="",  # one write, "\n" included: ranks print at once, and unbuffered
+            flush=True,  # (python -u) print writes a line and its end apart
         )
 
 

@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
                     and step == len(loader) // 2
                     and info.rank == info.world_size - 1
                 ):
-                    print(f"rank {info.rank} dies in epoch {epoch}", flush=True)
+                    # One write, "\n" included: unbuffered (-u, as a cell runs it),
+                    # print writes the line and its end apart, and rank 0's next
+                    # line could land between them.
+                    died = f"rank {info.rank} dies in epoch {epoch}\n"
+                    print(died, end="", flush=True)
                     os._exit(1)  # a node lost: no goodbye, no clean-up
                 workshop.train_step(ddp, [batch], optimizer)
             accuracy = workshop.evaluate(ddp, test_loader)

@@ -13,7 +13,7 @@
 #
 # `stop-daemons DIR` stops the daemons alone. A running job's processes outlive
 # slurmd by design, so `stop` first cancels every job and kills what is left of them
-# (workshop/_slurm_watchdog.py, the same code that stops a notebook's private
+# (workshop/cluster/slurm_watchdog.py, the same code that stops a notebook's private
 # cluster), then stops the daemons.
 #
 # Needs Slurm's daemons and munge (Debian: slurm-wlm munge; `make setup` installs
@@ -64,7 +64,7 @@ stop() {
     # The watchdog's file imports only the standard library: any python3 runs it.
     local here
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-    python3 -I "$here/../workshop/_slurm_watchdog.py" stop "$DIR" "$here/local_slurm.sh"
+    python3 -I "$here/../workshop/cluster/slurm_watchdog.py" stop "$DIR" "$here/local_slurm.sh"
 }
 
 start() {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop.commands import free_port  # noqa: F401  (the tests' import of it)
+from workshop.cluster.commands import free_port  # noqa: F401  (the tests' import of it)
 
 ROOT = Path(__file__).resolve().parents[1]
 # PMI_ and PMIX_ too: a test run started by srun (--mpi=pmix) or mpirun has them, and
@@ -121,7 +121,7 @@ def _forks_are_poisoned() -> bool:
     driver), without forking. Else one child is forked and asked, as ``launch``
     does; only its real answer counts (``_POISONED``), not a child that did not
     answer in time."""
-    from workshop import launcher
+    from workshop.ranks import launcher
 
     if not (hasattr(os, "fork") and launcher._driver_loaded()):
         return False
@@ -278,12 +278,10 @@ needs_private_slurm = pytest.mark.skipif(
 def no_leftover_children():
     """Fail a test that leaves a child process of the test process behind (the fork
     server and the launcher's watchdog are the children meant to outlive a launch)."""
-    from workshop import launcher
+    from workshop.ranks import launcher
 
     yield
-    kept = {
-        p.pid for p in (launcher._SERVER.popen, launcher._WATCHDOG) if p is not None
-    }
+    kept = {p.pid for p in (launcher.SERVER.popen, launcher._WATCHDOG) if p is not None}
     deadline = time.monotonic() + 10
     while True:
         left = [p for p in children_of(os.getpid()) if p not in kept]

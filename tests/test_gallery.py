@@ -111,8 +111,8 @@ def test_the_example_is_consistent():
 
 
 def test_the_ddp_example_labels_buckets_inside_backward_and_before_the_optimizer():
+    from workshop.draw.timeline_diagram import draw_rank_timeline
     from workshop.gallery import _bucket_phases, example_buckets
-    from workshop.timeline_diagram import draw_rank_timeline
 
     buckets, phases = example_buckets(), _bucket_phases()
     for rank, lane in enumerate(buckets):

@@ -31,7 +31,7 @@ def _nccl_sum():
 
 
 def test_nccl_with_one_rank_and_cuda_tensors_come_back_on_the_cpu():
-    from workshop.launcher import _cuda_initialized
+    from workshop.ranks.launcher import _cuda_initialized
 
     # GPU tests run last (conftest), and another one may have started CUDA here.
     forkable = not _cuda_initialized()

@@ -36,13 +36,12 @@ cell (no rank left behind); :func:`slurm_cluster`, :func:`submit` and
 :func:`doctor` tells what this machine has; :func:`check` checks an exercise.
 """
 
+from ._version import __version__ as __version__
 from .bench.allreduce_bench import load_allreduce, measure_allreduce
+from .bench.allreduce_plots import plot_allreduce
 from .bench.scaling_bench import load_scaling, measure_scaling
-from .checkpoint import load_checkpoint, save_checkpoint
-from .collective_diagram import draw_collective
-from .comm_diagrams import draw_rank_layout
-from .comm_plots import plot_allreduce
-from .commands import (
+from .bench.scaling_plots import plot_scaling
+from .cluster.commands import (
     CommandError,
     CommandResult,
     free_port,
@@ -51,37 +50,40 @@ from .commands import (
     run_commands,
     torchrun_command,
 )
-from .costmodel import ring_allreduce_time
-from .data import cifar10, digits, make_loader, synthetic, time_loader
-from .ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
-from .diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
-from .doctor import doctor
+from .cluster.slurm import SlurmCluster, SlurmJob, slurm_cluster, submit
+from .comm.costmodel import ring_allreduce_time
+from .comm.ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
+from .comm.ring import ring_allreduce_steps
+from .comm.ring_collective import ring_all_reduce
+from .comm.trace_data import collectives
+from .draw.collective_diagram import draw_collective
+from .draw.comm_diagrams import draw_rank_layout
+from .draw.diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
+from .draw.p2p_diagram import draw_point_to_point
+from .draw.plots import plot_speedup, plot_throughput
+from .draw.ring_diagram import draw_ring_grid, draw_ring_step, ring_widget
+from .draw.timeline_diagram import draw_rank_timeline
 from .env import RankInfo, backend_name, rank_info, visible_gpu_count
-from .exercises import check
 from .features import has_collective
-from .launcher import LaunchError, RunResult, launch
-from .models import SmallCNN, count_parameters, resnet
-from .p2p_diagram import draw_point_to_point
-from .pipeline import (
+from .lessons.exercises import check
+from .lessons.pipeline import (
     TwoStageModel,
     bubble_fraction,
     pipeline_forward_backward,
     pipeline_schedule,
 )
-from .plots import plot_speedup, plot_throughput
-from .precision import saved_activation_bytes
-from .profiling import profile_steps
-from .progress import History, Progress
-from .ring import draw_ring_grid, draw_ring_step, ring_allreduce_steps, ring_widget
-from .ring_collective import ring_all_reduce
-from .scaling_plots import plot_scaling
-from .single_node import data_parallel_step, lesson_devices, torch_data_parallel
-from .slurm import SlurmCluster, SlurmJob, slurm_cluster, submit
-from .throughput import fit_step_cost, projected_speedup, time_steps
-from .timeline_diagram import draw_rank_timeline
-from .trace_data import collectives
-from .training import evaluate, train, train_step
-from .worker import process_group, rank_device
+from .lessons.single_node import data_parallel_step, lesson_devices, torch_data_parallel
+from .machine.doctor import doctor
+from .ranks.launcher import LaunchError, RunResult, launch
+from .ranks.worker import process_group, rank_device
+from .training.checkpoint import load_checkpoint, save_checkpoint
+from .training.data import cifar10, digits, make_loader, synthetic, time_loader
+from .training.loop import evaluate, train, train_step
+from .training.models import SmallCNN, count_parameters, resnet
+from .training.precision import saved_activation_bytes
+from .training.profiling import profile_steps
+from .training.progress import History, Progress
+from .training.throughput import fit_step_cost, projected_speedup, time_steps
 
 __all__ = [
     "CommandError",
@@ -160,5 +162,3 @@ __all__ = [
     "visible_gpu_count",
     "watch_buckets",
 ]
-
-__version__ = "0.1.0"

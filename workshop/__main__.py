@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .doctor import doctor
+    from .machine.doctor import doctor
 
     doctor()
     return 0  # it reports what is missing; that is not a failure
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check_node import run_from_args
+    from .machine.check_node import run_from_args
 
     try:
         return run_from_args(args)
@@ -33,7 +33,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .check_node import add_arguments as check_arguments
+    from .machine.check_node import add_arguments as check_arguments
 
     parser = argparse.ArgumentParser(
         prog="python -m workshop",

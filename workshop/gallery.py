@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import collective_diagram, comm_diagrams, p2p_diagram, ring, timeline_diagram
+from .comm.ring import ring_allreduce_steps
+from .draw import (
+    collective_diagram,
+    comm_diagrams,
+    p2p_diagram,
+    ring_diagram,
+    timeline_diagram,
+)
 
 __all__ = [
     "example_buckets",
@@ -220,7 +227,7 @@ def write_gallery(outdir: str | Path) -> list[Path]:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     events = example_events()
-    steps = ring.ring_allreduce_steps(
+    steps = ring_allreduce_steps(
         [[float(r * 4 + i) for i in range(4)] for r in range(WORLD)]
     )
     drawings: list[tuple[str, Callable[[], Any]]] = [
@@ -244,10 +251,10 @@ def write_gallery(outdir: str | Path) -> list[Path]:
         )
     for k in range(len(steps)):
         drawings.append(
-            (f"ring_step_{k + 1}", lambda k=k: ring.draw_ring_step(steps, k))
+            (f"ring_step_{k + 1}", lambda k=k: ring_diagram.draw_ring_step(steps, k))
         )
     drawings += [
-        ("ring_grid", lambda: ring.draw_ring_grid(steps)),
+        ("ring_grid", lambda: ring_diagram.draw_ring_grid(steps)),
         (
             "rank_timeline",
             lambda: timeline_diagram.draw_rank_timeline(events, example_phases()),

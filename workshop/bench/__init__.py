@@ -9,4 +9,7 @@
   copy's bandwidth.
 * ``scaling``: weak and strong scaling of DDP training across world sizes, each step
   split into compute and communication, explained by the ring model.
+
+The plots of these results (``allreduce_plots``, ``scaling_plots``) live here, beside
+the files they read. Imports ``env``, ``comm``, ``draw``, ``ranks`` and ``training``.
 """

@@ -165,7 +165,7 @@ def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -
         import matplotlib
 
         matplotlib.use("Agg")
-        from ..comm_plots import plot_allreduce
+        from .allreduce_plots import plot_allreduce
 
         written.append(Path(f"{prefix}.png"))
         plot_allreduce(result).savefig(written[-1], dpi=110)
@@ -177,8 +177,8 @@ def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -
 def main(args: argparse.Namespace) -> int:
     """Run the sweep (starting ranks, or as one of a launcher's) and report it."""
     from ..env import rank_info
-    from ..launcher import LaunchError
-    from ..worker import process_group
+    from ..ranks.launcher import LaunchError
+    from ..ranks.worker import process_group
 
     started = time.perf_counter()
     options = {

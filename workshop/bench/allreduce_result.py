@@ -17,7 +17,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import AlphaBeta, algbw, busbw, fit_alpha_beta
+from ..comm.costmodel import AlphaBeta, algbw, busbw, fit_alpha_beta
 
 __all__ = [
     "FIT_TOLERANCE",

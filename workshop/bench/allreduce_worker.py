@@ -144,7 +144,7 @@ def _machine(device: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """What ran the sweep: the machine, and the versions of the software."""
     import torch
 
-    from .. import __version__
+    from .._version import __version__
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     machine = {
@@ -291,7 +291,7 @@ def allreduce_sweep(
     import torch.distributed as dist
 
     from ..env import backend_name, rank_info
-    from ..worker import rank_device
+    from ..ranks.worker import rank_device
 
     if not dist.is_initialized():
         raise RuntimeError(
@@ -373,7 +373,7 @@ def measure_allreduce(
         >>> result = measure_allreduce(2, sizes=[4096, 1 << 20])    # doctest: +SKIP
         >>> print(result.summary())                                 # doctest: +SKIP
     """
-    from ..launcher import launch
+    from ..ranks.launcher import launch
 
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise ValueError(f"world_size must be a whole number, got {world_size!r}")

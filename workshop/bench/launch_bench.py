@@ -51,7 +51,7 @@ def _launch_barrier(
     world_size: int, method: str = "auto", timeout: float | None = 600.0
 ) -> None:
     """One launch of a barrier on gloo ranks (see the module's docstring)."""
-    from ..launcher import launch
+    from ..ranks.launcher import launch
 
     launch(
         _barrier,
@@ -65,11 +65,11 @@ def _launch_barrier(
 
 def time_launch(method: str, world_size: int, repeats: int) -> LaunchTimes:
     """Time ``repeats`` launches of a barrier with ``start_method=method``."""
-    from ..launcher import _SERVER
+    from ..ranks.launcher import SERVER
 
     times = LaunchTimes(method)
     if method == "server":
-        _SERVER.close()  # measure the cold start once
+        SERVER.close()  # measure the cold start once
         t0 = time.perf_counter()
         _launch_barrier(world_size, method)
         times.first = time.perf_counter() - t0
@@ -106,7 +106,7 @@ def time_torchrun(world_size: int, repeats: int) -> LaunchTimes:
 
 def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
     """Launch ``count`` times in a row; count those that finished and that hung."""
-    from ..launcher import LaunchError
+    from ..ranks.launcher import LaunchError
 
     done, hung, failed, seconds = 0, 0, 0, []
     for _ in range(count):

@@ -32,9 +32,9 @@ communication in a step. The data is synthetic, made once per rank in memory: th
 benchmark times training, not loading. Every step time of every rank is kept; the
 summaries are medians, which a busy shared machine disturbs less.
 
-The alpha-beta model (:mod:`workshop.costmodel`) then predicts the all-reduce of the
-gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark, or
-a quick fit of a few all-reduce sizes timed in the same run.
+The alpha-beta model (:mod:`workshop.comm.costmodel`) then predicts the all-reduce of
+the gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark,
+or a quick fit of a few all-reduce sizes timed in the same run.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from ..env import RankInfo
 from .bench_output import check_writable, save_or_keep
 from .scaling_files import load_scaling
 from .scaling_measure import (
-    _assemble,
-    _check_baseline,
-    _check_settings,
     _fit_sizes,
-    _given_alpha_beta,
     _gradient_bytes,
+    assemble,
+    check_baseline,
+    check_settings,
+    given_alpha_beta,
     measure_scaling,
 )
 from .scaling_results import (
@@ -67,7 +67,7 @@ from .scaling_results import (
     weak_scaling,
 )
 from .scaling_worker import (
-    _check_divides,
+    check_divides,
     default_image_size,
     per_rank_batch,
     scaling_worker,
@@ -224,9 +224,9 @@ def _json(result: ScalingResult) -> str:
     import json
     from dataclasses import asdict
 
-    from .scaling_results import _KIND
+    from .scaling_results import KIND
 
-    return json.dumps({"kind": _KIND, **asdict(result)}, indent=1)
+    return json.dumps({"kind": KIND, **asdict(result)}, indent=1)
 
 
 def _default_world_sizes(gpus: int) -> list[int]:
@@ -240,16 +240,16 @@ def _under_launcher(
     args: argparse.Namespace, info: RankInfo, batch: int
 ) -> ScalingResult | None:
     """This world size only, as torchrun/srun/mpirun started it; rank 0's result."""
-    from ..worker import process_group
+    from ..ranks.worker import process_group
 
-    _, modes = _check_settings(
+    _, modes = check_settings(
         [info.world_size], args.mode, args.steps, args.warmup, batch, args.model,
         args.image_size,
     )  # fmt: skip
     global_batch = args.global_batch or batch
     if "strong" in modes:
-        _check_divides(global_batch, [info.world_size])
-    given = _given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
+        check_divides(global_batch, [info.world_size])
+    given = given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
     baseline = args.baseline  # read when the options were parsed
     if baseline is not None:  # before measuring, not after: say at once
         planned = [
@@ -267,7 +267,7 @@ def _under_launcher(
             if args.image_size is None
             else args.image_size
         )
-        _check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
+        check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
     fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
     if args.world_sizes and info.is_main:
         print(f"{info.launcher} started {info.world_size} ranks: --world-sizes ignored")
@@ -287,7 +287,7 @@ def _under_launcher(
             )
     if not info.is_main:
         return None
-    return _assemble(
+    return assemble(
         raws,
         steps=args.steps,
         warmup=args.warmup,
@@ -300,7 +300,7 @@ def _under_launcher(
 def main(args: argparse.Namespace) -> int:
     """Run the scaling benchmark, print its table and explanation."""
     from ..env import rank_info, visible_gpu_count
-    from ..launcher import LaunchError
+    from ..ranks.launcher import LaunchError
 
     if args.plot and not args.out:
         print(
@@ -330,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
                 return 0
         else:
             sizes = args.world_sizes or _default_world_sizes(gpus)
-            _check_settings(  # again in measure_scaling: here, before saying it starts
+            check_settings(  # again in measure_scaling: here, before saying it starts
                 sizes, args.mode, args.steps, args.warmup, batch, args.model,
                 args.image_size,
             )  # fmt: skip
@@ -370,7 +370,7 @@ def main(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}")
         if args.plot and written:
-            from ..scaling_plots import plot_scaling
+            from .scaling_plots import plot_scaling
 
             figure = plot_scaling(result, title=f"DDP scaling of {args.model}")
             figure.savefig(f"{args.out}.png", dpi=110)

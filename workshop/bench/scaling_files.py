@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .scaling_results import (
-    _KIND,
+    KIND,
     MODES,
     ScalingResult,
     ScalingRow,
@@ -98,10 +98,10 @@ def _read(path: Path) -> ScalingResult:
             f"{str(path)!r} is not JSON ({exc}); pass the .json file that "
             "`--out PREFIX` wrote, not the .csv"
         ) from exc
-    if not isinstance(data, dict) or data.get("kind") != _KIND:
+    if not isinstance(data, dict) or data.get("kind") != KIND:
         raise ValueError(
             f"{str(path)!r} is not a scaling run (its 'kind' is "
-            f"{data.get('kind') if isinstance(data, dict) else None!r}, not {_KIND!r})"
+            f"{data.get('kind') if isinstance(data, dict) else None!r}, not {KIND!r})"
         )
     names = {f.name for f in fields(ScalingRow)}
     rows = [

@@ -15,18 +15,18 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..costmodel import fit_alpha_beta, ring_allreduce_time
+from ..comm.costmodel import fit_alpha_beta, ring_allreduce_time
 from .scaling_results import (
     MODES,
     ScalingResult,
     ScalingRow,
-    _ranks_text,
     add_speedups,
+    ranks_text,
     why_not_comparable,
 )
 from .scaling_worker import (
     CNN_NAMES,
-    _check_divides,
+    check_divides,
     default_image_size,
     scaling_worker,
 )
@@ -42,7 +42,7 @@ def _whole(name: str, value: Any, least: int) -> None:
         raise ValueError(f"{name}={value!r} must be a whole number, {least} or more")
 
 
-def _check_settings(
+def check_settings(
     world_sizes: Any,
     mode: str,
     steps: int,
@@ -51,7 +51,7 @@ def _check_settings(
     model: str,
     image_size: int | None = None,
 ) -> tuple[list[int], list[str]]:
-    from ..models import RESNETS
+    from ..training.models import RESNETS
 
     if isinstance(world_sizes, (str, bytes)) or not isinstance(world_sizes, Sequence):
         raise ValueError(
@@ -92,9 +92,9 @@ def _check_settings(
 
 
 def _gradient_bytes(model: str) -> int:
-    from .scaling_worker import _build_model
+    from .scaling_worker import build_model
 
-    net = _build_model(model)[0]
+    net = build_model(model)[0]
     return sum(
         p.numel() * p.element_size() for p in net.parameters() if p.requires_grad
     )
@@ -113,7 +113,7 @@ def _get(holder: Any, name: str) -> Any:
     )
 
 
-def _given_alpha_beta(
+def given_alpha_beta(
     alpha: float | None, beta: float | None, allreduce_json: Any
 ) -> tuple[float, float, str] | None:
     """(alpha, beta, where they came from), or None to fit them in the run."""
@@ -162,7 +162,7 @@ def _given_alpha_beta(
 def _progress(raw: dict[str, Any]) -> str:
     row = _row(raw, None)
     return (
-        f"  {row.mode} scaling, {_ranks_text(row.world_size)}, "
+        f"  {row.mode} scaling, {ranks_text(row.world_size)}, "
         f"{row.batch_per_rank} per rank: {row.samples_per_second:,.0f} samples/s, "
         f"{row.step_seconds * 1e3:.2f} ms per step, "
         f"compute {row.compute_seconds * 1e3:.2f} ms"
@@ -228,20 +228,20 @@ def measure_scaling(
         >>> print(result.table())                                    # doctest: +SKIP
     """
     from ..env import choose_backend
-    from ..launcher import launch
+    from ..ranks.launcher import launch
 
-    sizes, modes = _check_settings(
+    sizes, modes = check_settings(
         world_sizes, mode, steps, warmup, batch, model, image_size
     )
     global_batch = batch if global_batch is None else global_batch
     if "strong" in modes:
         _whole("global_batch", global_batch, 1)
-        _check_divides(global_batch, sizes)
+        check_divides(global_batch, sizes)
     # Chosen once, for the largest world size: left to each launch, "auto" on a node
     # with 1 GPU would run 1 rank on the GPU (NCCL) and 2 on the CPU (gloo), and the
     # speed-up between them would compare two machines.
     backend = choose_backend(backend, max(sizes))
-    given = _given_alpha_beta(alpha, beta, allreduce_json)
+    given = given_alpha_beta(alpha, beta, allreduce_json)
     fit = [] if given else _fit_sizes(_gradient_bytes(model))
     raws = []
     for m in modes:
@@ -264,7 +264,7 @@ def measure_scaling(
             raws.append(run.returns[0])
             if verbose:
                 print(_progress(raws[-1]), flush=True)
-    return _assemble(raws, steps=steps, warmup=warmup, launcher="workshop", given=given)
+    return assemble(raws, steps=steps, warmup=warmup, launcher="workshop", given=given)
 
 
 # ------------------------------------------------------------------ assembling
@@ -299,7 +299,7 @@ def _row(raw: dict[str, Any], ab: tuple[float, float] | None) -> ScalingRow:
     )
 
 
-def _check_baseline(
+def check_baseline(
     baseline: ScalingResult, first: dict, rows: list[ScalingRow]
 ) -> None:
     """A baseline must have measured the same thing at another world size."""
@@ -315,7 +315,7 @@ def _check_baseline(
         )
 
 
-def _assemble(
+def assemble(
     raws: list[dict[str, Any]],
     *,
     steps: int,
@@ -344,7 +344,7 @@ def _assemble(
             fits[n] = (fit.alpha, fit.beta)
     rows = [_row(r, given[:2] if given else fits.get(r["world_size"])) for r in raws]
     if baseline is not None:
-        _check_baseline(baseline, raws[0], rows)
+        check_baseline(baseline, raws[0], rows)
     add_speedups(rows, baseline.rows if baseline else ())
     if given is not None:
         source = given[2]

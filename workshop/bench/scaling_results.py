@@ -27,7 +27,7 @@ __all__ = [
 
 #: Scaling modes: fixed batch per rank, fixed global batch.
 MODES = ("weak", "strong")
-_KIND = "workshop.scaling"
+KIND = "workshop.scaling"
 
 
 # ------------------------------------------------------------------ formulas
@@ -190,7 +190,7 @@ class ScalingResult:
 
     ``table()`` and ``explain()`` give the text the command prints; ``save(prefix)``
     writes ``prefix.json`` (read back by ``load_scaling``) and ``prefix.csv``;
-    :func:`workshop.scaling_plots.plot_scaling` draws it.
+    :func:`workshop.bench.scaling_plots.plot_scaling` draws it.
     """
 
     rows: list[ScalingRow]
@@ -297,7 +297,7 @@ class ScalingResult:
             else:
                 text = (
                     f"on the CPU the ranks share this machine's {cores} cores: with "
-                    f"{_ranks_text(least.world_size)}, each rank computes with "
+                    f"{ranks_text(least.world_size)}, each rank computes with "
                     f"{threads}; with {n} ranks, with "
                     f"{_threads_text(most.threads_per_rank)}"
                 )
@@ -306,7 +306,7 @@ class ScalingResult:
                 and least.world_size * least.threads_per_rank >= cores
             ):
                 text += (
-                    f"; {_ranks_text(least.world_size)} already "
+                    f"; {ranks_text(least.world_size)} already "
                     f"{'keeps' if least.world_size == 1 else 'keep'} all {cores} cores "
                     "busy, so more ranks split the same cores and the throughput "
                     "cannot grow much"
@@ -334,7 +334,7 @@ class ScalingResult:
                 fast, slow = sorted([weak.step_seconds, strong.step_seconds])
                 if slow > 1.25 * fast:
                     lines.append(
-                        f"check: at {_ranks_text(weak.world_size)} the weak and "
+                        f"check: at {ranks_text(weak.world_size)} the weak and "
                         "strong runs did the same work but took "
                         f"{weak.step_seconds * 1e3:.1f} and "
                         f"{strong.step_seconds * 1e3:.1f} ms per step; something "
@@ -360,7 +360,7 @@ class ScalingResult:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         json_path = prefix.with_name(prefix.name + ".json")
         csv_path = prefix.with_name(prefix.name + ".csv")
-        json_path.write_text(json.dumps({"kind": _KIND, **asdict(self)}, indent=1))
+        json_path.write_text(json.dumps({"kind": KIND, **asdict(self)}, indent=1))
         with open(csv_path, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(_CSV_COLUMNS)
@@ -398,7 +398,7 @@ def _ranks(row: ScalingRow) -> int:
     return row.world_size
 
 
-def _ranks_text(n: int) -> str:
+def ranks_text(n: int) -> str:
     return f"{n} rank" if n == 1 else f"{n} ranks"
 
 

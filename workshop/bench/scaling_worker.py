@@ -46,12 +46,12 @@ def per_rank_batch(mode: str, batch: int, world_size: int) -> int:
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not known; pass 'weak' or 'strong'")
     if mode == "strong":
-        _check_divides(batch, [world_size])
+        check_divides(batch, [world_size])
         return batch // world_size
     return batch
 
 
-def _check_divides(global_batch: int, world_sizes: Sequence[int]) -> None:
+def check_divides(global_batch: int, world_sizes: Sequence[int]) -> None:
     bad = [n for n in world_sizes if global_batch % n]
     if bad:
         step = math.lcm(*world_sizes)
@@ -141,9 +141,9 @@ def default_image_size(model: str) -> int:
     return 32 if model in CNN_NAMES else 224
 
 
-def _build_model(name: str) -> tuple[Any, int, int]:
+def build_model(name: str) -> tuple[Any, int, int]:
     """(model, image size by default, classes)."""
-    from ..models import SmallCNN, resnet
+    from ..training.models import SmallCNN, resnet
 
     if name in CNN_NAMES:
         return SmallCNN(in_channels=3, num_classes=10), default_image_size(name), 10
@@ -217,10 +217,10 @@ def scaling_worker(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..data import synthetic
     from ..env import backend_name
-    from ..training import train_step
-    from ..worker import rank_device
+    from ..ranks.worker import rank_device
+    from ..training.data import synthetic
+    from ..training.loop import train_step
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
@@ -236,7 +236,7 @@ def scaling_worker(
     device = rank_device(backend)
     per_rank = per_rank_batch(mode, batch, world_size)
     torch.manual_seed(seed)
-    net, default_size, classes = _build_model(model)
+    net, default_size, classes = build_model(model)
     size = default_size if image_size is None else image_size
     net = net.to(device)
     grads = [p for p in net.parameters() if p.requires_grad]

@@ -1,0 +1,674 @@
+"""python -m workshop.bench allreduce: a real sweep on 2 ranks, its files, its fit,
+its plot and its command line (started by itself and by torchrun)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+from conftest import clean_env, repo_env
+from figure_helpers import texts_on
+
+from workshop.bench.allreduce_bench import (
+    FIT_TOLERANCE,
+    AllreduceResult,
+    allreduce_sweep,
+    load_allreduce,
+    measure_allreduce,
+    message_sizes,
+    parse_size,
+    save_allreduce,
+)
+from workshop.bench.allreduce_plots import plot_allreduce
+from workshop.bench.allreduce_result import human_size
+from workshop.bench.allreduce_worker import check_reference, check_sweep
+from workshop.comm.costmodel import ring_allreduce_time
+
+matplotlib.use("Agg")
+
+SMALL = [4096, 65536, 1 << 20]
+FIELDS = {
+    "backend",
+    "world_size",
+    "launcher",
+    "device",
+    "sizes",
+    "warmup",
+    "reference",
+    "machine",
+    "versions",
+    "dtype",
+    "skipped_sizes",
+    "created",
+    "fit",
+    "peak_busbw",
+    "peak_fraction_of_reference",
+}
+
+
+def _synthetic(world_size=2, alpha=3e-4, beta=1e9, sizes=SMALL, wobble=0.0):
+    """A result whose times follow the ring model (each repetition off by up to
+    ``wobble``, the median exactly on it): known figures without a launch."""
+    seconds = []
+    for size in sizes:
+        t = ring_allreduce_time(size, world_size, alpha, beta)
+        seconds.append([t * (1 - wobble), t, t * (1 + wobble)])
+    return AllreduceResult(
+        backend="gloo",
+        world_size=world_size,
+        launcher="workshop",
+        device="cpu",
+        sizes=list(sizes),
+        seconds=seconds,
+        warmup=1,
+        reference={
+            "what": "cpu memory copy of 1 MiB",
+            "bytes": 1 << 20,
+            "seconds": [1e-4, 2e-4],
+        },
+        machine={
+            "hostname": "h",
+            "cpu_count": 2,
+            "platform": "p",
+            "threads": 1,
+            "gpu": None,
+            "load_average": [0.0, 0.0, 0.0],
+        },
+        versions={"python": "3", "torch": "2", "workshop": "0.1.0"},
+    )
+
+
+@pytest.fixture(scope="module")
+def swept() -> AllreduceResult:
+    """One real sweep on 2 gloo ranks: three sizes, four repetitions each. Pinned to
+    gloo: on a GPU node "auto" gives NCCL where there are 2 GPUs, and the figures
+    checked below (CPU memory copy against busbw) are those of CPU ranks."""
+    return measure_allreduce(
+        2,
+        backend="gloo",
+        sizes=SMALL,
+        repeats=4,
+        warmup=1,
+        min_time=0,
+        reference_bytes=1 << 20,
+    )
+
+
+# ------------------------------------------------------------------ sizes
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4096", 4096),
+        ("4K", 4096),
+        ("4KiB", 4096),
+        ("64 MiB", 64 << 20),
+        ("64m", 64 << 20),
+        ("1G", 1 << 30),
+    ],
+)
+def test_parse_size_reads_binary_units(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["4X", "-4K", "1.5M", ""])
+def test_parse_size_rejects_what_it_cannot_read(text):
+    with pytest.raises(ValueError, match=r"cannot read the size .*e\.g\. 4096, 4K"):
+        parse_size(text)
+
+
+def test_default_sizes_run_from_4_kib_to_64_mib_by_fours():
+    sizes = message_sizes()
+    assert [human_size(s) for s in sizes] == [
+        "4 KiB",
+        "16 KiB",
+        "64 KiB",
+        "256 KiB",
+        "1 MiB",
+        "4 MiB",
+        "16 MiB",
+        "64 MiB",
+    ]
+    assert message_sizes(4096, 4096) == [4096]
+    assert message_sizes(4096, 40000, factor=2) == [4096, 8192, 16384, 32768]
+
+
+def test_bad_sizes_and_options_say_what_to_change():
+    with pytest.raises(
+        ValueError,
+        match=r"max_size=1024 bytes \(1 KiB\) is smaller than min_size=4096 bytes "
+        r"\(4 KiB\); raise max_size or lower min_size",
+    ):
+        message_sizes(4096, 1024)
+    with pytest.raises(ValueError, match=r"min_size=6 bytes is not a whole number"):
+        message_sizes(6, 1024)
+    with pytest.raises(ValueError, match=r"factor=1: give 2 or more"):
+        message_sizes(4096, 8192, factor=1)
+    with pytest.raises(ValueError, match=r"sizes is empty"):
+        check_sweep([], 1, 0, 0.0)
+    with pytest.raises(ValueError, match=r"sizes \[10\] are not whole numbers"):
+        check_sweep([4096, 10], 1, 0, 0.0)
+    with pytest.raises(ValueError, match=r"repeats=0: time each size at least once"):
+        check_sweep([4096], 0, 0, 0.0)
+    with pytest.raises(ValueError, match=r"warmup=-1: give 0 or more"):
+        check_sweep([4096], 1, -1, 0.0)
+    with pytest.raises(ValueError, match=r"min_time=-1\.0: give 0 or more seconds"):
+        check_sweep([4096], 1, 0, -1.0)
+    assert check_sweep([65536, 4096, 4096], 1, 0, 0.0) == [4096, 65536]
+
+
+def test_one_rank_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match=r"world_size=1: an all-reduce on one rank"):
+        measure_allreduce(1)
+
+
+def test_a_reference_copy_too_small_to_time_is_refused_before_anything_starts():
+    # 0 became a 4-byte copy, and busbw was reported as 160% (or 800%) of it.
+    message = (
+        r"a reference copy of 0 bytes is too small to time: give 1 MiB or more "
+        r"\(--reference-size 1M, reference_bytes=1048576\); the default is 256 MiB\. "
+        r"A smaller copy takes a few microseconds, mostly the call's own cost, so "
+        r"its bandwidth says nothing about memory"
+    )
+    with pytest.raises(ValueError, match=message):
+        measure_allreduce(2, sizes=[4096], reference_bytes=0)
+    with pytest.raises(ValueError, match=r"a reference copy of 1048572 bytes is too"):
+        check_reference((1 << 20) - 4)
+    assert check_reference(1 << 20) == 1 << 20
+
+
+def test_the_sweep_outside_a_rank_says_how_to_run_it():
+    with pytest.raises(RuntimeError, match=r"runs inside a rank .*measure_allreduce"):
+        allreduce_sweep([4096])
+
+
+# ------------------------------------------------------------------ a real sweep
+def test_a_real_sweep_times_every_size_and_repetition(swept):
+    assert (swept.backend, swept.world_size, swept.device) == ("gloo", 2, "cpu")
+    assert swept.launcher == "workshop"
+    assert swept.dtype == "float32" and swept.warmup == 1
+    assert swept.sizes == SMALL and swept.skipped_sizes == []
+    assert [len(times) for times in swept.seconds] == [4, 4, 4]
+    assert all(0 < t < 5 for times in swept.seconds for t in times)
+    for size, t, a, b in zip(
+        swept.sizes, swept.medians, swept.algbw, swept.busbw, strict=True
+    ):
+        assert a == pytest.approx(size / t)
+        assert b == pytest.approx(a)  # 2(N-1)/N = 1 on 2 ranks
+    assert swept.reference["bytes"] == 1 << 20
+    assert len(swept.reference["seconds"]) == 5
+    # Every byte gloo sends is copied at least once on its way: a copy in memory is
+    # a ceiling. (Below it means the copy itself was slow: more compute threads
+    # than the cores this job may use, say.)
+    assert swept.reference_bandwidth > swept.peak_busbw > 0, (
+        swept.reference,
+        swept.busbw,
+        swept.machine,
+    )
+    assert set(swept.machine) == {
+        "hostname",
+        "cpu_count",
+        "platform",
+        "threads",
+        "gpu",
+        "load_average",
+    }
+    assert swept.machine["gpu"] is None
+    assert set(swept.versions) == {"python", "torch", "workshop"}
+    fit = swept.fit()
+    assert fit.alpha >= 0 and fit.beta > 0 and fit.world_size == 2
+
+
+def test_every_rank_returns_the_same_result(no_leftover_children):
+    from workshop import launch
+
+    run = launch(
+        allreduce_sweep,
+        [4096, 16384],
+        repeats=2,
+        warmup=0,
+        min_time=0,
+        reference_bytes=1 << 20,  # the smallest reference allowed
+        world_size=2,
+        show="none",
+    )
+    assert run.returns[0] == run.returns[1]
+    assert run.returns[0].warmup == 0
+    assert [len(times) for times in run.returns[0].seconds] == [2, 2]
+
+
+def test_min_time_repeats_fast_sizes_up_to_max_repeats(no_leftover_children):
+    result = measure_allreduce(
+        2,
+        sizes=[4096],
+        repeats=3,
+        warmup=2,
+        min_time=60.0,
+        reference_bytes=1 << 20,  # the smallest reference allowed
+        max_repeats=7,
+    )
+    assert len(result.seconds[0]) == 7  # 60 s of 4 KiB calls, cut at 7
+
+
+def test_sizes_beyond_memory_are_skipped_on_every_rank(
+    monkeypatch, no_leftover_children
+):
+    from workshop import launch
+    from workshop.bench import allreduce_worker
+
+    # Ranks are forked, so they see this: 80 KiB usable, a quarter for messages.
+    # (Forking needs this process free of CUDA: conftest runs GPU tests last and
+    # fails a test that starts CUDA here.)
+    monkeypatch.setattr(allreduce_worker, "_usable_bytes", lambda *_: 80 * 1024)
+    run = launch(
+        allreduce_sweep,
+        [4096, 16384, 65536],
+        repeats=1,
+        warmup=0,
+        min_time=0,
+        world_size=2,
+        show="none",
+        start_method="fork",
+    )
+    result = run.returns[0]
+    assert result.sizes == [4096, 16384] and result.skipped_sizes == [65536]
+    assert result.reference["bytes"] == 20 * 1024  # the copy is capped too
+    assert run.returns[1].sizes == result.sizes
+
+
+# ------------------------------------------------------------------ files
+def test_json_has_every_field_and_csv_one_row_per_repetition(swept, tmp_path):
+    json_path, csv_path = save_allreduce(swept, tmp_path / "runs" / "ar")
+    assert (json_path.name, csv_path.name) == ("ar.json", "ar.csv")
+    data = json.loads(json_path.read_text())
+    assert set(data) == FIELDS
+    assert [row["size_bytes"] for row in data["sizes"]] == SMALL
+    for row, times in zip(data["sizes"], swept.seconds, strict=True):
+        assert set(row) == {
+            "size_bytes",
+            "count",
+            "seconds",
+            "median_seconds",
+            "algbw",
+            "busbw",
+            "predicted_seconds",
+        }
+        assert row["seconds"] == times
+        assert row["count"] == row["size_bytes"] // 4
+    fit = swept.fit()
+    assert data["fit"] == {
+        "alpha": fit.alpha,
+        "beta": fit.beta,
+        "world_size": 2,
+        "max_rel_error": fit.max_rel_error,
+        "tolerance": FIT_TOLERANCE,
+        "within_tolerance": fit.max_rel_error <= FIT_TOLERANCE,
+    }
+    assert data["reference"]["bandwidth"] == swept.reference_bandwidth
+    assert set(data["reference"]) == {
+        "what",
+        "counted",
+        "bytes",
+        "seconds",
+        "bandwidth",
+    }
+    assert data["peak_fraction_of_reference"] == pytest.approx(
+        swept.peak_busbw / swept.reference_bandwidth
+    )
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["size_bytes", "repetition", "seconds", "algbw", "busbw"]
+    assert len(rows) == sum(len(times) for times in swept.seconds) == 12
+    expected = [
+        (size, i, t)
+        for size, times in zip(swept.sizes, swept.seconds, strict=True)
+        for i, t in enumerate(times)
+    ]
+    for row, (size, i, t) in zip(rows, expected, strict=True):
+        assert (int(row["size_bytes"]), int(row["repetition"])) == (size, i)
+        assert float(row["seconds"]) == t
+        assert float(row["algbw"]) == pytest.approx(size / t)
+        assert float(row["busbw"]) == pytest.approx(size / t * 1.0)
+
+
+def test_load_gives_back_the_same_result(swept, tmp_path):
+    save_allreduce(swept, tmp_path / "ar")
+    assert load_allreduce(tmp_path / "ar.json") == swept
+    assert load_allreduce(tmp_path / "ar") == swept  # the prefix works too
+    assert load_allreduce(str(tmp_path / "ar.json")).fit() == swept.fit()
+
+
+def test_a_result_of_one_size_saves_without_a_fit(tmp_path):
+    result = _synthetic(sizes=[4096])
+    json_path, _ = save_allreduce(result, tmp_path / "one")
+    assert json.loads(json_path.read_text())["fit"] is None
+    assert "no ring model: fitting alpha and beta needs 2 ranks or more" in (
+        result.summary()
+    )
+    assert load_allreduce(json_path) == result
+
+
+def test_load_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no all-reduce result at .*nope"):
+        load_allreduce(tmp_path / "nope.json")
+    save_allreduce(_synthetic(), tmp_path / "ar")
+    with pytest.raises(ValueError, match=r"ar\.csv is not JSON .*not the \.csv"):
+        load_allreduce(tmp_path / "ar.csv")
+    (tmp_path / "other.json").write_text('{"steps": 3}')
+    with pytest.raises(ValueError, match=r"other\.json is not an all-reduce result"):
+        load_allreduce(tmp_path / "other.json")
+    data = json.loads((tmp_path / "ar.json").read_text())
+    del data["backend"], data["machine"]
+    (tmp_path / "broken.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"backend, machine missing; load a JSON"):
+        load_allreduce(tmp_path / "broken.json")
+
+
+# ------------------------------------------------------------------ report
+def test_table_and_summary_read_like_nccl_tests():
+    result = _synthetic(world_size=4, alpha=1e-4, beta=2e9, wobble=0.5)
+    lines = result.table().splitlines()
+    assert lines[0].split() == [
+        "size",
+        "count",
+        "type",
+        "reps",
+        "time",
+        "us",
+        "algbw",
+        "GB/s",
+        "busbw",
+        "GB/s",
+        "model",
+        "us",
+        "error",
+    ]
+    assert len(lines) == 1 + len(SMALL)
+    t = ring_allreduce_time(1 << 20, 4, 1e-4, 2e9)
+    assert lines[3].split() == [
+        "1048576",
+        "262144",
+        "float32",
+        "3",
+        f"{t * 1e6:.1f}",
+        f"{(1 << 20) / t / 1e9:.3f}",
+        f"{(1 << 20) / t * 1.5 / 1e9:.3f}",
+        f"{t * 1e6:.1f}",
+        "+0%",
+    ]
+    summary = result.summary().splitlines()
+    assert (
+        summary[0]
+        == "ring model: alpha = 100.0 us per step, beta = 2.000 GB/s per link"
+    )
+    assert summary[1].startswith("the model predicts every measured size within 30%")
+    peak = (1 << 20) / t * 1.5
+    assert summary[2] == (
+        f"peak busbw {peak / 1e9:.3f} GB/s = {peak / 1.048576e10:.1%} of the "
+        "reference, a cpu memory copy of 1 MiB (10.486 GB/s)"
+    )
+
+
+def test_summary_says_so_when_the_model_misses():
+    result = _synthetic()
+    result.seconds[1] = [t * 3 for t in result.seconds[1]]
+    assert "the model does NOT predict every measured size within 30%: worst " in (
+        result.summary()
+    )
+    assert "at 64 KiB" in result.summary()
+
+
+# ------------------------------------------------------------------ plot
+def test_plot_shows_measured_model_and_reference():
+    import matplotlib.pyplot as plt
+
+    result = _synthetic(world_size=4, alpha=1e-4, beta=2e9, wobble=0.2)
+    fig = plot_allreduce(result)
+    left, right = fig.axes
+    lines = {line.get_label(): line for line in left.get_lines()}
+    assert set(lines) == {
+        "measured (median)",
+        "ring model: $\\alpha$ = 100 µs, $\\beta$ = 2.00 GB/s",
+    }
+    assert list(lines["measured (median)"].get_ydata()) == pytest.approx(
+        [t * 1e3 for t in result.medians]
+    )
+    labels = {c.get_label() for c in left.collections}
+    assert {"each repetition", "model ± 30%"} <= labels
+    dots = next(c for c in left.collections if c.get_label() == "each repetition")
+    assert len(dots.get_offsets()) == 3  # the first size's; others are unlabelled
+    assert sum(len(c.get_offsets()) for c in left.collections[:3]) == 9
+    assert left.get_ylabel() == "time per all-reduce (ms)"
+    assert left.get_xlabel() == right.get_xlabel() == "message size"
+    assert [t.get_text() for t in left.get_xticklabels()] == [
+        "4 KiB",
+        "64 KiB",
+        "1 MiB",
+    ]
+    assert left.get_title() == "Time: worst model error 0%"
+    assert (left.get_yscale(), right.get_yscale()) == ("log", "log")
+
+    lines = {line.get_label(): line for line in right.get_lines()}
+    reference = "cpu memory copy of 1 MiB: 10.49 GB/s"
+    assert set(lines) == {"measured busbw (median)", "ring model", reference}
+    assert list(lines[reference].get_ydata()) == pytest.approx([10.48576] * 2)
+    assert list(lines["measured busbw (median)"].get_ydata()) == pytest.approx(
+        [b / 1e9 for b in result.busbw]
+    )
+    assert right.get_ylabel() == "bus bandwidth (GB/s)"
+    peak = result.peak_busbw / 1e9
+    assert right.get_title() == (
+        f"busbw: peak {peak:.2f} GB/s = {peak / 10.48576:.0%} of copy"
+    )
+    assert fig.get_suptitle() == "All-reduce of float32 on 4 ranks, gloo on cpu"
+    assert texts_on(left) == []  # everything is in the legend and titles
+    legend = [t.get_text() for t in right.get_legend().get_texts()]
+    assert reference in legend
+    plt.close(fig)
+
+
+def test_plot_takes_a_loaded_result(swept, tmp_path):
+    import matplotlib.pyplot as plt
+
+    save_allreduce(swept, tmp_path / "ar")
+    fig = plot_allreduce(load_allreduce(tmp_path / "ar.json"), title="batch job")
+    assert fig.get_suptitle() == "batch job"
+    assert len(fig.axes[1].get_lines()) == 3
+    plt.close(fig)
+
+
+def test_plot_of_one_rank_says_there_is_no_fit():
+    with pytest.raises(ValueError, match=r"1 rank sends nothing"):
+        plot_allreduce(_synthetic(world_size=1))
+
+
+# ------------------------------------------------------------------ command line
+def _run(cwd: Path, *command: str, timeout: float = 120):
+    return subprocess.run(
+        list(command),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=repo_env(),
+        cwd=cwd,
+    )
+
+
+FAST = [
+    "--max-size",
+    "64K",
+    "--repeats",
+    "3",
+    "--warmup",
+    "1",
+    "--min-time",
+    "0",
+    "--reference-size",
+    "1M",
+]
+
+
+def test_cli_starts_ranks_and_writes_json_csv_and_plot(tmp_path):
+    run = _run(
+        tmp_path,
+        sys.executable,
+        "-m",
+        "workshop.bench",
+        "allreduce",
+        "--world-size",
+        "2",
+        "--backend",
+        "gloo",  # what the lines below check; "auto" gives NCCL on 2 GPUs
+        *FAST,
+        "--out",
+        "out/ar",
+        "--plot",
+    )
+    assert run.returncode == 0, run.stderr
+    text = run.stdout
+    assert "all-reduce of float32 tensors, 4 KiB to 64 KiB, on 2 ranks" in text
+    assert "backend gloo, 2 ranks (workshop), cpu" in text
+    assert "      size      count    type  reps    time us  algbw GB/s" in text
+    assert "ring model: alpha = " in text and "of the reference, a cpu memory" in text
+    assert "wrote out/ar.json, out/ar.csv, out/ar.png" in text
+    result = load_allreduce(tmp_path / "out" / "ar.json")
+    assert result.sizes == [4096, 16384, 65536] and result.launcher == "workshop"
+    with open(tmp_path / "out" / "ar.csv") as f:
+        assert len(f.readlines()) == 1 + 3 * 3
+    assert (tmp_path / "out" / "ar.png").stat().st_size > 10_000
+
+
+def test_cli_under_torchrun_joins_the_job_and_rank_0_reports(tmp_path):
+    run = _run(
+        tmp_path,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "workshop.bench",
+        "allreduce",
+        *("--backend", "gloo"),
+        *FAST,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("wrote ") == 1  # only rank 0 reports
+    assert "backend gloo, 2 ranks (torchrun), cpu" in run.stdout
+    result = load_allreduce(tmp_path / "allreduce-gloo-N2.json")  # default name
+    assert result.launcher == "torchrun" and result.world_size == 2
+    assert [len(times) for times in result.seconds] == [3, 3, 3]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--min-size", "4K", "--max-size", "1K"],
+            "max_size=1024 bytes (1 KiB) is "
+            "smaller than min_size=4096 bytes (4 KiB); raise max_size",
+        ),
+        (["--world-size", "1"], "--world-size 1: an all-reduce needs 2 ranks or more"),
+        (["--max-size", "3X"], "cannot read the size '3X'"),
+        (["--repeats", "0"], "repeats=0: time each size at least once"),
+        (
+            ["--reference-size", "0"],
+            "argument --reference-size: a reference copy of 0 bytes is too small to "
+            "time: give 1 MiB or more (--reference-size 1M, ",
+        ),
+        (
+            ["--reference-size", "64K"],
+            "a reference copy of 65536 bytes is too small to time: give 1 MiB or more",
+        ),
+    ],
+)
+def test_cli_rejects_bad_options_before_starting_ranks(
+    tmp_path, monkeypatch, capsys, args, message
+):
+    from workshop.bench.__main__ import main as bench
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = bench(["allreduce", *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cli_without_a_launcher(monkeypatch, *args: str) -> int:
+    """``python -m workshop.bench allreduce ARGS`` in this process, as if no launcher
+    started it (a test run under srun or mpirun has their variables)."""
+    from workshop.bench.__main__ import main as bench
+
+    for key in set(os.environ) - set(clean_env()):
+        monkeypatch.delenv(key)
+    return bench(["allreduce", *args])
+
+
+def test_cli_checks_that_out_can_be_written_before_starting_ranks(
+    tmp_path, monkeypatch, capsys
+):
+    # As root, chmod stops no write: a path under a regular file cannot be made.
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "ar"
+    assert _cli_without_a_launcher(monkeypatch, "--out", str(out)) == 2
+    shown = capsys.readouterr()
+    assert shown.err == (
+        f"error: --out {out}: cannot write files there ({tmp_path / 'file.txt'} is a "
+        "file, not a folder); checked before measuring. Pass a PREFIX in a folder "
+        "you can write, e.g. --out runs/ar\n"
+    )
+    assert shown.out == ""  # no rank was started
+
+
+def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
+    tmp_path, monkeypatch, capsys
+):
+    from workshop.bench import allreduce_bench
+
+    folder = tmp_path / "runs"
+
+    def measured(*args, **kwargs):
+        # The folder was writable when checked, and is gone by the end (a file
+        # took its place), as when a shared disk fills or a job's folder is cleared.
+        folder.rmdir()
+        folder.write_text("not a folder")
+        return _synthetic()
+
+    monkeypatch.setattr(allreduce_bench, "measure_allreduce", measured)
+    prefix = folder / "ar"
+    assert _cli_without_a_launcher(monkeypatch, "--out", str(prefix), "--plot") == 1
+    shown = capsys.readouterr()
+    assert shown.err == (
+        f"could not write the results to {prefix}.json ({folder} is a file, not a "
+        "folder). They follow as that file would have held them: copy the lines "
+        "between the markers to ar.json in a folder you can write\n"
+    )
+    assert "ring model: alpha = 300.0 us per step" in shown.out  # the summary, too
+    assert "wrote " not in shown.out
+    text = shown.out.split("----- ar.json -----\n")[1]
+    text = text.split("\n----- end of ar.json -----")[0]
+    (tmp_path / "kept.json").write_text(text)
+    kept = load_allreduce(tmp_path / "kept.json")
+    assert kept.seconds == _synthetic().seconds  # every repetition, none lost
+
+
+def test_cli_under_a_launcher_of_one_rank_asks_for_two(monkeypatch, capsys):
+    from workshop.bench.__main__ import main as bench
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    assert bench(["allreduce"]) == 2
+    assert "torchrun started 1 rank, and an all-reduce needs 2 or more" in (
+        capsys.readouterr().err
+    )

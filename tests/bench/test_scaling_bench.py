@@ -1,0 +1,512 @@
+"""python -m workshop.bench scaling: the formulas, the settings' errors, a real run at
+1 and 2 ranks, its JSON and CSV, the command line and the torchrun path."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from types import SimpleNamespace
+
+import pytest
+from conftest import clean_env, run_module
+from scaling_helpers import scaling_result
+
+from workshop.bench import allreduce_bench
+from workshop.bench.scaling_bench import (
+    load_scaling,
+    measure_scaling,
+    per_rank_batch,
+    scaling_worker,
+    strong_scaling,
+    weak_scaling,
+)
+from workshop.comm.costmodel import ring_allreduce_time
+
+# SmallCNN(in_channels=3, num_classes=10): 94,762 float32 parameters.
+CNN_PARAMETERS = 94_762
+TINY = {"steps": 3, "warmup": 1, "batch": 8, "image_size": 16}
+
+
+# ------------------------------------------------------------------ formulas
+def test_weak_scaling_is_throughput_over_n_times_one_rank():
+    assert weak_scaling(100.0, 360.0, 4) == pytest.approx((3.6, 0.9))
+    assert weak_scaling(100.0, 100.0, 1) == (1.0, 1.0)
+    # From 2 ranks: 300 -> 1100 samples/s at 8 ranks is 11/3 faster, 4x the ranks.
+    speedup, efficiency = weak_scaling(300.0, 1100.0, 8, base_world_size=2)
+    assert speedup == pytest.approx(11 / 3)
+    assert efficiency == pytest.approx(11 / 12)
+
+
+def test_strong_scaling_is_time_ratio_and_speedup_over_n():
+    assert strong_scaling(0.08, 0.025, 4) == pytest.approx((3.2, 0.8))
+    speedup, efficiency = strong_scaling(0.05, 0.02, 8, base_world_size=2)
+    assert speedup == pytest.approx(2.5)
+    assert efficiency == pytest.approx(0.625)
+
+
+def test_formulas_refuse_values_that_are_not_positive():
+    with pytest.raises(ValueError, match=r"baseline must be a number > 0, got 0\.0"):
+        weak_scaling(0.0, 10.0, 2)
+    with pytest.raises(
+        ValueError, match=r"measured value must be a number > 0, got -1"
+    ):
+        strong_scaling(1.0, -1, 2)
+    with pytest.raises(
+        ValueError, match=r"world_size must be a whole number >= 1, got 0"
+    ):
+        weak_scaling(1.0, 1.0, 0)
+
+
+def test_strong_scaling_says_when_the_global_batch_does_not_divide():
+    assert per_rank_batch("strong", 64, 4) == 16
+    assert per_rank_batch("weak", 64, 4) == 64
+    with pytest.raises(
+        ValueError,
+        match=r"global batch of 30 samples across the ranks, but 30 does not divide "
+        r"by world size 4; pass a global batch that is a multiple of 4 \(for example "
+        r"32\), or world sizes that divide 30",
+    ):
+        per_rank_batch("strong", 30, 4)
+    with pytest.raises(ValueError, match=r"mode='both' is not known"):
+        per_rank_batch("both", 30, 4)
+
+
+def test_settings_are_checked_before_any_rank_starts():
+    # Strong scaling at 1, 2, 3 and 4 ranks needs a multiple of 12.
+    with pytest.raises(
+        ValueError,
+        match=r"30 does not divide by world size 4; pass a global batch that is a "
+        r"multiple of 12 \(for example 24\)",
+    ):
+        measure_scaling((1, 2, 3, 4), "both", batch=8, global_batch=30)
+    with pytest.raises(ValueError, match=r"does not divide by world size 4"):
+        measure_scaling((1, 4), "strong", batch=6)  # the global batch is batch
+    with pytest.raises(ValueError, match=r"world_sizes is empty"):
+        measure_scaling(())
+    with pytest.raises(ValueError, match=r"world_sizes=4 must be a list"):
+        measure_scaling(4)
+    with pytest.raises(ValueError, match=r"world_sizes=\[1, 2, 2\] repeats"):
+        measure_scaling([1, 2, 2])
+    with pytest.raises(ValueError, match=r"each of world_sizes=0 must be a whole"):
+        measure_scaling([0, 2])
+    with pytest.raises(ValueError, match=r"mode='wide' is not known; pass 'weak'"):
+        measure_scaling(mode="wide")
+    with pytest.raises(ValueError, match=r"model='vgg' is not known; pass 'cnn' or"):
+        measure_scaling(model="vgg")
+    with pytest.raises(ValueError, match=r"steps=0 must be a whole number, 1 or more"):
+        measure_scaling(steps=0)
+    with pytest.raises(ValueError, match=r"got alpha=1e-05 and beta=None; pass both"):
+        measure_scaling(alpha=1e-5)
+    with pytest.raises(ValueError, match=r"need alpha >= 0 and beta > 0"):
+        measure_scaling(alpha=1e-5, beta=0.0)
+
+
+def test_alpha_and_beta_from_the_allreduce_benchmarks_file(monkeypatch, tmp_path):
+    """Read through load_allreduce where it exists; stubbed here, so this test does
+    not depend on the all-reduce benchmark's own format."""
+    from workshop.bench.scaling_measure import given_alpha_beta
+
+    path = tmp_path / "allreduce.json"
+    monkeypatch.setattr(
+        allreduce_bench,
+        "load_allreduce",
+        lambda p: {"fit": {"alpha": 2e-5, "beta": 5e8}},
+        raising=False,
+    )
+    alpha, beta, source = given_alpha_beta(None, None, path)
+    assert (alpha, beta) == (2e-5, 5e8) and source == f"from {path}"
+
+    class Sweep:  # a result object whose fit() method fits the model
+        def fit(self):
+            return SimpleNamespace(alpha=3e-5, beta=2e9)
+
+    monkeypatch.setattr(
+        allreduce_bench, "load_allreduce", lambda p: Sweep(), raising=False
+    )
+    assert given_alpha_beta(None, None, path)[:2] == (3e-5, 2e9)
+    monkeypatch.setattr(allreduce_bench, "load_allreduce", lambda p: {}, raising=False)
+    with pytest.raises(ValueError, match=r"holds no alpha and beta fit; run"):
+        given_alpha_beta(None, None, path)
+    with pytest.raises(ValueError, match=r"not both"):
+        given_alpha_beta(1e-5, 1e9, path)
+
+
+def test_worker_outside_a_process_group_says_how_to_run_it():
+    with pytest.raises(RuntimeError, match=r"scaling_worker needs a process group"):
+        scaling_worker()
+
+
+def test_one_backend_serves_every_world_size(monkeypatch):
+    """The backend "auto" is settled for the largest world size, so that a node with
+    one GPU does not measure 1 rank on the GPU and 2 on the CPU."""
+    import torch.distributed as dist
+
+    import workshop.env
+    import workshop.ranks.launcher
+
+    backends = []
+
+    def fake_launch(fn, *, world_size, backend, **kwargs):
+        backends.append(backend)
+        times = [[0.01] * kwargs["steps"]] * world_size
+        raw = {
+            **{k: kwargs[k] for k in ("mode", "model", "fit_sizes")},
+            **{"world_size": world_size, "backend": backend, "device": "CPU"},
+            **{"batch_per_rank": 8, "global_batch": 8 * world_size},
+            **{"image_size": 16, "parameters": 10, "gradient_bytes": 40},
+            **{"threads_per_rank": 1, "fit_seconds": []},
+            **{"step_seconds": times, "compute_seconds": times},
+            "allreduce_seconds": [0.0] * kwargs["steps"],
+        }
+        return SimpleNamespace(returns=[raw])
+
+    monkeypatch.setattr(workshop.ranks.launcher, "launch", fake_launch)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    settings = {"alpha": 1e-5, "beta": 1e9, "steps": 2}
+    for gpus, expected in ((0, "gloo"), (1, "gloo"), (2, "nccl")):
+        monkeypatch.setattr(workshop.env, "visible_gpu_count", lambda gpus=gpus: gpus)
+        backends.clear()
+        result = measure_scaling((1, 2), "weak", **settings)
+        assert backends == [expected, expected], gpus
+        assert result.backend == expected
+    monkeypatch.setattr(workshop.env, "visible_gpu_count", lambda: 1)
+    backends.clear()
+    with pytest.raises(ValueError, match=r"world_size=2 but only 1 GPU is visible"):
+        measure_scaling((1, 2), "weak", backend="nccl", **settings)
+    assert backends == []  # refused before any launch
+
+
+# ------------------------------------------------------------------ a real run
+@pytest.fixture(scope="module")
+def run():
+    """Both modes at 1 and 2 ranks, tiny: four launches, a few seconds. On gloo, the
+    CPU, on every machine: what the tests below check (on a GPU node "auto" gives
+    NCCL where there is a GPU per rank)."""
+    return measure_scaling((1, 2), "both", backend="gloo", **TINY)
+
+
+def test_real_run_rows_hold_the_measurements(run):
+    assert [(r.mode, r.world_size) for r in run.rows] == [
+        ("weak", 1),
+        ("weak", 2),
+        ("strong", 1),
+        ("strong", 2),
+    ]
+    assert [r.batch_per_rank for r in run.rows] == [8, 8, 8, 4]
+    assert [r.global_batch for r in run.rows] == [8, 16, 8, 8]
+    assert run.parameters == CNN_PARAMETERS
+    assert run.gradient_bytes == 4 * CNN_PARAMETERS
+    assert (run.backend, run.device, run.launcher) == ("gloo", "CPU", "workshop")
+    assert run.image_size == 16 and run.steps == 3
+    for r in run.rows:
+        assert len(r.step_times) == len(r.compute_times) == r.world_size
+        assert all(len(t) == 3 and min(t) > 0 for t in r.step_times + r.compute_times)
+        assert len(r.allreduce_times) == 3
+        # The summaries are medians of the slowest rank.
+        assert r.step_seconds == max(statistics.median(t) for t in r.step_times)
+        assert r.compute_seconds == max(statistics.median(t) for t in r.compute_times)
+        assert r.comm_seconds == max(0.0, r.step_seconds - r.compute_seconds)
+        assert r.samples_per_second == pytest.approx(r.global_batch / r.step_seconds)
+
+
+def test_real_run_speedup_and_efficiency_follow_the_formulas(run):
+    w1, w2 = run.row("weak", 1), run.row("weak", 2)
+    s1, s2 = run.row("strong", 1), run.row("strong", 2)
+    assert (w1.speedup, w1.efficiency, s1.speedup, s1.efficiency) == (1, 1, 1, 1)
+    assert w2.efficiency == pytest.approx(
+        w2.samples_per_second / (2 * w1.samples_per_second)
+    )
+    assert s2.speedup == pytest.approx(s1.step_seconds / s2.step_seconds)
+    assert s2.efficiency == pytest.approx(s2.speedup / 2)
+    with pytest.raises(KeyError, match=r"no row for mode='weak', world_size=4; have"):
+        run.row("weak", 4)
+
+
+def test_real_run_predicts_the_allreduce_from_an_in_run_fit(run):
+    two = run.row("weak", 2)
+    assert two.fit_sizes == [4096, 23_688, 94_760, 379_048]  # 4 KiB, 1/16 .. all
+    assert len(two.fit_seconds) == 4 and min(two.fit_seconds) > 0
+    assert run.row("strong", 2).fit_sizes == []  # one fit per world size
+    assert two.alpha >= 0 and two.beta > 0
+    assert two.predicted_allreduce_seconds == pytest.approx(
+        ring_allreduce_time(run.gradient_bytes, 2, two.alpha, two.beta)
+    )
+    assert run.row("weak", 1).predicted_allreduce_seconds == 0.0
+    text = "\n".join(run.explain())
+    assert "gradients: 0.38 MB (94,762 parameters); alpha and beta: fitted" in text
+    assert "weak, 2 ranks: predicted all-reduce " in text
+    assert " ms per step -> communication at most " in text
+    assert "on the CPU the ranks share this machine's" in text
+
+
+def test_json_and_csv_are_complete_and_json_reads_back(run, tmp_path):
+    json_path, csv_path = run.save(tmp_path / "sub" / "scale")
+    assert (json_path.name, csv_path.name) == ("scale.json", "scale.csv")
+    assert load_scaling(json_path) == run
+    data = json.loads(json_path.read_text())
+    assert data["kind"] == "workshop.scaling"
+    assert data["versions"]["torch"] and data["versions"]["python"]
+    assert data["machine"]["cpu_count"] and data["machine"]["host"] is not None
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["mode"], r["ranks"]) for r in rows] == [
+        ("weak", "1"),
+        ("weak", "2"),
+        ("strong", "1"),
+        ("strong", "2"),
+    ]
+    for line, row in zip(rows, run.rows, strict=True):
+        assert float(line["throughput"]) == row.samples_per_second
+        assert float(line["efficiency"]) == row.efficiency
+        assert json.loads(line["step_times_s"]) == row.step_times
+        assert json.loads(line["compute_times_s"]) == row.compute_times
+        assert line["backend"] == "gloo" and line["torch"] == run.versions["torch"]
+        assert line["model"] == "cnn" and line["device"] == "CPU"
+
+
+def test_load_scaling_says_what_is_wrong_with_a_file(tmp_path, run):
+    with pytest.raises(FileNotFoundError, match=r"no scaling results at .*nothing"):
+        load_scaling(tmp_path / "nothing.json")
+    _, csv_path = run.save(tmp_path / "scale")
+    with pytest.raises(ValueError, match=r"is not JSON .*pass the \.json file"):
+        load_scaling(csv_path)
+    other = tmp_path / "other.json"
+    other.write_text('{"kind": "allreduce"}')
+    with pytest.raises(ValueError, match=r"is not a scaling run \(its 'kind' is"):
+        load_scaling(other)
+
+
+# ------------------------------------------------------------------ command line
+def _bench(*args: str):
+    return run_module("workshop.bench", "scaling", *args, timeout=120)
+
+
+def test_cli_runs_end_to_end_with_alpha_and_beta_given(tmp_path):
+    prefix = tmp_path / "cli"
+    run = _bench(
+        *("--world-sizes", "1,2", "--mode", "weak", "--steps", "2", "--warmup", "1"),
+        *("--backend", "gloo"),  # what the lines below check, on any machine
+        *("--batch", "8", "--image-size", "16", "--alpha", "1e-5", "--beta", "1e9"),
+        *("--out", str(prefix), "--plot"),
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"wrote {prefix}.png" in run.stdout
+    assert (tmp_path / "cli.png").read_bytes().startswith(b"\x89PNG")
+    out = run.stdout
+    assert "measuring cnn at world sizes 1,2, weak scaling, one launch each" in out
+    assert "  weak scaling, 2 ranks, 8 per rank: " in out
+    assert "DDP scaling of cnn (94,762 parameters, 16px synthetic images), gloo" in out
+    assert "mode    ranks batch/rank  samples/s  speed-up  effic." in out
+    # 2 ring steps of 10 us, and 379,048 bytes at 1 GB/s: 0.40 ms.
+    assert "weak, 2 ranks: predicted all-reduce 0.40 ms vs compute " in out
+    assert "alpha and beta: given (alpha 1e-05 s, beta 1e+09 B/s)" in out
+    assert f"wrote {prefix}.json" in out and f"wrote {prefix}.csv" in out
+    assert "finished in " in out
+    result = load_scaling(f"{prefix}.json")
+    assert [r.world_size for r in result.rows] == [1, 2]
+    assert result.row("weak", 2).fit_sizes == []  # nothing to fit
+
+
+def test_cli_reports_a_bad_global_batch_without_starting_ranks():
+    run = _bench("--world-sizes", "1,4", "--mode", "strong", "--global-batch", "6")
+    assert run.returncode == 2
+    assert "python -m workshop.bench scaling: strong scaling splits the global " in (
+        run.stderr
+    )
+    assert "6 does not divide by world size 4" in run.stderr
+    bad = _bench("--world-sizes", "1,x")
+    assert bad.returncode == 2
+    assert "'1,x' is not a list of rank counts; write them like 1,2,4" in bad.stderr
+
+
+def _bench_here(monkeypatch, *args: str) -> int:
+    """``python -m workshop.bench scaling ARGS`` in this process, as if no launcher
+    started it (a test run under srun or mpirun has their variables); its exit code,
+    argparse's included."""
+    from workshop.bench.__main__ import main as bench
+
+    for key in set(os.environ) - set(clean_env()):
+        monkeypatch.delenv(key)
+    try:
+        return bench(["scaling", *args])
+    except SystemExit as exc:  # argparse's own errors
+        return exc.code
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Each of these was taken for "the default" (32) or passed over before.
+        (["--batch", "0"], "argument --batch: '0' is not a whole number of samples, "
+         "1 or more; pass, e.g., --batch 32, or leave the option out for its default"),
+        (["--image-size", "0"], "argument --image-size: '0' is not a whole number of "
+         "pixels, 1 or more; pass, e.g., --image-size 32"),
+        (["--global-batch", "0"], "argument --global-batch: '0' is not a whole "
+         "number of samples, 1 or more; pass, e.g., --global-batch 64"),
+        (["--steps", "0"], "argument --steps: '0' is not a whole number of steps, 1 "
+         "or more"),
+        (["--warmup", "-1"], "argument --warmup: '-1' is not a whole number of steps, "
+         "0 or more"),
+        (["--timeout", "0"], "argument --timeout: '0' is not a number of seconds "
+         "above 0; pass, e.g., --timeout 600"),
+        (["--baseline", "/missing"], "argument --baseline: cannot use '/missing' as a "
+         "baseline: no scaling results at '/missing'; write them with `python -m "
+         "workshop.bench scaling --out PREFIX` (PREFIX.json)"),
+        (["--allreduce-json", "/missing"], "argument --allreduce-json: no file "
+         "'/missing' (looked from "),
+        (["--image-size", "2"], "image_size=2 is not a whole number of pixels, 4 or "
+         "more, for model 'cnn' (its two 2x2 poolings need 4); pass, e.g., "
+         "image_size=32"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_bad_values_before_measuring(monkeypatch, capsys, args, message):
+    assert _bench_here(monkeypatch, "--world-sizes", "1", *args) == 2
+    shown = capsys.readouterr()
+    assert message in shown.err
+    assert "measuring" not in shown.out  # nothing started
+
+
+def test_measure_scaling_refuses_an_image_size_of_zero():
+    with pytest.raises(
+        ValueError,
+        match=r"image_size=0 is not a whole number of pixels, 1 or more, for model "
+        r"'resnet18'; pass, e.g., image_size=224, or None for that default",
+    ):
+        measure_scaling((1,), model="resnet18", image_size=0)
+
+
+def test_cli_refuses_a_baseline_when_it_measures_every_world_size_itself(
+    monkeypatch, capsys, tmp_path
+):
+    baseline, _ = scaling_result([]).save(tmp_path / "base")
+    assert _bench_here(monkeypatch, "--baseline", str(baseline)) == 2
+    shown = capsys.readouterr()
+    assert (
+        "python -m workshop.bench scaling: --baseline compares a run that torchrun, "
+        "srun or mpirun started at one world size with an earlier run; this run "
+        "measures every world size itself and compares them with the smallest. "
+        "Leave --baseline out, or run under a launcher"
+    ) in shown.err
+    assert "measuring" not in shown.out
+
+
+def test_cli_checks_that_out_can_be_written_before_measuring(
+    monkeypatch, capsys, tmp_path
+):
+    # As root, chmod stops no write: a path under a regular file cannot be made.
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "out"
+    assert _bench_here(monkeypatch, "--world-sizes", "1", "--out", str(out)) == 2
+    shown = capsys.readouterr()
+    assert (
+        f"python -m workshop.bench scaling: --out {out}: cannot write files there "
+        f"({tmp_path / 'file.txt'} is a file, not a folder); checked before "
+        "measuring. Pass a PREFIX in a folder you can write, e.g. --out runs/out"
+    ) in shown.err
+    assert "measuring" not in shown.out
+    # A folder that is missing is made (and nothing is left in it but the results).
+    made = tmp_path / "new" / "deeper"
+    from workshop.bench.bench_output import check_writable
+
+    assert check_writable(made / "scale") == made and list(made.iterdir()) == []
+
+
+def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
+    monkeypatch, capsys, tmp_path
+):
+    from workshop.bench import scaling_bench
+    from workshop.bench.scaling_results import ScalingRow
+
+    folder = tmp_path / "runs"
+    row = ScalingRow("weak", 1, 8, 8, 2, 800.0, 0.01, 0.008, 0.002, 0.0, 0.0)
+
+    def measured(*args, **kwargs):
+        # The folder was writable when checked, and is gone by the end (a file
+        # took its place), as when a shared disk fills or a job's folder is cleared.
+        folder.rmdir()
+        folder.write_text("not a folder")
+        return scaling_result([row])
+
+    monkeypatch.setattr(scaling_bench, "measure_scaling", measured)
+    prefix = folder / "scale"
+    assert _bench_here(monkeypatch, "--world-sizes", "1", "--out", str(prefix)) == 1
+    shown = capsys.readouterr()
+    assert (
+        f"could not write the results to {prefix}.json ({folder} is a file, not a "
+        "folder). They follow as that file would have held them: copy the lines "
+        "between the markers to scale.json in a folder you can write"
+    ) in shown.err
+    assert "mode    ranks batch/rank  samples/s" in shown.out  # the table, as ever
+    text = shown.out.split("----- scale.json -----\n")[1]
+    text = text.split("\n----- end of scale.json -----")[0]
+    kept = tmp_path / "kept.json"
+    kept.write_text(text)
+    assert load_scaling(kept).rows[0].samples_per_second == 800.0  # nothing lost
+
+
+def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path, run):
+    baseline, _ = run.save(tmp_path / "base")
+    prefix = tmp_path / "torchrun"
+    done = run_module(
+        "torch.distributed.run",
+        *("--standalone", "--nproc_per_node=2", "-m", "workshop.bench", "scaling"),
+        *("--backend", "gloo"),  # as the baseline was measured
+        *("--mode", "weak", "--steps", "2", "--warmup", "1", "--batch", "8"),
+        *("--image-size", "16", "--baseline", str(baseline), "--out", str(prefix)),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("DDP scaling of cnn") == 1  # rank 0 alone reports
+    assert "Warning" not in done.stderr  # e.g. DDP's renamed broadcast_buffers
+    result = load_scaling(f"{prefix}.json")
+    assert result.launcher == "torchrun"
+    (row,) = result.rows
+    assert (row.mode, row.world_size, row.base_world_size) == ("weak", 2, 1)
+    one = run.row("weak", 1)
+    assert row.efficiency == pytest.approx(
+        row.samples_per_second / (2 * one.samples_per_second)
+    )
+    # A baseline that measured another batch cannot be compared, and says so.
+    other = tmp_path / "other"
+    done = run_module(
+        "torch.distributed.run",
+        *("--standalone", "--nproc_per_node=1", "-m", "workshop.bench", "scaling"),
+        *("--backend", "gloo"),
+        *("--mode", "weak", "--steps", "2", "--warmup", "1", "--batch", "4"),
+        *("--image-size", "16", "--baseline", str(baseline), "--out", str(other)),
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert (
+        "python -m workshop.bench scaling: the baseline cannot be compared with this "
+        "run: it measured weak scaling with batch_per_rank 8 against 4; pass a "
+        "baseline of the same model"
+    ) in done.stderr
+    assert "DDP scaling" not in done.stdout  # refused before measuring anything
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from workshop.bench import scaling_results, scaling_worker
+
+    for module in (scaling_results, scaling_worker):
+        assert doctest.testmod(module).failed == 0, module.__name__
+
+
+def test_explain_flags_a_busy_machine_when_equal_work_took_unequal_time():
+    from workshop.bench.scaling_results import ScalingRow
+
+    def row(mode: str, seconds: float) -> ScalingRow:
+        return ScalingRow(mode, 1, 32, 32, 2, 32 / seconds, seconds, seconds, 0, 0)
+
+    result = scaling_result([row("weak", 0.029), row("strong", 0.179)])
+    assert (
+        "check: at 1 rank the weak and strong runs did the same work but took "
+        "29.0 and 179.0 ms per step; something else was using the machine, so run "
+        "again when it is idle"
+    ) in result.explain()
+    result.rows[1] = row("strong", 0.031)
+    assert not any(line.startswith("check:") for line in result.explain())

@@ -1,0 +1,809 @@
+"""workshop.cluster.slurm: writing, submitting, watching and reading Slurm jobs.
+
+The parsing of scontrol/sacct output, the sbatch command submit() builds, the lines
+wait() prints and every error message are checked without Slurm (fake commands on
+PATH, a fake job status). Then the batch scripts in slurm/ run for real on a private
+one-node cluster (scripts/local_slurm.sh, shared by this module), and the private
+cluster's clean-up is checked: at exit, and by its watchdog when the process that
+started it is SIGKILLed. Nothing may be left running: no daemon, watchdog or job."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pytest
+from conftest import ROOT, clean_env, needs_private_slurm
+
+from workshop import load_scaling, plot_scaling
+from workshop.cluster import slurm as slurm_module
+from workshop.cluster import slurm_cluster as _slurm_cluster
+from workshop.cluster import slurm_watchdog
+from workshop.cluster.slurm import JobStatus, SlurmJob, slurm_cluster, submit
+from workshop.cluster.slurm_options import find_script, project_root, sbatch_options
+from workshop.cluster.slurm_status import (
+    format_seconds,
+    parse_scontrol,
+    parse_seconds,
+    status_from_sacct,
+    status_from_scontrol,
+)
+from workshop.env import choose_backend
+
+# What two ranks on one node of the private cluster pick ("auto"): gloo on a CPU
+# machine or a one-GPU node, NCCL where the node has a GPU for each.
+BACKEND_2 = choose_backend("auto", 2)
+
+
+def _started(launcher: str, attempt: int) -> str:
+    """The line slurm/train_ddp.py prints first, for 2 ranks on 1 node."""
+    return (
+        f"2 ranks on 1 node(s), started by {launcher}, backend {BACKEND_2}, "
+        f"attempt {attempt}"
+    )
+
+
+PYTHON = sys.executable
+CPU_NODE = {"nodes": 1, "ntasks_per_node": 2, "gpus_per_node": 0}
+
+# One line of `scontrol show job -o`, as Slurm 22.05 prints it (shortened).
+RUNNING = (
+    "JobId=12 JobName=hello-ranks UserId=root(0) JobState=RUNNING Reason=None "
+    "Dependency=(null) Requeue=1 Restarts=0 ExitCode=0:0 RunTime=00:00:03 "
+    "TimeLimit=00:05:00 AllocNode:Sid=localhost:10821 NodeList=vm BatchHost=vm "
+    "NumNodes=1 NumCPUs=2 CPUs/Task=1 TRES=cpu=2,mem=1000M,node=1,billing=2 "
+    "Command=/work/my project/slurm/hello.sbatch WorkDir=/work "
+    "StdOut=/work/runs/hello_ranks-12.out Power="
+)
+
+
+# --- parsing: no Slurm needed --------------------------------------------------------
+
+
+def test_a_scontrol_line_is_read_into_whole_values():
+    pairs = parse_scontrol(RUNNING)
+    assert pairs["JobState"] == "RUNNING"
+    assert pairs["TRES"] == "cpu=2,mem=1000M,node=1,billing=2"  # '=' inside a value
+    assert pairs["AllocNode:Sid"] == "localhost:10821"
+    assert pairs["CPUs/Task"] == "1"
+    assert pairs["Command"] == "/work/my project/slurm/hello.sbatch"  # a space inside
+    assert pairs["Power"] == ""
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"JobState": "PENDING", "Reason": "Resources", "NodeList": "(null)"},
+         "job 12: PENDING (Resources)"),
+        ({"JobState": "PENDING", "NodeList": "(null)"}, "job 12: PENDING"),
+        ({}, "job 12: RUNNING on vm"),
+        ({"JobState": "COMPLETED", "RunTime": "00:00:04"},
+         "job 12: COMPLETED, exit code 0, in 4 s"),
+        ({"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "1:0"},
+         "job 12: FAILED (NonZeroExitCode), exit code 1, in 3 s"),
+        ({"JobState": "CANCELLED", "ExitCode": "0:15", "RunTime": "00:02:05"},
+         "job 12: CANCELLED, ended by signal 15, in 2 min 5 s"),
+        ({"JobState": "TIMEOUT", "Reason": "TimeLimit", "RunTime": "00:05:00"},
+         "job 12: TIMEOUT (TimeLimit), exit code 0, in 5 min 0 s"),
+    ],
+)  # fmt: skip
+def test_the_status_and_its_line_from_scontrol(changes, line):
+    text = RUNNING
+    for key, value in changes.items():
+        text = re.sub(rf"\b{key}=\S*", f"{key}={value}", text)
+    status = status_from_scontrol("12", "some other line\n" + text)
+    assert status.line() == line
+    assert status.finished == (status.state not in ("PENDING", "RUNNING"))
+    assert status.source == "scontrol"
+
+
+def test_scontrol_output_without_the_job_gives_none():
+    assert status_from_scontrol("13", RUNNING) is None
+
+
+def test_the_status_from_sacct_once_scontrol_forgot_the_job():
+    text = "12|CANCELLED by 0|0:15|00:00:07|vm\n"
+    status = status_from_sacct("12", text)
+    assert (status.state, status.signal, status.elapsed, status.nodes) == (
+        "CANCELLED",
+        15,
+        7.0,
+        "vm",
+    )
+    assert status.finished and status.source == "sacct"
+    pending = status_from_sacct("12", "12|PENDING|0:0|00:00:00|None assigned\n")
+    assert (pending.state, pending.nodes, pending.exit_code) == ("PENDING", "", None)
+    assert status_from_sacct("12", "12.batch|COMPLETED|0:0|00:00:01|vm\n") is None
+
+
+def test_slurm_durations_are_read_and_written_for_people():
+    assert parse_seconds("05") == 5
+    assert parse_seconds("02:05") == 125
+    assert parse_seconds("1-02:00:05") == 93605
+    assert parse_seconds("Unknown") is None
+    assert [format_seconds(s) for s in (4.4, 125, 3725)] == [
+        "4 s",
+        "2 min 5 s",
+        "1 h 2 min",
+    ]
+
+
+# --- the sbatch command: no Slurm needed ---------------------------------------------
+
+
+def test_submit_options_override_the_scripts_lines_in_a_fixed_order():
+    assert sbatch_options(
+        nodes=2,
+        ntasks_per_node=4,
+        gpus_per_node=0,
+        time="00:10:00",
+        options={"cpus_per_task": 1, "--exclusive": True, "requeue": False, "J": "x"},
+    ) == [
+        "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=0", "--time=00:10:00",
+        "--cpus-per-task=1", "--exclusive", "-J", "x",
+    ]  # fmt: skip
+    assert sbatch_options(time=30, options=["--cpus-per-task=1"]) == [
+        "--time=30",
+        "--cpus-per-task=1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"nodes": 0}, ValueError, r"nodes must be a whole number >= 1, got 0"),
+        ({"gpus_per_node": -1}, ValueError, r"gpus_per_node must be .* >= 0, got -1"),
+        ({"ntasks_per_node": True}, ValueError, r"ntasks_per_node .* got True"),
+        ({"nodes": 1, "options": {"nodes": 2}}, ValueError,
+         r"nodes is given twice, as an argument of submit\(\) and in options"),
+        ({"options": "--exclusive"}, TypeError,
+         r"not the string '--exclusive'; write \['--exclusive'\]"),
+        ({"options": [3]}, TypeError, r"strings like '--cpus-per-task=1', got 3"),
+    ],
+)  # fmt: skip
+def test_bad_submit_options_say_what_was_wrong(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        sbatch_options(**kwargs)
+
+
+def test_scripts_are_found_from_the_repository_root_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a notebook runs in notebooks/, say
+    found = find_script("slurm/hello_ranks.sbatch", None)
+    assert found == ROOT / "slurm" / "hello_ranks.sbatch"
+    assert project_root(found) == ROOT
+    with pytest.raises(FileNotFoundError, match=r"no batch script 'slurm/nope.sbatch'"):
+        find_script("slurm/nope.sbatch", None)
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    (bin_dir / name).chmod(0o755)
+
+
+def test_submit_runs_sbatch_from_the_repository_and_prints_it(
+    tmp_path, monkeypatch, capsys
+):
+    log = tmp_path / "sbatch.log"
+    _fake(tmp_path / "bin", "sbatch", f'pwd > {log}; printf "%s\\n" "$@" >> {log}\n'
+          'echo "4242;cluster"\n')  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    job = submit(
+        "slurm/train_ddp.sbatch", "--epochs", "2", **CPU_NODE,
+        options={"cpus-per-task": 1}, output_dir=tmp_path / "out",
+    )  # fmt: skip
+    cwd, *argv = log.read_text().splitlines()
+    assert Path(cwd) == ROOT
+    assert argv == [
+        "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
+        "--cpus-per-task=1", f"--output={tmp_path}/out/train_ddp-%j.out",
+        "slurm/train_ddp.sbatch", "--epochs", "2",
+    ]  # fmt: skip
+    assert (job.job_id, job.output_path) == (
+        "4242",
+        tmp_path / "out/train_ddp-4242.out",
+    )
+    assert job.script == ROOT / "slurm" / "train_ddp.sbatch"
+    printed = capsys.readouterr().out
+    assert f"sbatch {' '.join(argv)}    (in {ROOT})" in printed
+    assert f"submitted job 4242; its output goes to {job.output_path}" in printed
+
+
+def test_submit_errors_say_what_to_do(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"no batch script 'nope.sbatch'"):
+        submit("nope.sbatch")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no Slurm at all
+    with pytest.raises(FileNotFoundError, match=r"sbatch not found: .*make setup"):
+        submit("slurm/hello_ranks.sbatch", output_dir=tmp_path)
+    _fake(tmp_path / "bin", "sbatch", """\
+        echo "sbatch: error: Batch job submission failed: Invalid account" >&2
+        exit 1
+    """)  # fmt: skip
+    with pytest.raises(
+        RuntimeError,
+        match=r"sbatch refused the job \(exit code 1\): sbatch: error: Batch job "
+        r"submission failed: Invalid account\ncommand: sbatch --parsable --nodes=3 ",
+    ):
+        submit("slurm/hello_ranks.sbatch", nodes=3, output_dir=tmp_path)
+
+
+def _slurm_conf_missing(tmp_path, monkeypatch, tools) -> tuple[Path, Path]:
+    """Fake Slurm ``tools`` that log each call, and SLURM_CONF naming no file;
+    returns (the log, which stays absent while no tool ran; the missing file)."""
+    log = tmp_path / "ran"
+    for tool in tools:
+        _fake(tmp_path / "bin", tool, f"echo {tool} >> {log}\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    missing = tmp_path / "gone" / "slurm.conf"
+    monkeypatch.setenv("SLURM_CONF", str(missing))
+    return log, missing
+
+
+def test_a_slurm_conf_that_names_no_file_is_refused_before_sbatch_runs(
+    tmp_path, monkeypatch, capsys
+):
+    # A real sbatch would retry the missing file for 60 s, then blame the options.
+    log, missing = _slurm_conf_missing(
+        tmp_path, monkeypatch, ("sbatch", "scontrol", "sacct")
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^SLURM_CONF={re.escape(str(missing))} names a file that does not "
+        r"exist, not a Slurm "
+        r"configuration file, so Slurm's commands would retry reading it for 60 s "
+        r"and then fail\. HINT: unset it to use this machine's own configuration "
+        r"\(os\.environ\.pop\(\"SLURM_CONF\"\) here, `unset SLURM_CONF` in a "
+        r"shell\), or point it at an existing slurm\.conf, or call "
+        r"slurm_cluster\(\)",
+    ):
+        submit("slurm/hello_ranks.sbatch", output_dir=tmp_path / "out")
+    assert not log.exists() and not (tmp_path / "out").exists()
+    assert capsys.readouterr().out == ""  # not even the sbatch line was printed
+    status = _job(tmp_path).status()  # scontrol too: UNKNOWN, with the reason
+    assert (status.state, status.source) == ("UNKNOWN", "error")
+    assert status.reason.startswith(f"SLURM_CONF={missing} names a file that does ")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path))
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"^SLURM_CONF={re.escape(str(tmp_path))} names a folder, not a Slurm",
+    ):
+        submit("slurm/hello_ranks.sbatch", output_dir=tmp_path / "out")
+    assert not log.exists()
+
+
+def test_slurm_cluster_names_a_slurm_conf_that_is_not_there(tmp_path, monkeypatch):
+    # It used to wait for scontrol ping's minute of retries, then start a private
+    # cluster over the user's setting.
+    log, missing = _slurm_conf_missing(
+        tmp_path, monkeypatch, ("sbatch", "scontrol", "sinfo")
+    )
+    cluster = slurm_cluster()
+    assert (cluster.available, cluster.kind) == (False, "none")
+    assert str(cluster) == (
+        f"no Slurm to submit to: SLURM_CONF={missing} names a file that does not "
+        "exist, not a Slurm configuration file, so Slurm's commands would retry "
+        "reading it for 60 s and then fail. HINT: unset it to use this machine's own "
+        'configuration (os.environ.pop("SLURM_CONF") here, `unset SLURM_CONF` in a '
+        "shell), or point it at an existing slurm.conf"
+    )
+    assert not log.exists()  # no Slurm command was asked
+
+
+# --- watching a job: a fake status, no Slurm needed ----------------------------------
+
+
+def _play(monkeypatch, *states: JobStatus) -> list[str]:
+    """Make SlurmJob.status return ``states`` in turn (the last one forever);
+    return the list that records scancel calls."""
+    todo = list(states)
+    cancelled: list[str] = []
+
+    def status(self):
+        return todo.pop(0) if len(todo) > 1 else todo[0]
+
+    monkeypatch.setattr(SlurmJob, "status", status)
+    monkeypatch.setattr(SlurmJob, "cancel", lambda self: cancelled.append(self.job_id))
+    monkeypatch.setattr(slurm_module, "_sleep", lambda seconds: None)
+    return cancelled
+
+
+def _job(tmp_path) -> SlurmJob:
+    return SlurmJob("12", tmp_path / "x.sbatch", tmp_path / "x-12.out")
+
+
+def test_wait_prints_each_change_once(tmp_path, monkeypatch, capsys):
+    pending = JobStatus("12", "PENDING", "Priority")
+    _play(
+        monkeypatch, pending, pending, replace(pending, reason="Resources"),
+        JobStatus("12", "RUNNING", nodes="vm"), JobStatus("12", "RUNNING", nodes="vm"),
+        JobStatus("12", "FAILED", exit_code=2, elapsed=3),
+    )  # fmt: skip
+    final = _job(tmp_path).wait(timeout=10)
+    assert final.state == "FAILED"
+    assert capsys.readouterr().out.splitlines() == [
+        "job 12: PENDING (Priority)",
+        "job 12: PENDING (Resources)",
+        "job 12: RUNNING on vm",
+        f"job 12: FAILED, exit code 2, in 3 s; output in {tmp_path}/x-12.out",
+    ]
+
+
+def test_a_wait_that_times_out_leaves_the_job_and_says_what_to_do(
+    tmp_path, monkeypatch
+):
+    cancelled = _play(monkeypatch, JobStatus("12", "RUNNING", nodes="vm"))
+    with pytest.raises(
+        TimeoutError,
+        match=r"job 12 is still RUNNING after 0.2 s; it was not cancelled. Wait "
+        r"longer with job.wait\(timeout=...\), or cancel it with job.cancel\(\) "
+        r"\(scancel 12\)",
+    ):
+        _job(tmp_path).wait(timeout=0.2, show=False)
+    assert cancelled == []
+
+
+def test_an_interrupted_wait_cancels_the_job_then_re_raises(
+    tmp_path, monkeypatch, capsys
+):
+    cancelled = _play(
+        monkeypatch,
+        JobStatus("12", "RUNNING", nodes="vm"),
+        JobStatus("12", "CANCELLED", signal=15, elapsed=2),
+    )
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt  # what a kernel interrupt raises in a cell
+
+    monkeypatch.setattr(slurm_module, "_sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        _job(tmp_path).wait()
+    assert cancelled == ["12"]
+    assert capsys.readouterr().out.splitlines() == [
+        "job 12: RUNNING on vm",
+        "interrupted: cancelling job 12 (scancel 12)",
+        "job 12: CANCELLED, ended by signal 15, in 2 s",
+    ]
+
+
+def test_a_job_slurm_has_forgotten_is_unknown_with_the_reason(tmp_path, monkeypatch):
+    _fake(tmp_path / "bin", "scontrol", """\
+        echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1
+    """)  # fmt: skip
+    _fake(tmp_path / "bin", "sacct", 'echo "Slurm accounting storage is disabled" >&2'
+          "; exit 1\n")  # fmt: skip
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    job = _job(tmp_path)
+    status = job.status()
+    assert (status.state, status.source, status.finished) == (
+        "UNKNOWN",
+        "forgotten",
+        True,
+    )
+    assert status.reason == (
+        "scontrol no longer knows job 12 and sacct cannot tell: Slurm accounting "
+        f"storage is disabled; its output may still be in {job.output_path}"
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=rf"job 12 has no output yet: {job.output_path} does not exist \(the "
+        r"job is UNKNOWN\); Slurm creates it when the job starts",
+    ):
+        job.output()
+    _fake(tmp_path / "bin", "sacct", 'echo "12|TIMEOUT|0:15|00:10:00|n[1-2]"\n')
+    assert job.status().line() == "job 12: TIMEOUT, ended by signal 15, in 10 min 0 s"
+
+
+# --- is there a Slurm? no Slurm needed -----------------------------------------------
+
+
+def test_no_slurm_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(_slurm_cluster, "_PRIVATE", None)
+    monkeypatch.setattr(_slurm_cluster.shutil, "which", lambda name: None)
+    cluster = slurm_cluster()
+    assert (cluster.available, cluster.kind) == (False, "none")
+    assert str(cluster) == (
+        "no Slurm to submit to: sbatch not found: on a cluster, run this notebook on "
+        "a login node or inside an allocation (some sites need `module load slurm` "
+        "first); on your own Debian/Ubuntu machine, run `make setup` as root to "
+        "install slurm-wlm"
+    )
+
+
+def test_without_a_controller_or_root_no_private_cluster_is_started(monkeypatch):
+    monkeypatch.setattr(_slurm_cluster, "_PRIVATE", None)
+    monkeypatch.setattr(_slurm_cluster.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(
+        _slurm_cluster, "_query", lambda command: (False, "Unable to contact slurm")
+    )
+    monkeypatch.setattr(_slurm_cluster, "_start_private", pytest.fail)
+    assert slurm_cluster(start_private=False).reason == (
+        "no Slurm controller answers (scontrol ping: Unable to contact slurm); "
+        "start_private=False"
+    )
+    monkeypatch.setattr(_slurm_cluster.os, "geteuid", lambda: 1000)
+    assert re.fullmatch(
+        r"no Slurm controller answers \(.*\), and a private cluster needs root "
+        r"\(slurmd starts the jobs' processes\): .*",
+        slurm_cluster().reason,
+    )
+
+
+def test_sinfo_is_read_into_partitions_nodes_cpus_and_gpus():
+    text = (
+        "gpu1|gpu|64|gpu:a100:4(S:0-1)\n"
+        "gpu1|debug*|64|gpu:a100:4(S:0-1)\n"
+        "gpu2|gpu|64|gpu:4,shard:8\n"
+        "cpu1|debug*|128|(null)\n"
+    )
+    assert _slurm_cluster._parse_sinfo(text) == (
+        ["debug", "gpu"],
+        ["gpu1", "gpu2", "cpu1"],
+        256,
+        8,
+    )
+    cluster = _slurm_cluster.SlurmCluster(True, "cluster", "SLURM_CONF=/x")
+    cluster.partitions, cluster.hosts, cluster.cpus, cluster.gpus = (
+        _slurm_cluster._parse_sinfo(text)
+    )
+    assert str(cluster) == (
+        "Slurm cluster (SLURM_CONF=/x): partitions debug, gpu; 3 nodes, 256 CPUs, "
+        "8 GPUs"
+    )
+
+
+# --- real jobs on a private one-node cluster -----------------------------------------
+
+
+def _pgrep(pattern: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def _left_behind(
+    folder: Path, marker: str | None = None, within: float = 20, daemons: bool = True
+) -> list:
+    """Processes of the private cluster in ``folder`` (its daemons and watchdog
+    unless ``daemons`` is False, and its jobs) and those with ``marker`` in their
+    command line, still there after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        left: list = slurm_watchdog.job_processes(folder)
+        left += _pgrep(str(folder)) if daemons else []
+        left += _pgrep(marker) if marker else []
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The private cluster slurm_cluster() starts here, shared by this module."""
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        pytest.skip("needs Slurm's daemons and root (make setup installs slurm-wlm)")
+    before = os.environ.pop("SLURM_CONF", None)
+    try:
+        started = slurm_cluster()
+        if not started.available:
+            pytest.skip(f"no private cluster could start here: {started.reason}")
+        if started.kind != "private":
+            pytest.skip(f"a Slurm answers here already ({started}); these tests "
+                        "submit only to a private cluster of their own")  # fmt: skip
+        yield started
+        started.stop()
+        assert "SLURM_CONF" not in os.environ
+        assert not started.folder.exists()
+        assert started._watchdog.poll() is not None, "the watchdog still runs"
+        assert _left_behind(started.folder, "MARKER-workshop", within=5) == []
+    finally:
+        if before is not None:
+            os.environ["SLURM_CONF"] = before
+
+
+@needs_private_slurm
+def test_slurm_cluster_reuses_the_private_cluster(cluster):
+    assert slurm_cluster() is cluster
+    assert (cluster.available, cluster.kind, cluster.nodes) == (True, "private", 1)
+    assert os.environ["SLURM_CONF"] == str(cluster.folder / "slurm.conf")
+    host = cluster.hosts[0]
+    assert str(cluster) == (
+        f"private one-node Slurm cluster on {host}: 1 node, {os.cpu_count()} "
+        f"CPU{'s' if os.cpu_count() > 1 else ''}, no GPUs (started for this notebook; "
+        "stopped when the kernel ends)"
+    )
+    assert len(_pgrep(str(cluster.folder))) == 4  # munged, slurmctld, slurmd, watchdog
+
+
+@needs_private_slurm
+def test_hello_ranks_is_submitted_watched_and_read(cluster, tmp_path, capsys):
+    job = submit(
+        "slurm/hello_ranks.sbatch", **CPU_NODE, options={"cpus-per-task": 1},
+        output_dir=tmp_path,
+    )  # fmt: skip
+    status = job.wait(timeout=120, poll=0.3)
+    printed = capsys.readouterr().out.splitlines()
+    host = cluster.hosts[0]
+    assert printed[0].startswith("sbatch --parsable --nodes=1 --ntasks-per-node=2 ")
+    assert (
+        printed[1]
+        == f"submitted job {job.job_id}; its output goes to {job.output_path}"
+    )
+    assert f"job {job.job_id}: RUNNING on {host}" in printed  # ~4 s, polled every 0.3
+    assert printed[-1] == (
+        f"job {job.job_id}: COMPLETED, exit code 0, in {format_seconds(status.elapsed)}"
+    )
+    assert job.output_path == tmp_path / f"hello_ranks-{job.job_id}.out"
+    text = job.output()
+    assert f"job {job.job_id}: 1 nodes ({host}), 2 tasks" in text
+    for rank in (0, 1):
+        assert (
+            f"hello from rank {rank} of 2 (local rank {rank}, node 0, started by "
+            f"srun, {BACKEND_2}): sum of ranks = 1"
+        ) in text
+
+
+@needs_private_slurm
+def test_train_ddp_fails_then_resumes_when_submitted_again(cluster, tmp_path):
+    checkpoint = tmp_path / "train.pt"
+    args = ("--epochs", "2", "--checkpoint", str(checkpoint))
+    options = {"cpus-per-task": 1}
+    crashed = submit("slurm/train_ddp.sbatch", *args, "--crash-in-epoch", "1",
+                     **CPU_NODE, options=options, output_dir=tmp_path)  # fmt: skip
+    status = crashed.wait(timeout=180, poll=0.5)
+    text = crashed.output()
+    # srun stopped rank 0 with SIGTERM when rank 1 died: its exit code, 143, is the
+    # step's and so the script's.
+    assert (status.state, status.exit_code) == ("FAILED", 143), text
+    assert _started("srun", 0) in text
+    assert "epoch 0: eval accuracy" in text and "rank 1 dies in epoch 1" in text
+    # The same job again: it resumes from the checkpoint of epoch 0.
+    again = submit("slurm/train_ddp.sbatch", *args, **CPU_NODE, options=options,
+                   output_dir=tmp_path)  # fmt: skip
+    assert again.wait(timeout=180, poll=0.5).state == "COMPLETED", again.output()
+    text = again.output()
+    assert f"resuming from {checkpoint} at epoch 1" in text
+    assert "epoch 0:" not in text and "epoch 1: eval accuracy" in text
+    assert re.search(r"done: weight checksum -?\d+\.\d{6}", text)
+
+
+@needs_private_slurm
+def test_train_torchrun_restarts_the_ranks_within_the_job(cluster, tmp_path):
+    checkpoint = tmp_path / "train.pt"
+    job = submit(
+        "slurm/train_torchrun.sbatch",
+        *("--epochs", "2", "--checkpoint", str(checkpoint), "--crash-in-epoch", "1"),
+        nodes=1, ntasks_per_node=1, gpus_per_node=0, options={"cpus-per-task": 2},
+        output_dir=tmp_path,
+    )  # fmt: skip
+    status = job.wait(timeout=240, poll=0.5)
+    text = job.output()
+    assert status.state == "COMPLETED", text
+    assert "2 ranks per node (GPUs per node: 0, CPUs per node: 2)" in text
+    assert "up to 1 restarts" in text
+    assert _started("torchrun", 0) in text
+    assert "rank 1 dies in epoch 1" in text
+    assert _started("torchrun", 1) in text
+    assert f"resuming from {checkpoint} at epoch 1" in text
+    assert "done: weight checksum" in text
+
+
+@needs_private_slurm
+def test_the_scaling_job_writes_results_that_load_and_plot(cluster, tmp_path):
+    job = submit("slurm/scaling.sbatch", **CPU_NODE, options={"cpus-per-task": 1},
+                 output_dir=tmp_path)  # fmt: skip
+    status = job.wait(timeout=300, poll=0.5)
+    text = job.output()
+    assert status.state == "COMPLETED", text
+    results = Path(re.search(r"results in (\S+)", text).group(1))
+    assert results == ROOT / "runs" / f"scaling-{job.job_id}"
+    try:
+        one, two = (load_scaling(results / f"{name}.json") for name in
+                    ("scaling-1rank", "scaling-1node"))  # fmt: skip
+        assert [(r.mode, r.world_size) for r in one.rows] == [
+            ("weak", 1),
+            ("strong", 1),
+        ]
+        assert [(r.mode, r.world_size) for r in two.rows] == [
+            ("weak", 2),
+            ("strong", 2),
+        ]
+        assert (one.launcher, two.launcher) == ("srun", "srun")
+        for row in two.rows:  # compared with the baseline's 1 rank
+            assert row.base_world_size == 1
+            base = one.row(row.mode, 1)
+            expected = (
+                row.samples_per_second / base.samples_per_second / 2
+                if row.mode == "weak"
+                else base.step_seconds / row.step_seconds / 2
+            )
+            assert row.efficiency == pytest.approx(expected)
+        # Each file alone holds one world size; the folder, read as one, makes one
+        # curve a mode from 1 rank up.
+        merged = load_scaling(results)
+        assert [(r.mode, r.world_size) for r in merged.rows] == [
+            ("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2),
+        ]  # fmt: skip
+        figure = plot_scaling(results)
+        lines = [line for line in figure.axes[0].get_lines() if line.get_gid() is None]
+        assert sorted(list(line.get_xdata()) for line in lines) == [[1, 2], [1, 2]]
+        plt.close(figure)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def _sleeper(tmp_path: Path) -> Path:
+    script = tmp_path / "sleeper.sbatch"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --job-name=sleeper\n"
+        "srun bash -c 'sleep 300; echo MARKER-workshop'\n"
+    )
+    return script
+
+
+def _until_task_runs(within: float = 60) -> None:
+    """Wait for the sleeper's task: a job is RUNNING as soon as its batch script
+    starts, a moment before srun has started the task."""
+    deadline = time.monotonic() + within
+    while not _pgrep("MARKER-workshop"):
+        assert time.monotonic() < deadline, f"no task after {within} s"
+        time.sleep(0.2)
+
+
+@needs_private_slurm
+def test_a_timeout_leaves_the_job_and_an_interrupt_cancels_it(
+    cluster, tmp_path, monkeypatch, capsys
+):
+    job = submit(
+        _sleeper(tmp_path), options=["--ntasks=1"], cwd=tmp_path, output_dir="out"
+    )
+    assert job.output_path == tmp_path / "out" / f"sleeper-{job.job_id}.out"
+    with pytest.raises(TimeoutError, match=rf"job {job.job_id} is still (PENDING|"
+                       r"RUNNING) after 1 s; it was not cancelled"):  # fmt: skip
+        job.wait(timeout=1, poll=0.2)
+    _until_task_runs()
+    assert job.state() == "RUNNING"
+
+    def interrupt(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slurm_module, "_sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        job.wait()
+    assert job.state() == "CANCELLED"
+    assert f"interrupted: cancelling job {job.job_id}" in capsys.readouterr().out
+    left = _left_behind(cluster.folder, "MARKER-workshop", within=15, daemons=False)
+    assert left == [], "the cancelled job's processes are still there"
+    assert "CANCELLED AT" in job.output()
+
+
+@needs_private_slurm
+def test_sbatch_refuses_more_nodes_than_there_are(cluster, tmp_path):
+    with pytest.raises(RuntimeError, match=r"sbatch refused the job .*\n"
+                       r"command: sbatch --parsable --nodes=3 "):  # fmt: skip
+        submit("slurm/hello_ranks.sbatch", nodes=3, output_dir=tmp_path)
+
+
+@needs_private_slurm
+def test_a_controller_that_answers_is_used_not_started(cluster):
+    done = subprocess.run(
+        [PYTHON, "-c", "from workshop.cluster.slurm import slurm_cluster; "
+         "c = slurm_cluster(); print(c.kind, c.nodes); print(c)"],
+        env=clean_env(SLURM_CONF=os.environ["SLURM_CONF"]),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    kind, text = done.stdout.splitlines()
+    assert kind == "cluster 1"
+    assert text.startswith(f"Slurm cluster (SLURM_CONF={os.environ['SLURM_CONF']}): ")
+
+
+KERNEL = """\
+    import os, sys, time
+    os.environ.pop("SLURM_CONF", None)
+    from workshop.cluster.slurm import slurm_cluster, submit
+    cluster = slurm_cluster()
+    print("folder", cluster.folder, cluster.kind, flush=True)
+    if sys.argv[-1] == "exit":
+        sys.exit(0)  # no stop(): atexit has to do it
+    job = submit(sys.argv[-1], options=["--ntasks=1"], output_dir=cluster.folder)
+    deadline = time.monotonic() + 60
+    while job.state() != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(job.state().lower(), flush=True)
+    time.sleep(300)
+"""
+
+
+def _kernel(tmp_path: Path, *args: str) -> subprocess.Popen:
+    (tmp_path / "kernel.py").write_text(textwrap.dedent(KERNEL))
+    return subprocess.Popen(
+        [PYTHON, str(tmp_path / "kernel.py"), *args],
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _folder(kernel: subprocess.Popen) -> Path:
+    for line in kernel.stdout:
+        if line.startswith("folder "):
+            _, folder, kind = line.split()
+            assert kind == "private", line
+            return Path(folder)
+    raise AssertionError(f"the kernel printed no folder; exit code {kernel.wait(5)}")
+
+
+@needs_private_slurm
+def test_a_private_cluster_stops_when_the_process_exits(tmp_path):
+    kernel = _kernel(tmp_path, "exit")
+    try:
+        folder = _folder(kernel)
+        assert kernel.wait(60) == 0, kernel.stdout.read()
+        # atexit stopped it before the process ended: nothing for the watchdog.
+        assert not folder.exists()
+        assert _left_behind(folder, within=0) == []
+    finally:
+        kernel.kill()
+        kernel.wait(10)
+        kernel.stdout.close()
+
+
+@needs_private_slurm
+def test_a_killed_kernel_leaves_nothing_behind(tmp_path):
+    kernel = _kernel(tmp_path, str(_sleeper(tmp_path)))
+    try:
+        folder = _folder(kernel)
+        said = [kernel.stdout.readline() for _ in range(3)]  # sbatch, submitted, ...
+        assert said[2] == "running\n", said
+        _until_task_runs()
+        kernel.kill()  # SIGKILL: no atexit, no finally; only the watchdog is left
+        kernel.wait(10)
+        started = time.monotonic()
+        assert _left_behind(folder, "MARKER-workshop", within=20) == []
+        assert time.monotonic() - started < 20
+        assert not folder.exists()
+    finally:
+        kernel.kill()
+        kernel.wait(10)
+        kernel.stdout.close()
+
+
+@needs_private_slurm
+@pytest.mark.parametrize("action", ["stop", "stop-daemons"])
+def test_the_stop_script_ends_running_jobs_too(tmp_path, action):
+    # A job's slurmstepd and tasks outlive slurmd by design: `stop` cancels the jobs
+    # first and kills what is left; `stop-daemons` stops the daemons alone.
+    folder, script = tmp_path / "cluster", str(ROOT / "scripts" / "local_slurm.sh")
+    started = subprocess.run(["bash", script, "start", str(folder)], env=clean_env(),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        submitted = subprocess.run(
+            ["sbatch", "--ntasks=1", f"--output={tmp_path}/%j.out", _sleeper(tmp_path)],
+            env=clean_env(SLURM_CONF=str(folder / "slurm.conf")),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        _until_task_runs()
+    finally:
+        stop = ["bash", script, action, str(folder)]
+        stopped = subprocess.run(stop, capture_output=True, text=True, timeout=120)
+    try:
+        assert stopped.returncode == 0, stopped.stderr
+        daemons = [line for line in _pgrep(str(folder)) if Path(line.split()[1]).name
+                   in ("slurmctld", "slurmd", "munged")]  # fmt: skip
+        assert daemons == []  # stopped either way
+        left = _left_behind(folder, "MARKER-workshop", within=3)
+        assert (left == []) == (action == "stop"), left
+    finally:
+        if action == "stop-daemons":  # what a bare stop-daemons leaves: clean it up
+            slurm_watchdog.stop_cluster(folder, script)

@@ -1,0 +1,84 @@
+"""The notebooks' self-checking exercises accept the reference answers and reject
+wrong ones with a hint."""
+
+from __future__ import annotations
+
+import pytest
+
+from workshop.comm.costmodel import bus_factor, ring_allreduce_time
+from workshop.comm.ring_collective import ring_all_reduce
+from workshop.lessons.exercises import EXERCISES, check, judge
+from workshop.lessons.pipeline import bubble_fraction
+from workshop.training.checkpoint import load_checkpoint
+from workshop.training.throughput import StepCost, projected_speedup
+
+
+def resume(path, model, optimizer):
+    """The notebook's solution to 02.resume."""
+    from pathlib import Path
+
+    if not Path(path).exists():
+        return 0
+    return load_checkpoint(path, model, optimizer)["epoch"] + 1
+
+
+def resume_off_by_one(path, model, optimizer):
+    from pathlib import Path
+
+    if not Path(path).exists():
+        return 0
+    return load_checkpoint(path, model, optimizer)["epoch"]  # repeats an epoch
+
+
+RIGHT = {
+    "01.dp": (64, 4),
+    "01.bubble": lambda s, m: (s - 1) / (m + s - 1),
+    "01.accumulate": 8,
+    "01.speedup": 8 / 6.5,
+    "02.ring": ring_all_reduce,
+    "02.bytes": lambda p, b, n: 2 * (n - 1) / n * p * b,
+    "02.resume": resume,
+    "03.placement": lambda rank, per_node: (rank // per_node, rank % per_node),
+    "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + 2 * (n - 1) / n * s / b,
+}
+WRONG = {
+    "01.dp": (256, 1),
+    "01.bubble": lambda s, m: (s - 1) / m,
+    "01.accumulate": 4,
+    "01.speedup": 4.0,
+    "02.ring": lambda tensor: tensor,  # every rank keeps its own values
+    "02.bytes": lambda p, b, n: p * b,  # forgets that a ring sends 2(N-1)/N of it
+    "02.resume": resume_off_by_one,
+    "03.placement": lambda rank, per_node: (rank % per_node, rank // per_node),
+    "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + s / b,  # all of it, per step
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_reference_answers_pass_and_wrong_ones_get_a_hint(name, capsys):
+    assert check(name, RIGHT[name]) is None  # a notebook cell shows the verdict only
+    assert capsys.readouterr().out == f"Right: {name}\n"
+    assert judge(name, RIGHT[name]) is True
+    assert capsys.readouterr().out == f"Right: {name}\n"
+    assert judge(name, WRONG[name]) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"Not yet: {name} wants ") and "\nHint: " in out
+
+
+def test_reference_answers_agree_with_the_package():
+    assert judge("01.bubble", bubble_fraction)
+    fixed_and_per_sample = StepCost(fixed_s=0.006, per_sample_s=0.002 / 64)
+    assert judge("01.speedup", projected_speedup(fixed_and_per_sample, 64, [4])[0])
+    assert judge("02.bytes", lambda p, b, n: bus_factor(n) * p * b)
+    assert judge("03.ring_time", ring_allreduce_time)
+
+
+def test_a_raising_answer_and_an_unknown_name(capsys):
+    assert judge("01.bubble", lambda s, m: 1 / 0) is False
+    assert "Not yet: 01.bubble raised ZeroDivisionError" in capsys.readouterr().out
+    with pytest.raises(
+        KeyError,
+        match=r"no exercise named '01.nope'; the exercises "
+        r"are '01.dp'",
+    ):
+        judge("01.nope", 1)

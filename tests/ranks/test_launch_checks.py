@@ -1,0 +1,186 @@
+"""What launch refuses before it starts a single process: arguments it cannot use, a
+call from inside a rank, and more ranks than the machine can take."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch.distributed as dist
+from conftest import ROOT, children_of, repo_env
+
+import workshop
+from workshop import LaunchError
+from workshop.env import usable_cores
+from workshop.ranks import checks as checks
+from workshop.ranks import launcher
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+
+def _refused(*args, **kwargs) -> None:
+    """Call launch, which must refuse; check that nothing was started."""
+    kwargs.setdefault("backend", "gloo")
+    launches, children = launcher._launches, set(children_of(os.getpid()))
+    try:
+        workshop.launch(*args, **kwargs)
+    finally:
+        assert launcher._launches == launches, "ranks were started before the refusal"
+        assert set(children_of(os.getpid())) <= children
+
+
+def test_an_unknown_show_is_refused():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown show='foo'; pass one of 'auto', 'lines', 'none' \('auto': "
+        r"live in the cell",
+    ):
+        _refused(dist.get_rank, world_size=2, show="foo")
+
+
+async def _coroutine():
+    return 1
+
+
+async def _async_generator():
+    yield 1
+
+
+def _generator():
+    yield 1
+
+
+@pytest.mark.parametrize(
+    ("fn", "kind", "fix"),
+    [
+        (_coroutine, "an async function", r"Pass a plain function \(def, not async"),
+        (_async_generator, "an async function", r"asyncio\.run"),
+        (_generator, "a generator function", "Return a value instead"),
+    ],
+)
+def test_functions_a_rank_could_not_run_are_refused(fn, kind, fix):
+    with pytest.raises(TypeError, match=rf"fn='{fn.__name__}' is {kind}.*{fix}"):
+        _refused(fn, world_size=2)
+    assert asyncio.run(_coroutine()) == 1  # (the coroutine itself is fine)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "message"),
+    [
+        (math.nan, r"timeout=nan is not a number of seconds; pass timeout=60"),
+        (1e-6, r"timeout=1e-06 s is too short for ranks even to start"),
+        (-5, r"timeout=-5 s is too short .*pass at least timeout=1, or None"),
+        ("10", r"timeout must be a number of seconds, or None for no limit; got '10'"),
+    ],
+)
+def test_timeouts_that_cannot_work_are_refused(timeout, message):
+    with pytest.raises(ValueError, match=message):
+        _refused(dist.get_rank, world_size=2, timeout=timeout)
+
+
+def test_an_infinite_timeout_means_no_limit():
+    result = workshop.launch(
+        dist.get_rank, world_size=2, backend="gloo", show="none", timeout=math.inf
+    )
+    assert result.returns == [0, 1]
+
+
+def _nested():
+    return workshop.launch(dist.get_rank, world_size=2, show="none").returns
+
+
+def test_a_launch_inside_a_rank_is_refused_with_the_reason():
+    with pytest.raises(
+        LaunchError,
+        match=r"RuntimeError: launch\(\) was called inside rank 0 of a running "
+        r"launch\. A rank cannot start ranks of its own",
+    ):
+        workshop.launch(_nested, world_size=1, backend="gloo", show="none")
+
+
+def _run(code: str) -> str:
+    """What a fresh Python process running ``code`` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=repo_env(),
+        cwd=ROOT,
+        timeout=120,
+    ).stdout
+
+
+def test_a_launch_in_a_process_that_is_a_rank_already_is_refused():
+    # A script started by torchrun that calls launch: its group is up already.
+    code = textwrap.dedent(
+        """
+        import torch.distributed as dist, workshop
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            workshop.launch(dist.get_rank, world_size=2, backend="gloo")
+        except RuntimeError as exc:
+            print(exc)
+        finally:
+            dist.destroy_process_group()
+        """
+    )
+    out = _run(code)
+    assert (
+        "launch() was called in a process whose default process group is already "
+        "initialised (rank 0 of 1, started by torchrun, srun or mpirun, say)" in out
+    )
+
+
+def test_more_ranks_than_the_cores_can_take_are_refused():
+    cores = usable_cores()
+    fits = checks.RANKS_PER_CORE * cores
+    with pytest.raises(
+        ValueError,
+        match=rf"world_size=10000 is more ranks than this machine can run: it has "
+        rf"{cores} cores? \({checks.RANKS_PER_CORE} ranks per core at most\), which "
+        rf"fits {fits}.*Pass world_size=\d+ or fewer",
+    ):
+        _refused(dist.get_rank, world_size=10000)
+
+
+def test_memory_and_open_files_limit_the_ranks(monkeypatch):
+    monkeypatch.setattr(checks, "available_memory", lambda: 1 << 30)
+    with pytest.raises(
+        ValueError,
+        match=r"1\.0 GiB of available memory \(about 100 MiB per rank\), which fits "
+        r"10\. Pass world_size=10 or fewer",
+    ):
+        _refused(dist.get_rank, world_size=12, start_method="fork")
+    with pytest.raises(ValueError, match=r"about 400 MiB per rank\), which fits 2\."):
+        _refused(dist.get_rank, world_size=3, start_method="spawn")
+
+
+def test_a_low_open_file_limit_is_named_before_anything_starts():
+    # A real limit, as `ulimit -n 64` sets it on a login node.
+    code = textwrap.dedent(
+        """
+        import resource, torch.distributed as dist, workshop
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        try:
+            workshop.launch(dist.get_rank, world_size=30, backend="gloo")
+        except ValueError as exc:
+            print(exc)
+        """
+    )
+    out = _run(code)
+    assert "world_size=30 is more ranks than this machine can run" in out
+    assert "an open-file limit of 64 (ulimit -n; 3 per rank in this process" in out
+    assert "launch: world_size" not in out  # nothing was started
+
+
+def test_the_largest_world_size_that_fits_is_accepted():
+    fits = min(fit for fit, _ in checks.capacity("fork"))
+    checks.check_capacity(fits, "fork")  # no error
+    with pytest.raises(ValueError, match=rf"Pass world_size={fits} or fewer"):
+        checks.check_capacity(fits + 1, "fork")

@@ -1,0 +1,241 @@
+"""One worker code path: the script that notebook 02's lesson becomes runs unchanged
+under torchrun and with the variables srun and mpirun give each task."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, clean_env, free_port, task_env
+
+from workshop.env import RankInfo
+from workshop.ranks.worker import _init_method, _shared_gpu, process_group, rank_device
+
+HELLO = str(ROOT / "slurm" / "hello_ranks.py")
+
+
+def _run_tasks(task_envs: list[dict[str, str]]) -> list[str]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, HELLO],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for env in task_envs
+    ]
+    outputs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out
+        outputs.append(out)
+    return outputs
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_rank_0_warns_when_torchrun_restarts_share_its_store(share):
+    # The warning names the fix; with the fix exported, torchrun stops sharing its
+    # store and the ranks say nothing.
+    env = clean_env() if share else clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc_per_node=2", "--max_restarts=1", HELLO],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "sum of ranks = 1" in run.stdout
+    warned = run.stderr.count("Export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
+    assert warned == (1 if share and _torchrun_shares_its_store() else 0), run.stderr
+
+
+def _torchrun_shares_its_store() -> bool:
+    # A torchrun that lends its store to the ranks also reads the variable that
+    # stops it (torch 2.15 does both; torch 2.4 neither, so nothing to warn of).
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    source = Path(dynamic_rendezvous.__file__).read_text()
+    return "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in source
+
+
+def test_the_hello_script_under_torchrun():
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            HELLO,
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    for rank in (0, 1):
+        assert (
+            f"hello from rank {rank} of 2 (local rank {rank}, node 0, started by "
+            f"torchrun, gloo): sum of ranks = 1"
+        ) in run.stdout
+
+
+def test_the_hello_script_as_srun_tasks():
+    port = free_port()
+    envs = [task_env("srun", rank, 2, port) for rank in (0, 1)]
+    outputs = _run_tasks(envs)
+    for rank, out in enumerate(outputs):
+        assert (
+            f"hello from rank {rank} of 2 (local rank {rank}, node 0, started by "
+            f"srun, gloo): sum of ranks = 1"
+        ) in out
+
+
+def test_the_hello_script_as_mpirun_processes():
+    port = free_port()
+    envs = [task_env("mpirun", rank, 2, port) for rank in (0, 1)]
+    outputs = _run_tasks(envs)
+    assert (
+        "hello from rank 1 of 2 (local rank 1, node 0, started by mpirun" in outputs[1]
+    )
+
+
+def test_srun_port_comes_from_the_job_id(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "123456")
+    info = RankInfo(rank=0, world_size=2, master_addr="gpu003", launcher="srun")
+    assert _init_method(info) == "tcp://gpu003:23456"  # 20000 + 123456 % 20000
+
+
+def test_missing_rendezvous_address_is_explained(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    info = RankInfo(rank=1, world_size=2, launcher="mpirun")
+    with pytest.raises(
+        RuntimeError,
+        match=r"mpirun started rank 1 of 2 but "
+        r"MASTER_ADDR=None and MASTER_PORT=None; export both .* pass them to every "
+        r"rank: mpirun -x MASTER_ADDR -x MASTER_PORT$",
+    ):
+        _init_method(info)
+
+
+def test_a_single_process_gets_a_group_of_one(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    import torch.distributed as dist
+
+    # gloo: on a GPU node "auto" would start NCCL, and CUDA, in the test process.
+    with process_group("gloo") as info:
+        assert dist.is_initialized() and dist.get_world_size() == 1
+        assert info.launcher == "torchrun"
+        assert rank_device() == torch.device("cpu")  # read from the group
+    assert not dist.is_initialized()
+
+
+def test_an_nccl_group_computes_on_the_ranks_gpu():
+    info = RankInfo(rank=3, local_rank=1, world_size=4, local_world_size=2)
+    # What dist.get_backend() says of a group with gloo beside NCCL.
+    assert rank_device("cpu:gloo,cuda:nccl", info) == torch.device("cuda", 1)
+    assert rank_device("nccl", info) == torch.device("cuda", 1)
+    assert rank_device("gloo", info) == torch.device("cpu")
+    assert rank_device() == torch.device("cpu")  # no group: the CPU
+
+
+def test_two_ranks_on_one_gpu_are_named_with_the_fix():
+    own = [("node1", "GPU-a", 0), ("node1", "GPU-b", 1), ("node2", "GPU-a", 0)]
+    assert _shared_gpu(own) is None  # the same GPU name on another host is fine
+    shared = [("node1", "GPU-a", 0), ("node2", "GPU-c", 0), ("node1", "GPU-a", 0)]
+    message = _shared_gpu(shared)
+    assert message.startswith(
+        "ranks 0 and 2 both use the same GPU (cuda:0 on host node1), but NCCL needs "
+        "one GPU per rank."
+    )
+    assert message.endswith(
+        "Give each launcher its own GPUs (CUDA_VISIBLE_DEVICES), or pass "
+        'backend="gloo" to run the ranks on the CPU'
+    )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_slurm_scripts_parse():
+    for script in (ROOT / "slurm").glob("*.sbatch"):
+        run = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
+        assert run.returncode == 0, f"{script.name}: {run.stderr}"
+        text = script.read_text()
+        assert "set -euo pipefail" in text
+        assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
+        assert "# Submit from the repository root:" in text
+
+
+_DDP_THEN_EXIT = """
+import atexit
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+import workshop.ranks.worker as worker
+
+with worker.process_group("gloo"):
+    DDP(torch.nn.Linear(4, 2))(torch.ones(3, 4)).sum().backward()
+    print("inside:", worker._gloo_threads())
+print("after:", worker._gloo_threads(), "settle at exit:", worker._SETTLE_REGISTERED)
+"""
+
+
+def test_gloo_threads_kept_alive_by_ddp_get_time_to_finish_at_exit():
+    # torch leaves gloo's worker threads running after destroy_process_group once a
+    # DDP model has used the group; a rank exiting while they free the last
+    # collective's tensors aborted ("terminate called without an active exception").
+    # The group's exit arranges a wait at interpreter exit for exactly that case.
+    env = task_env("mpirun", 0, 1, free_port())
+    done = subprocess.run(
+        [sys.executable, "-c", _DDP_THEN_EXIT],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    if lines[0] == "inside: -1":
+        # Unnamed threads (torch 2.4): the exit wait sleeps whenever it cannot tell.
+        assert lines[1] == "after: -1 settle at exit: True"
+        return
+    assert lines[0] == "inside: 2"
+    # torch 2.15 leaves both threads running here (a later torch may not).
+    assert lines[1] in (f"after: {n} settle at exit: True" for n in (2, 0))
+
+
+def test_the_exit_wait_sleeps_only_while_gloo_threads_linger(monkeypatch):
+    import workshop.ranks.worker as worker
+
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    for threads in (0, 2, -1):  # none left, two lingering, cannot tell (not Linux)
+        monkeypatch.setattr(worker, "_gloo_threads", lambda n=threads: n)
+        worker._let_gloo_threads_finish()
+    assert slept == [0.1, 0.1]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_ranks_share_the_cores_this_process_may_use_not_the_hosts(monkeypatch):
+    from workshop.ranks.worker import _configure_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # ours
+    before = torch.get_num_threads()
+    try:
+        _configure_threads(RankInfo(rank=0, world_size=2, local_world_size=2))
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
+        _configure_threads(RankInfo(rank=0, world_size=8, local_world_size=8))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

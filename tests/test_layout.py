@@ -1,0 +1,212 @@
+"""The package's architecture, read from its imports: one wing (subpackage) per concern,
+each importing only the wings below it, so that the tree reads as the design.
+
+Every ``import`` is counted, those inside functions and under ``TYPE_CHECKING`` too: a
+lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workshop"
+
+# The modules at the top of workshop/ that every wing may read.
+BASE = {"env", "features", "_procs", "_version"}
+# What sits above every wing: the public API, the commands, and the gallery (which
+# runs examples to draw them).
+TOP = {"", "__main__", "gallery"}
+# Each wing and the wings it may import, lowest first. "base" is BASE above.
+ALLOWED = {
+    "comm": {"base"},
+    "draw": {"base", "comm"},
+    "ranks": {"base", "comm"},
+    "cluster": {"base", "ranks"},
+    "training": {"base", "ranks"},
+    "lessons": {"base", "comm", "draw", "ranks", "training"},
+    "bench": {"base", "comm", "draw", "ranks", "training"},
+    "machine": {"base", "comm", "draw", "ranks", "cluster", "training", "bench"},
+}
+MAX_LINES = 420  # "about 400": a module past this wants splitting
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """``workshop/ranks/launcher.py`` -> ``ranks.launcher``; the package is ""."""
+    parts = list(path.relative_to(package).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def wing_of(module: str) -> str:
+    """The wing a module belongs to: its subpackage, "base" or "top"."""
+    if module in TOP:
+        return "top"
+    if module in BASE:
+        return "base"
+    head = module.split(".")[0]
+    if head not in ALLOWED:
+        raise AssertionError(
+            f"workshop/{module.replace('.', '/')}.py belongs to no wing; put it in one "
+            f"of {sorted(ALLOWED)}, or add it to BASE or TOP in this test"
+        )
+    return head
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
+    """The package's own modules that ``source`` (module ``module``) imports."""
+    here = module.split(".") if module else []
+    if not is_package:
+        here = here[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif node.module == "workshop" or (node.module or "").startswith(
+                "workshop."
+            ):
+                target = node.module.removeprefix("workshop").lstrip(".")
+            else:
+                continue
+            # "from . import sweep" imports a module; "from .env import X" does not.
+            names = [f"{target}.{a.name}".lstrip(".") for a in node.names]
+            names = [n if n in MODULES else target for n in names]
+        else:
+            continue
+        for name in names:
+            if node.__class__ is ast.Import:
+                if name != "workshop" and not name.startswith("workshop."):
+                    continue
+                name = name.removeprefix("workshop").lstrip(".")
+            found.add(name)
+    return found
+
+
+def torch_imports(source: str) -> set[str]:
+    """Names of torch modules that ``source`` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "torch"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "torch"
+        ):
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+FILES = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+MODULES = {module_name(p): p for p in FILES}
+IMPORTS = {
+    m: imported_modules(p.read_text(), m, p.name == "__init__.py")
+    for m, p in MODULES.items()
+}
+
+
+def violations(imports: dict[str, set[str]]) -> list[str]:
+    """Each import that goes sideways or up between wings, as a readable line."""
+    bad = []
+    for module, targets in sorted(imports.items()):
+        wing = wing_of(module)
+        if wing == "top":
+            continue
+        for target in sorted(targets):
+            to = wing_of(target)
+            if to == wing and wing != "base":
+                continue
+            if wing == "base" and to == "base":
+                continue
+            if to not in ALLOWED.get(wing, set()):
+                bad.append(f"{module or 'workshop'} ({wing}) imports {target} ({to})")
+    return bad
+
+
+def test_every_module_belongs_to_a_wing_and_imports_only_wings_below_it():
+    assert violations(IMPORTS) == []
+
+
+def test_the_check_catches_an_import_that_goes_up_or_sideways():
+    fake = dict(IMPORTS)
+    fake["draw.fake"] = imported_modules(
+        "def f():\n    from ..ranks.launcher import launch\n", "draw.fake", False
+    )
+    fake["comm.other"] = imported_modules(
+        "import workshop.draw.plots\n", "comm.x", False
+    )
+    assert violations(fake) == [
+        "comm.other (comm) imports draw.plots (draw)",
+        "draw.fake (draw) imports ranks.launcher (ranks)",
+    ]
+
+
+def test_no_import_cycle_between_wings():
+    # ALLOWED being acyclic is what keeps the real imports acyclic.
+    graph = {wing: set(below) - {"base"} for wing, below in ALLOWED.items()}
+    order: list[str] = []
+    while graph:
+        free = sorted(w for w, below in graph.items() if not below - set(order))
+        assert free, f"a cycle among {sorted(graph)}"
+        order += free
+        for w in free:
+            del graph[w]
+    assert order[0] == "comm" and order[-1] == "machine"
+
+
+def test_draw_never_starts_ranks_nor_imports_torch_distributed():
+    # Everything draw reaches, through the package's own modules: a picture can be
+    # redrawn from a saved file on a machine where torch.distributed is unusable.
+    reached, todo = set(), [m for m in MODULES if wing_of(m) == "draw"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += IMPORTS[module]
+    assert {wing_of(m) for m in reached} <= {"draw", "comm", "base"}
+    assert not {m for m in reached if wing_of(m) in ("ranks", "cluster")}
+    for module in sorted(reached):
+        if wing_of(module) == "draw":
+            distributed = {
+                t
+                for t in torch_imports(MODULES[module].read_text())
+                if t.startswith("torch.distributed")
+            }
+            assert not distributed, f"{module} imports {sorted(distributed)}"
+
+
+@pytest.mark.parametrize("wing", sorted(ALLOWED))
+def test_each_wing_says_what_it_is_for_and_imports_nothing_itself(wing):
+    init = PACKAGE / wing / "__init__.py"
+    tree = ast.parse(init.read_text())
+    doc = ast.get_docstring(tree)
+    assert doc and "import" in doc.lower(), (
+        f"{init}: say what the wing is for and imports"
+    )
+    # An __init__ that imports nothing keeps "from ..comm import tracing" cheap and
+    # the wings free of cycles through their __init__.
+    assert not [
+        n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+
+
+def test_no_module_is_much_over_400_lines():
+    long = {
+        f"workshop/{p.relative_to(PACKAGE)}": n
+        for p in FILES
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
+
+
+def test_the_tests_mirror_the_wings():
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name in ALLOWED}
+    assert folders == set(ALLOWED)
+    for wing in ALLOWED:
+        assert list((tests / wing).glob("test_*.py")), f"tests/{wing} has no tests"

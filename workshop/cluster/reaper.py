@@ -1,0 +1,202 @@
+"""The keeper that stands between a notebook kernel and a command it runs (torchrun,
+mpirun, a script), so that the command's whole process tree ends when it should.
+
+    python -I reaper.py PARENT_PID GRACE -- COMMAND [ARG ...]
+
+Why a separate process: torchrun starts each worker in a session of its own, and
+mpirun each rank in a process group of its own, so signalling the command's process
+group misses them; and when torchrun or mpirun is SIGKILLed (by a dying kernel's
+PR_SET_PDEATHSIG, or the OOM killer) their workers live on, re-parented to init.
+This keeper is a child subreaper (Linux): orphans of its tree are re-parented to it
+instead of init, so every process the command started stays its descendant and is
+found by walking /proc. It takes the whole tree down (SIGTERM, ``GRACE`` seconds,
+then SIGKILL) when it gets SIGTERM, SIGINT or SIGHUP; when the kernel that started it
+(``PARENT_PID``) dies, even by SIGKILL; and when the command ends but leaves processes
+behind. It exits as the command did: the same code, or killed by the same signal.
+
+One more case needs it while the command still runs: mpirun ends only once every
+rank's output pipe is closed, so a child a rank left behind (it inherited the pipe)
+keeps mpirun waiting after all its ranks ended, until the cell's timeout. So when the
+command has no process of its own left but orphans of its tree live on (re-parented
+here), those orphans are what it waits for: they are stopped the same way. While the
+command has children of its own (ranks still running), its orphans (a rank's daemon)
+are left alone until it ends.
+
+It runs as a plain script from the standard library only (``python -I``): importing
+the ``workshop`` package would import torch, seconds of start-up for every command.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+_POLL = 0.05  # seconds between looks at the tree: a cheap loop, a prompt reaction
+_LOOK = 0.5  # seconds between looks for orphans while the command runs (reads /proc)
+_GIVE_UP = 10.0  # seconds after SIGKILL before leaving an unkillable process (state D)
+
+
+def descendants(*roots: int) -> list[int]:
+    """Live (non-zombie) descendants of ``roots``, parents before children."""
+    return _below(_children(), roots)
+
+
+def _children() -> dict[int, list[int]]:
+    """The live children of every process that has some, by parent pid."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _processes():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def _below(children: dict[int, list[int]], roots: tuple[int, ...]) -> list[int]:
+    found, todo = [], [pid for root in roots for pid in children.get(root, [])]
+    while todo:
+        pid = todo.pop(0)
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _processes() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every live process: /proc on Linux, ``ps`` elsewhere."""
+    if not os.path.isdir("/proc/self"):
+        listing = subprocess.run(
+            ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "stat="],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        rows = [line.split() for line in listing.splitlines()]
+        return [(int(r[0]), int(r[1])) for r in rows if len(r) == 3 and r[2][0] != "Z"]
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            found.append((int(name), int(fields[1])))
+    return found
+
+
+def _become_subreaper() -> None:
+    """Ask Linux to re-parent this tree's orphans here; elsewhere do without."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(child: int, status: int | None) -> int | None:
+    """Collect every ended child (orphans included); return the command's status."""
+    while True:
+        try:
+            pid, found = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status
+        if pid == 0:
+            return status
+        if pid == child:
+            status = found
+
+
+def keep(command: list[str], parent: int, grace: float) -> int | None:
+    """Run ``command`` and look after its tree until all of it has ended.
+
+    Returns the command's wait status, or None if it could not be waited for.
+    """
+    me = os.getpid()
+    _become_subreaper()
+    asked: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: asked.append(signum))
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return 127 << 8
+    status: int | None = None
+    stopping_since: float | None = None
+    warned: set[int] = set()
+    doomed: dict[int, float] = {}  # orphans stopped while the command runs: since
+    next_look = time.monotonic() + _LOOK
+    while True:
+        status = _reap(child.pid, status)
+        # A new parent means the kernel died (even before this line first ran).
+        if not (asked or status is not None or os.getppid() != parent):
+            if time.monotonic() >= next_look:  # /proc twice a second, not 20 times
+                _stop_orphans(me, child.pid, doomed, grace)
+                next_look = time.monotonic() + _LOOK
+            time.sleep(_POLL)
+            continue
+        stopping_since = stopping_since or time.monotonic()
+        tree = descendants(me)
+        if status is not None and not tree:
+            return status
+        waited = time.monotonic() - stopping_since
+        if waited > grace + _GIVE_UP:
+            return status
+        for pid in tree:
+            if waited > grace:
+                _signal(pid, signal.SIGKILL)
+            elif pid not in warned:  # once each: torchrun starts its clean-up
+                warned.add(pid)  # again on every signal it gets
+                _signal(pid, signal.SIGTERM)
+        time.sleep(_POLL)
+
+
+def _stop_orphans(
+    me: int, command: int, doomed: dict[int, float], grace: float
+) -> None:
+    """While the command runs: stop the orphans of its tree (re-parented here) once
+    the command has no process of its own left, as it then waits for them; SIGTERM
+    first, SIGKILL ``grace`` seconds later. ``doomed`` keeps when each got SIGTERM."""
+    children = _children()
+    orphans = set(_below(children, (me,))) - {command, *_below(children, (command,))}
+    for pid in list(doomed):
+        if pid not in orphans:  # ended (or adopted elsewhere): forget it
+            del doomed[pid]
+    now = time.monotonic()
+    if orphans and not children.get(command):  # ranks done, leftovers live on
+        for pid in orphans - doomed.keys():
+            doomed[pid] = now
+            _signal(pid, signal.SIGTERM)
+    for pid, since in doomed.items():  # once judged leftovers, they end
+        if now - since > grace:
+            _signal(pid, signal.SIGKILL)
+
+
+def main(argv: list[str]) -> None:
+    """``PARENT GRACE -- COMMAND...``: keep the command, then end as it ended."""
+    if len(argv) < 4 or argv[2] != "--":
+        sys.exit("usage: python -I reaper.py PARENT_PID GRACE -- COMMAND [ARG ...]")
+    status = keep(argv[3:], int(argv[0]), float(argv[1]))
+    if status is None:
+        sys.exit(1)
+    if os.WIFSIGNALED(status):  # end the same way, so the kernel sees -signal
+        sig = os.WTERMSIG(status)
+        if sig != signal.SIGKILL:  # whose disposition cannot be changed
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        sys.exit(128 + sig)
+    sys.exit(os.WEXITSTATUS(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,365 @@
+"""Slurm from a notebook cell: write, submit, watch and read batch jobs.
+
+Notebook 03 submits the scripts in ``slurm/`` and watches them::
+
+    cluster = slurm_cluster()       # a real cluster, or a private one-node one here
+    print(cluster)
+    job = submit("slurm/hello_ranks.sbatch", nodes=1, ntasks_per_node=2,
+                 gpus_per_node=0, options={"cpus-per-task": 1})
+    job.wait()                      # job 12: PENDING / RUNNING on vm / COMPLETED ...
+    print(job.output())
+
+:func:`submit` prints the ``sbatch`` command it runs, so a learner can type the same
+on a login node. Output files go to ``runs/`` at the repository root (ignored by git),
+never beside the notebooks. Nothing here knows about training: a job is a script,
+its options and its output file.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .slurm_cluster import SlurmCluster, conf_problem, slurm_cluster
+from .slurm_options import (
+    find_script,
+    gives_output,
+    project_root,
+    relative,
+    sbatch_options,
+)
+from .slurm_status import (
+    FINAL_STATES,
+    JobStatus,
+    parse_scontrol,
+    status_from_sacct,
+    status_from_scontrol,
+)
+
+__all__ = [
+    "FINAL_STATES",
+    "JobStatus",
+    "SlurmCluster",
+    "SlurmJob",
+    "slurm_cluster",
+    "submit",
+]
+
+_sleep = time.sleep  # the tests replace it to interrupt a wait
+_NOT_INSTALLED = (
+    "{tool} not found: Slurm's commands are not on PATH. On a cluster, run this on a "
+    "login node or inside an allocation (some sites need `module load slurm`); on "
+    "your own Debian/Ubuntu machine, `make setup` as root installs slurm-wlm, and "
+    "slurm_cluster() starts a private cluster"
+)
+
+
+def _check_conf() -> None:
+    """Refuse a ``SLURM_CONF`` that names no file: every Slurm command would retry
+    reading it for 60 s, then fail with a message about the configuration.
+
+    Raises:
+        FileNotFoundError: ``SLURM_CONF`` is set to a path that is not a file.
+    """
+    problem = conf_problem()
+    if problem:
+        raise FileNotFoundError(
+            problem + ", or call slurm_cluster(), which sets it when it starts a "
+            "private cluster"
+        )
+
+
+def _slurm(command: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run a Slurm command, text captured.
+
+    Raises:
+        FileNotFoundError: the command is not installed, or ``SLURM_CONF`` names no
+            file (the message says what to do).
+        RuntimeError: it did not answer within ``timeout`` seconds.
+    """
+    if shutil.which(command[0]) is None:
+        raise FileNotFoundError(_NOT_INSTALLED.format(tool=command[0]))
+    _check_conf()
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"`{shlex.join(command)}` did not answer in {timeout:g} s; is the "
+            "controller up? Check with `scontrol ping`"
+        ) from None
+
+
+@dataclass
+class SlurmJob:
+    """A submitted batch job: its id, the script and where its output goes.
+
+    Attributes:
+        job_id: Slurm's id of the job.
+        script: the batch script.
+        output_path: the file Slurm writes the job's stdout and stderr to.
+        command: the ``sbatch`` command that submitted it.
+    """
+
+    job_id: str
+    script: Path
+    output_path: Path
+    command: list[str] = field(default_factory=list)
+
+    def status(self) -> JobStatus:
+        """The job's state with its reason, nodes, exit code and run time.
+
+        Asks ``scontrol show job``; once the controller has forgotten the job
+        (``MinJobAge``, 5 minutes by default, after it ended) asks ``sacct``; if
+        neither can tell, the state is UNKNOWN and ``reason`` says why. Never
+        raises for a job Slurm cannot find.
+
+        Example:
+            >>> job.status().line()                     # doctest: +SKIP
+            'job 12: PENDING (Resources)'
+        """
+        try:
+            done = _slurm(["scontrol", "show", "job", "-o", self.job_id])
+        except (FileNotFoundError, RuntimeError) as exc:
+            return JobStatus(self.job_id, "UNKNOWN", str(exc), source="error")
+        found = status_from_scontrol(self.job_id, done.stdout)
+        if found is not None:
+            return found
+        said = done.stderr.strip() or done.stdout.strip()
+        if done.returncode != 0 and "Invalid job id" not in said:
+            return JobStatus(
+                self.job_id, "UNKNOWN", f"scontrol failed: {said}", source="error"
+            )
+        try:
+            acct = _slurm(
+                ["sacct", "-j", self.job_id, "-n", "-P", "-X", "-o",
+                 "JobID,State,ExitCode,Elapsed,NodeList"]
+            )  # fmt: skip
+        except (FileNotFoundError, RuntimeError) as exc:
+            why = str(exc)
+        else:
+            found = status_from_sacct(self.job_id, acct.stdout)
+            if found is not None:
+                return found
+            why = (acct.stderr.strip() or "it has no record of the job").splitlines()
+            why = why[-1]
+        return JobStatus(
+            self.job_id,
+            "UNKNOWN",
+            f"scontrol no longer knows job {self.job_id} and sacct cannot tell: "
+            f"{why}; its output may still be in {self.output_path}",
+            source="forgotten",
+        )
+
+    def state(self) -> str:
+        """Slurm's state of the job: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
+        TIMEOUT, ..., or UNKNOWN (see :meth:`status` for the reason).
+
+        Example:
+            >>> job.state()                             # doctest: +SKIP
+            'RUNNING'
+        """
+        return self.status().state
+
+    def wait(
+        self, timeout: float = 600, poll: float = 1.0, show: bool = True
+    ) -> JobStatus:
+        """Wait for the job to end, printing each change of state on one line.
+
+        Args:
+            timeout: seconds to wait. The job is not cancelled when they run out.
+            poll: seconds between two looks at the job.
+            show: print ``job 12: PENDING (Resources)``, ``job 12: RUNNING on vm``,
+                ``job 12: COMPLETED, exit code 0, in 4 s`` as they happen.
+
+        Returns:
+            The final :class:`JobStatus`; check ``.state == "COMPLETED"`` and read
+            :meth:`output`.
+
+        Raises:
+            TimeoutError: still pending or running after ``timeout`` seconds; the job
+                keeps running, and the message says how to wait longer or cancel.
+            KeyboardInterrupt: the kernel was interrupted: the job is cancelled
+                first (so no allocation is left running), then this is re-raised.
+
+        Example:
+            >>> job.wait(timeout=120)                   # doctest: +SKIP
+            job 12: PENDING (None)
+            job 12: RUNNING on vm
+            job 12: COMPLETED, exit code 0, in 4 s
+        """
+        deadline = time.monotonic() + timeout
+        shown = None
+        try:
+            while True:
+                status = self.status()
+                if show and (status.state, status.reason) != shown:
+                    more = ""
+                    if status.finished and status.state != "COMPLETED":
+                        more = f"; output in {self.output_path}"
+                    print(status.line() + more, flush=True)
+                    shown = (status.state, status.reason)
+                if status.finished:
+                    return status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"job {self.job_id} is still {status.state} after "
+                        f"{timeout:g} s; it was not cancelled. Wait longer with "
+                        f"job.wait(timeout=...), or cancel it with job.cancel() "
+                        f"(scancel {self.job_id})"
+                    )
+                _sleep(min(poll, left))
+        except KeyboardInterrupt:
+            print(f"interrupted: cancelling job {self.job_id} (scancel {self.job_id})")
+            self.cancel()
+            final = self._settle(15)
+            print(final.line(), flush=True)
+            raise
+
+    def _settle(self, timeout: float) -> JobStatus:
+        """The status once the job ended, or the last one after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        status = self.status()
+        while not status.finished and time.monotonic() < deadline:
+            time.sleep(0.2)
+            status = self.status()
+        return status
+
+    def output(self) -> str:
+        """What the job wrote to its output file (stdout and stderr) so far.
+
+        Raises:
+            FileNotFoundError: the file is not there yet: Slurm creates it when the
+                job starts. The message names the path and the job's state.
+
+        Example:
+            >>> print(job.output())                     # doctest: +SKIP
+        """
+        if not self.output_path.is_file():
+            raise FileNotFoundError(
+                f"job {self.job_id} has no output yet: {self.output_path} does not "
+                f"exist (the job is {self.state()}); Slurm creates it when the job "
+                "starts, so wait with job.wait() and ask again"
+            )
+        return self.output_path.read_text(errors="replace")
+
+    def cancel(self) -> None:
+        """Cancel the job (``scancel``); nothing happens to a job that ended.
+
+        Raises:
+            RuntimeError: scancel failed; the message has what it said.
+
+        Example:
+            >>> job.cancel()                            # doctest: +SKIP
+        """
+        done = _slurm(["scancel", self.job_id])
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"scancel {self.job_id} failed (exit code {done.returncode}): "
+                f"{done.stderr.strip()}"
+            )
+
+
+def submit(
+    script: str | os.PathLike[str],
+    *args: str,
+    nodes: int | None = None,
+    ntasks_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    time: str | int | None = None,
+    options: Mapping[str, Any] | Sequence[str] = (),
+    cwd: str | os.PathLike[str] | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+) -> SlurmJob:
+    """Submit a batch script with ``sbatch``; print the command line first.
+
+    Options given here override the script's ``#SBATCH`` lines (sbatch reads its
+    command line after the script's header).
+
+    Args:
+        script: the batch script; a relative path is looked for in ``cwd``, the
+            current folder, then the repository root (so "slurm/train_ddp.sbatch"
+            works from ``notebooks/``).
+        *args: arguments for the script itself (``"$@"`` inside it).
+        nodes, ntasks_per_node, gpus_per_node: ``--nodes``, ``--ntasks-per-node``,
+            ``--gpus-per-node`` (0 for a node without GPUs).
+        time: ``--time``: "HH:MM:SS", "D-HH:MM:SS", or whole minutes.
+        options: more sbatch options; see :func:`sbatch_options`.
+        cwd: the job's working directory, where sbatch runs (``SLURM_SUBMIT_DIR``);
+            default: the repository root, since the scripts use paths from there.
+        output_dir: where the output file goes (``--output=DIR/NAME-%j.out``, unless
+            ``options`` gives ``--output``); default ``runs/`` at the repository
+            root, created if missing.
+
+    Returns:
+        The :class:`SlurmJob`.
+
+    Raises:
+        FileNotFoundError: no such script, sbatch is not installed, or
+            ``SLURM_CONF`` names a file that does not exist.
+        ValueError, TypeError: bad options (see :func:`sbatch_options`).
+        RuntimeError: sbatch refused the job; the message has its error and the
+            command line.
+
+    Example:
+        >>> job = submit("slurm/train_ddp.sbatch", "--epochs", "2", nodes=1,
+        ...              ntasks_per_node=2, gpus_per_node=0,
+        ...              options={"cpus-per-task": 1})    # doctest: +SKIP
+        sbatch --parsable --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 ...
+    """
+    path = find_script(script, Path(cwd) if cwd is not None else None)
+    root = project_root(path)
+    workdir = Path(cwd).resolve() if cwd is not None else root
+    extra = sbatch_options(nodes, ntasks_per_node, gpus_per_node, time, options)
+    if shutil.which("sbatch") is None:
+        raise FileNotFoundError(_NOT_INSTALLED.format(tool="sbatch"))
+    _check_conf()  # before sbatch spends 60 s retrying a file that is not there
+    command = ["sbatch", "--parsable", *extra]
+    pattern = None
+    if not gives_output(extra):
+        folder = workdir / output_dir if output_dir is not None else root / "runs"
+        folder.mkdir(parents=True, exist_ok=True)
+        pattern = folder.resolve() / f"{path.stem}-%j.out"
+        command.append(f"--output={relative(pattern, workdir)}")
+    command += [relative(path, workdir), *map(str, args)]
+    print(f"{shlex.join(command)}    (in {workdir})", flush=True)
+    try:
+        done = subprocess.run(
+            command, cwd=workdir, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"sbatch did not answer in 60 s: is the controller up (scontrol ping)? "
+            f"command: {shlex.join(command)}"
+        ) from None
+    if done.returncode != 0:
+        said = done.stderr.strip() or done.stdout.strip()
+        hint = (
+            "no Slurm controller is configured here: call slurm_cluster() first"
+            if "configuration source" in said
+            else "check the options against what slurm_cluster() describes"
+        )
+        raise RuntimeError(
+            f"sbatch refused the job (exit code {done.returncode}): {said}\n"
+            f"command: {shlex.join(command)} (in {workdir})\nHINT: {hint}"
+        )
+    job_id = done.stdout.strip().split(";")[0]
+    if pattern is not None:
+        output = Path(str(pattern).replace("%j", job_id))
+    else:
+        output = _stdout_of(job_id, workdir)
+    print(f"submitted job {job_id}; its output goes to {output}", flush=True)
+    return SlurmJob(job_id, path, output, command)
+
+
+def _stdout_of(job_id: str, workdir: Path) -> Path:
+    """The output file Slurm chose for a job submitted with its own ``--output``."""
+    pairs = parse_scontrol(_slurm(["scontrol", "show", "job", "-o", job_id]).stdout)
+    return workdir / pairs.get("StdOut", f"slurm-{job_id}.out")

@@ -1,0 +1,122 @@
+"""How :func:`workshop.cluster.slurm.submit` builds its ``sbatch`` command: where the
+script is, which folder is the repository, and the options from its arguments. Pure
+functions, tested without a Slurm."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_root(script: Path) -> Path:
+    """The repository that holds ``script``: the nearest folder above it with
+    ``.git`` or ``pyproject.toml``, else the parent of the script's folder."""
+    for folder in script.parents:
+        if (folder / ".git").exists() or (folder / "pyproject.toml").is_file():
+            return folder
+    return script.parent.parent
+
+
+def find_script(script: str | os.PathLike[str], cwd: Path | None) -> Path:
+    """The batch script, absolute: a relative path is looked for in ``cwd``, the
+    current folder, then the repository this package is in.
+
+    Raises:
+        FileNotFoundError: in none of them; the message lists where it looked.
+    """
+    path = Path(script).expanduser()
+    bases = [path] if path.is_absolute() else [
+        (base / path) for base in (cwd, Path.cwd(), _ROOT) if base is not None
+    ]  # fmt: skip
+    for candidate in bases:
+        if candidate.is_file():
+            return candidate.resolve()
+    where = ", ".join(dict.fromkeys(str(c.parent) for c in bases))
+    raise FileNotFoundError(
+        f"no batch script {str(script)!r} (looked in {where}); give its path from "
+        "the repository root, like 'slurm/hello_ranks.sbatch'"
+    )
+
+
+def _whole(name: str, value: Any, least: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
+    return str(value)
+
+
+def sbatch_options(
+    nodes: int | None = None,
+    ntasks_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    time: str | int | None = None,
+    options: Mapping[str, Any] | Sequence[str] = (),
+) -> list[str]:
+    """``sbatch`` options from :func:`submit`'s arguments, in that order.
+
+    ``options`` is a mapping (``{"cpus-per-task": 1, "exclusive": True}``: keys with
+    or without dashes, ``_`` read as ``-``; True gives a bare flag, None or False
+    leaves it out) or a list of ready options (``["--cpus-per-task=1"]``).
+
+    Raises:
+        ValueError: a count that is not a whole number, an option given twice.
+        TypeError: ``options`` of another kind (a single string, say).
+
+    Example:
+        >>> sbatch_options(nodes=2, gpus_per_node=0, options={"cpus_per_task": 1})
+        ['--nodes=2', '--gpus-per-node=0', '--cpus-per-task=1']
+    """
+    named = {
+        "nodes": None if nodes is None else _whole("nodes", nodes, 1),
+        "ntasks-per-node": None
+        if ntasks_per_node is None
+        else _whole("ntasks_per_node", ntasks_per_node, 1),
+        "gpus-per-node": None
+        if gpus_per_node is None
+        else _whole("gpus_per_node", gpus_per_node, 0),
+        "time": None if time is None else str(time),
+    }
+    out = [f"--{key}={value}" for key, value in named.items() if value is not None]
+    if isinstance(options, (str, bytes)):
+        raise TypeError(
+            f"options must be a mapping or a list of strings, not the string "
+            f"{options!r}; write [{options!r}] or {{'cpus-per-task': 1}}"
+        )
+    if isinstance(options, Mapping):
+        for raw, value in options.items():
+            key = str(raw).lstrip("-").replace("_", "-")
+            if named.get(key) is not None:
+                raise ValueError(
+                    f"{key} is given twice, as an argument of submit() and in "
+                    f"options ({raw!r}: {value!r}); keep one"
+                )
+            if value is None or value is False:
+                continue
+            if len(key) == 1:
+                out += [f"-{key}"] if value is True else [f"-{key}", str(value)]
+            else:
+                out.append(f"--{key}" if value is True else f"--{key}={value}")
+        return out
+    for item in options:
+        if not isinstance(item, str):
+            raise TypeError(
+                f"options must be strings like '--cpus-per-task=1', got {item!r}"
+            )
+        out.append(item)
+    return out
+
+
+def gives_output(options: list[str]) -> bool:
+    return any(o in ("-o", "--output") or o.startswith("--output=") for o in options)
+
+
+def relative(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` when it is inside it, else absolute: the
+    command line a learner reads stays short."""
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,173 @@
+"""A Slurm job's state, read from what ``scontrol`` and ``sacct`` print.
+
+Plain parsing, no subprocess: :mod:`workshop.cluster.slurm` runs the commands and passes
+their output here, so the tests can check the parsing without a Slurm.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: States after which a job does not run again (unless someone requeues it).
+FINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT",
+    }
+)  # fmt: skip
+
+# A key of `scontrol show job -o`: "JobState", "AllocNode:Sid", "CPUs/Task".
+_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Where a Slurm job stands.
+
+    Attributes:
+        job_id: the job's id.
+        state: Slurm's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
+            TIMEOUT, ...) or UNKNOWN when neither scontrol nor sacct could tell.
+        reason: why it is pending (Resources, Priority, ...), why it ended the way
+            it did (TimeLimit), or why the state is UNKNOWN; "" when there is none.
+        nodes: the nodes it runs or ran on ("" while pending).
+        exit_code: the batch script's exit code, once it ended.
+        signal: the signal that ended it (15 for a cancelled job), else 0.
+        elapsed: seconds it ran.
+        source: where this came from: "scontrol", "sacct", "forgotten" (Slurm no
+            longer knows the job and keeps no accounting) or "error" (scontrol
+            failed; asking again may work).
+    """
+
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    exit_code: int | None = None
+    signal: int = 0
+    elapsed: float | None = None
+    source: str = "scontrol"
+
+    @property
+    def finished(self) -> bool:
+        """True once the job ended, or once Slurm cannot say anything more about
+        it."""
+        return self.state in FINAL_STATES or self.source == "forgotten"
+
+    def line(self) -> str:
+        """One line for a learner: ``job 12: PENDING (Resources)``, ``job 12:
+        RUNNING on vm``, ``job 12: COMPLETED, exit code 0, in 4 s``."""
+        text = f"job {self.job_id}: {self.state}"
+        if self.reason:
+            text += f" ({self.reason})"
+        if self.state in FINAL_STATES:
+            if self.signal:
+                text += f", ended by signal {self.signal}"
+            elif self.exit_code is not None:
+                text += f", exit code {self.exit_code}"
+            if self.elapsed is not None:
+                text += f", in {format_seconds(self.elapsed)}"
+        elif self.nodes:
+            text += f" on {self.nodes}"
+        return text
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """The ``Key=Value`` pairs of one line of ``scontrol show job -o``.
+
+    A value runs to the next `` Key=``, so values with spaces (a path, a reason in
+    parentheses) and with ``=`` inside (``TRES=cpu=1,node=1``) are kept whole.
+
+    Example:
+        >>> parse_scontrol("JobId=7 JobState=PENDING Reason=Resources TRES=cpu=2")
+        {'JobId': '7', 'JobState': 'PENDING', 'Reason': 'Resources', 'TRES': 'cpu=2'}
+    """
+    text = text.strip()
+    matches = list(_KEY.finditer(text))
+    ends = [m.start() for m in matches[1:]] + [len(text)]
+    return {
+        m.group(1): text[m.end() : end].strip()
+        for m, end in zip(matches, ends, strict=False)  # no match: no pairs
+    }
+
+
+def parse_seconds(text: str) -> float | None:
+    """Seconds in a Slurm duration: ``SS``, ``MM:SS``, ``HH:MM:SS``, ``D-HH:MM:SS``
+    (fractions allowed); None for "Unknown", "INVALID" or "".
+
+    Example:
+        >>> parse_seconds("1-02:00:05")
+        93605.0
+    """
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(?:(\d+):)?(\d+):)?(\d+(?:\.\d+)?)", text)
+    if not match:
+        return None
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_seconds(seconds: float) -> str:
+    """``4 s``, ``2 min 5 s``, ``1 h 3 min``: a duration for a person."""
+    seconds = round(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _exit(text: str) -> tuple[int | None, int]:
+    """Slurm's ``EXIT:SIGNAL`` (``0:0``, ``1:0``, ``0:15``)."""
+    code, _, sig = text.partition(":")
+    if not code.isdigit():
+        return None, 0
+    return int(code), int(sig) if sig.isdigit() else 0
+
+
+def status_from_scontrol(job_id: str, text: str) -> JobStatus | None:
+    """The status in ``scontrol show job -o JOB`` output, or None if it has no line
+    for ``job_id``."""
+    for line in text.splitlines():
+        pairs = parse_scontrol(line)
+        if pairs.get("JobId") != str(job_id):
+            continue
+        state = pairs.get("JobState", "UNKNOWN")
+        reason = pairs.get("Reason", "")
+        code, sig = _exit(pairs.get("ExitCode", ""))
+        return JobStatus(
+            job_id=str(job_id),
+            state=state,
+            reason="" if reason in ("None", "(null)") else reason,
+            nodes=""
+            if pairs.get("NodeList") == "(null)"
+            else pairs.get("NodeList", ""),
+            exit_code=code if state in FINAL_STATES else None,
+            signal=sig if state in FINAL_STATES else 0,
+            elapsed=parse_seconds(pairs.get("RunTime", "")),
+            source="scontrol",
+        )
+    return None
+
+
+def status_from_sacct(job_id: str, text: str) -> JobStatus | None:
+    """The status in ``sacct -j JOB -n -P -X -o JobID,State,ExitCode,Elapsed,
+    NodeList`` output, or None if it has no line for ``job_id``."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 5 or parts[0] != str(job_id):
+            continue
+        state = (
+            parts[1].split()[0] if parts[1].strip() else "UNKNOWN"
+        )  # "CANCELLED by 0"
+        code, sig = _exit(parts[2])
+        return JobStatus(
+            job_id=str(job_id),
+            state=state,
+            nodes="" if parts[4] in ("None assigned", "(null)") else parts[4],
+            exit_code=code if state in FINAL_STATES else None,
+            signal=sig if state in FINAL_STATES else 0,
+            elapsed=parse_seconds(parts[3]),
+            source="sacct",
+        )
+    return None

@@ -1,0 +1,111 @@
+"""The ring all-reduce, step by step, computed from each rank's values (no torch).
+
+With N ranks, each holding a vector cut into N chunks, the ring takes 2(N-1) steps:
+N-1 of reduce-scatter (each rank passes one chunk to the next, which adds it to its
+own) and N-1 of all-gather (the finished chunks travel round). Every rank sends
+2(N-1)/N of the data in all, whatever N is: why the ring suits bandwidth.
+:mod:`workshop.draw.ring_diagram` draws these steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["RingStep", "ring_allreduce_steps"]
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One step of a ring all-reduce, as :func:`ring_allreduce_steps` computes it.
+
+    Attributes:
+        step: 0, 1, ... 2(N-1)-1.
+        phase: ``"reduce-scatter"`` (add what arrives) or ``"all-gather"`` (copy it).
+        sends: the chunk index each rank sends to rank+1 (index = rank).
+        sent: the values each rank sends (index = rank).
+        before: every rank's chunks before the step, ``before[rank][chunk]``.
+        after: every rank's chunks after it.
+        counts: how many ranks' values each chunk holds summed after the step,
+            ``counts[rank][chunk]``: N means fully reduced.
+    """
+
+    step: int
+    phase: str
+    sends: list[int]
+    sent: list[list[float]]
+    before: list[list[list[float]]]
+    after: list[list[list[float]]]
+    counts: list[list[int]]
+
+
+def ring_allreduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[RingStep]:
+    """Compute a ring all-reduce (sum) step by step, without torch.
+
+    Each of N ranks splits its vector into N chunks. In the N-1 reduce-scatter steps,
+    rank r sends chunk (r - s) mod N to rank r+1, which adds it to its own; after
+    them rank r holds the full sum of chunk (r + 1) mod N. In the N-1 all-gather
+    steps rank r passes its finished chunk (r + 1 - s) mod N on, and rank r+1 copies
+    it. Each rank sends 2(N-1)/N of its vector in all, whatever N is.
+
+    Args:
+        values_by_rank: each rank's vector, index = rank; all of one length, at
+            least N values (chunks differ in length by at most one).
+
+    Returns:
+        The 2(N-1) :class:`RingStep` s; the last one's ``after`` holds the elementwise
+        sum on every rank.
+
+    Raises:
+        ValueError: fewer than 2 ranks, vectors of different lengths, or fewer
+            values than ranks.
+
+    Example:
+        >>> steps = ring_allreduce_steps([[1, 2], [10, 20]])
+        >>> len(steps), steps[-1].after
+        (2, [[[11], [22]], [[11], [22]]])
+    """
+    n = len(values_by_rank)
+    lengths = {len(v) for v in values_by_rank}
+    if n < 2 or len(lengths) != 1 or min(lengths) < n:
+        raise ValueError(
+            f"a ring needs 2 or more ranks with vectors of one length, at least one "
+            f"value per rank; got {n} ranks with lengths "
+            f"{[len(v) for v in values_by_rank]}: e.g. pass [[r] * 4 for r in range(4)]"
+        )
+    size = lengths.pop()
+    bounds = [round(i * size / n) for i in range(n + 1)]
+    state = [
+        [list(v[bounds[c] : bounds[c + 1]]) for c in range(n)] for v in values_by_rank
+    ]
+    counts = [[1] * n for _ in range(n)]
+    steps = []
+    for k in range(2 * (n - 1)):
+        reducing = k < n - 1
+        s = k if reducing else k - (n - 1)
+        sends = [(r - s) % n if reducing else (r + 1 - s) % n for r in range(n)]
+        sent = [list(state[r][sends[r]]) for r in range(n)]
+        sent_counts = [counts[r][sends[r]] for r in range(n)]
+        before = [[list(c) for c in chunks] for chunks in state]
+        for r in range(n):  # every rank sends at once, then adds (or copies)
+            dst, c = (r + 1) % n, sends[r]
+            if reducing:
+                state[dst][c] = [
+                    a + b for a, b in zip(state[dst][c], sent[r], strict=True)
+                ]
+                counts[dst][c] += sent_counts[r]
+            else:
+                state[dst][c] = list(sent[r])
+                counts[dst][c] = sent_counts[r]
+        steps.append(
+            RingStep(
+                step=k,
+                phase="reduce-scatter" if reducing else "all-gather",
+                sends=sends,
+                sent=sent,
+                before=before,
+                after=[[list(c) for c in chunks] for chunks in state],
+                counts=[list(c) for c in counts],
+            )
+        )
+    return steps

@@ -1,0 +1,244 @@
+"""Diagrams of communication between ranks, drawn from plain data.
+
+Each function takes what the tracer recorded inside the ranks (events with ``rank``,
+``op``, ``peer``, ``root``, ``reduce_op``, ``shapes``, ``dtype``, ``before``,
+``after``, ``start``, ``end``, ``blocking``, ``seq``: objects with those fields or
+dicts with those keys) or a layout given by two numbers, and returns a matplotlib
+Figure sized for a projector, in the look of :mod:`workshop.draw.diagrams`: large type,
+Okabe-Ito colours. Nothing here imports torch or touches a process group, so a
+picture can be redrawn from a saved file.
+
+* :func:`draw_rank_layout` (here): nodes, their GPUs, and each slot's rank, local and
+  node rank (notebook 02).
+* :func:`workshop.draw.p2p_diagram.draw_point_to_point`: an arrow per message sent.
+* :func:`workshop.draw.collective_diagram.draw_collective`: every rank's tensor before
+  and after one collective call.
+* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring` and drawn
+  in :mod:`workshop.draw.ring_diagram`.
+* :func:`workshop.draw.timeline_diagram.draw_rank_timeline`: a lane per rank, a bar per
+  call, with compute phases.
+
+This module also holds what they share: the colours of each op and how a recorded
+event is read.
+
+Figures are closed in pyplot once drawn, so a cell that ends with one shows it once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .diagrams import FONT, _pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["OP_COLOURS", "draw_rank_layout"]
+
+#: Colour of each call (Okabe-Ito); ops of one family share one.
+OP_COLOURS = {
+    "send": "#0072B2",  # blue
+    "isend": "#0072B2",
+    "recv": "#56B4E9",  # sky blue
+    "irecv": "#56B4E9",
+    "broadcast": "#E69F00",  # orange: one to all
+    "scatter": "#E69F00",
+    "reduce": "#CC79A7",  # reddish purple: all to one
+    "gather": "#CC79A7",
+    "all_reduce": "#D55E00",  # vermillion
+    "all_gather": "#009E73",  # bluish green
+    "reduce_scatter": "#009E73",
+    "all_to_all": "#F0E442",  # yellow
+    "barrier": "#000000",
+}
+UNKNOWN = "#999999"
+_TIMES = "\u00d7"  # a multiplication sign
+# One colour per rank (or chunk), cycling after seven; white text on the dark ones.
+PALETTE = ["#56B4E9", "#E69F00", "#009E73", "#F0E442", "#CC79A7", "#0072B2", "#D55E00"]
+_DARK = {"#0072B2", "#D55E00", "#000000", "#666666"}
+CENTRE = {"ha": "center", "va": "center"}
+EDGE = {"edgecolor": "black", "linewidth": 1.5}
+REDUCED = "white"  # a cell that holds a reduction over ranks
+_FIELDS = (
+    "rank",
+    "op",
+    "label",
+    "peer",
+    "root",
+    "reduce_op",
+    "world_size",
+    "shapes",
+    "dtype",
+    "nbytes",
+    "before",
+    "after",
+    "start",
+    "end",
+    "blocking",
+    "seq",
+)
+SENDS, RECVS = {"send", "isend"}, {"recv", "irecv"}
+
+
+# --- rank layout ---------------------------------------------------------------------
+
+
+def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figure:
+    """Draw nodes as boxes, a slot per GPU (or CPU process) in each, with its ranks.
+
+    Each slot shows its global ``rank``, its ``local_rank`` (its GPU on that node)
+    and its ``node_rank``: ``rank = node_rank * ranks_per_node + local_rank``.
+
+    Args:
+        nodes: how many nodes (``--nnodes``), 1 to 16.
+        ranks_per_node: ranks on each node (``--nproc-per-node``), 1 to 16.
+        gpus: label slots ``GPU i`` (``cuda:i``); False labels them ``CPU process i``.
+
+    Returns:
+        The matplotlib Figure.
+
+    Raises:
+        ValueError: a count below 1, or more than 16.
+
+    Example:
+        >>> fig = draw_rank_layout(2, 4)
+        >>> "rank 5" in [t.get_text() for t in fig.axes[0].texts]
+        True
+    """
+    for name, n in (("nodes", nodes), ("ranks_per_node", ranks_per_node)):
+        if not isinstance(n, int) or not 1 <= n <= 16:
+            raise ValueError(
+                f"{name}={n!r} cannot be drawn; pass a whole number from 1 to 16, "
+                "e.g. draw_rank_layout(2, 4)"
+            )
+    plt = _pyplot()
+    from matplotlib.patches import FancyBboxPatch
+
+    per_row = max(1, min(nodes, 8 // ranks_per_node))  # about 8 slots across
+    rows = math.ceil(nodes / per_row)
+    slot, gap, pad = 1.7, 0.2, 0.25
+    node_w = ranks_per_node * (slot + gap) - gap + 2 * pad
+    node_h, node_gap = slot + 2 * pad + 0.55, 0.5
+    width = per_row * (node_w + node_gap) - node_gap
+    height = rows * (node_h + node_gap) - node_gap
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(
+            figsize=(max(0.9 * width, 7), 0.9 * height + 1.2), layout="constrained"
+        )
+        for node in range(nodes):
+            x0 = (node % per_row) * (node_w + node_gap)
+            y0 = height - (node // per_row + 1) * (node_h + node_gap) + node_gap
+            colour = PALETTE[node % len(PALETTE)]
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x0, y0),
+                    node_w,
+                    node_h,
+                    boxstyle="round,pad=0,rounding_size=0.15",
+                    facecolor="0.93",
+                    edgecolor="black",
+                    linewidth=2,
+                )
+            )
+            ax.text(
+                x0 + pad,
+                y0 + node_h - 0.3,
+                f"node {node}",
+                fontsize=17,
+                fontweight="bold",
+                va="center",
+            )
+            for local in range(ranks_per_node):
+                sx, sy = x0 + pad + local * (slot + gap), y0 + pad
+                ax.add_patch(
+                    FancyBboxPatch(
+                        (sx, sy),
+                        slot,
+                        slot,
+                        boxstyle="round,pad=0,rounding_size=0.1",
+                        facecolor=colour,
+                        edgecolor="black",
+                        linewidth=1.2,
+                    )
+                )
+                ink, cx = _ink(colour), sx + slot / 2
+                device = f"GPU {local}" if gpus else f"CPU {local}"
+                rows_of_text = (
+                    (0.82, f"rank {node * ranks_per_node + local}", 17, "bold"),
+                    (0.57, device, 13, "normal"),
+                    (0.36, f"local_rank {local}", 13, "normal"),
+                    (0.16, f"node_rank {node}", 13, "normal"),
+                )
+                for frac, text, size, weight in rows_of_text:
+                    ax.text(
+                        cx,
+                        sy + frac * slot,
+                        text,
+                        **CENTRE,
+                        fontsize=size,
+                        fontweight=weight,
+                        color=ink,
+                    )
+        ax.set_xlim(-0.1, width + 0.1)
+        ax.set_ylim(-0.1, height + 0.1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        what = "GPUs" if gpus else "CPU processes"
+        ax.set_title(
+            f"{_count(nodes, 'node')} {_TIMES} {ranks_per_node} {what} per node = "
+            f"world_size {nodes * ranks_per_node}\n"
+            f"rank = node_rank {_TIMES} {ranks_per_node} + local_rank"
+        )
+    plt.close(fig)
+    return fig
+
+
+# --- private helpers -----------------------------------------------------------------
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _ink(colour: str) -> str:
+    return "white" if colour in _DARK else "black"
+
+
+def _event(item: Any) -> dict[str, Any]:
+    """A recorded call as a dict with every field (None where missing)."""
+    if isinstance(item, Mapping):
+        event = {k: item.get(k) for k in _FIELDS}
+    else:
+        event = {k: getattr(item, k, None) for k in _FIELDS}
+    if event["rank"] is None or event["op"] is None:
+        raise ValueError(
+            f"{item!r} is not a communication event: it needs at least rank and op"
+        )
+    return event
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _flat(v)]
+    return [value]
+
+
+def num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _values(value: Any, limit: int = 6) -> str:
+    flat = _flat(value)
+    shown = ", ".join(num(v) for v in flat[:limit])
+    return f"[{shown}{', …' if len(flat) > limit else ''}]"
+
+
+def _shapes(event: dict[str, Any]) -> str:
+    shapes = [tuple(s) for s in event["shapes"] or []]
+    text = ", ".join(str(s) for s in dict.fromkeys(shapes))
+    if len(set(shapes)) == 1 and len(shapes) > 1:
+        text = f"{len(shapes)} {_TIMES} {shapes[0]}"
+    text = f"shape {text}" if text else "shape unknown"
+    return f"{text} {event['dtype']}" if event["dtype"] else text

@@ -1,0 +1,396 @@
+"""Diagrams of work on one node's devices, drawn from plain data.
+
+Each function takes what :mod:`workshop.lessons.single_node` or
+:mod:`workshop.lessons.pipeline` measured (or the same data read back from a file:
+objects with the fields below, or dicts with those keys) and returns a matplotlib Figure
+sized for a projector: large type, Okabe-Ito colours that stay distinct with every
+common colour-vision deficiency, legends outside the plot. Nothing here imports torch or
+touches a process group, so a picture can be redrawn anywhere.
+
+* :func:`draw_data_parallel_step`: the phases of one data-parallel step, a lane per
+  device.
+* :func:`draw_timeline`: measured forward/backward work per micro-batch, a lane per
+  device; blank where a device waited (the pipeline's bubbles).
+* :func:`draw_schedule`: the idealised pipeline schedule as a grid of time steps.
+
+Figures are closed in pyplot once drawn, so a cell that ends with one shows it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["PHASE_COLOURS", "draw_data_parallel_step", "draw_schedule", "draw_timeline"]
+
+#: Colour of each phase (Okabe-Ito), in the order a data-parallel step runs them.
+PHASE_COLOURS = {
+    "scatter": "#56B4E9",  # sky blue
+    "replicate": "#F0E442",  # yellow
+    "forward": "#0072B2",  # blue
+    "gather": "#009E73",  # bluish green
+    "loss": "#CC79A7",  # reddish purple
+    "backward": "#E69F00",  # orange
+    "reduce": "#D55E00",  # vermillion
+}
+_UNKNOWN = "#999999"
+# Label text that reads on each fill: white on the dark ones, black elsewhere.
+_WHITE_TEXT = {"forward", "reduce"}
+_IDLE_EDGE = "0.55"
+
+FONT = {
+    "font.size": 16,
+    "axes.titlesize": 18,
+    "axes.labelsize": 17,
+    "xtick.labelsize": 15,
+    "ytick.labelsize": 15,
+    "legend.fontsize": 15,
+}
+_LABEL_SIZES = (16, 14, 12)  # tried in turn until a label fits; 12 still reads
+# Inches of a figure's width taken by lane labels and margins, not by the plot.
+_MARGIN_IN = 3.0
+
+
+def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
+    """Draw one data-parallel step: a lane per device, a bar per phase.
+
+    Phases too short to see (a scatter of a few microseconds) are drawn at 0.4 % of
+    the step's length so each keeps its colour; the legend gives each phase's true
+    wall time, first start to last end across devices.
+
+    Args:
+        record: a :class:`workshop.lessons.single_node.StepRecord`, or a dict with its
+            ``events``, ``devices``, ``chunk_sizes`` and ``parallel``.
+        title: replaces the first line of the title.
+
+    Returns:
+        The matplotlib Figure.
+
+    Raises:
+        ValueError: the record has no events.
+
+    Example:
+        >>> forward = {"phase": "forward", "device": 0, "start": 0.0, "end": 0.002}
+        >>> record = {"events": [forward], "devices": ["cpu"], "chunk_sizes": [8],
+        ...           "parallel": False}
+        >>> len(draw_data_parallel_step(record).axes[0].patches)
+        1
+    """
+    plt = _pyplot()
+    events = [_event(e) for e in _field(record, "events")]
+    if not events:
+        raise ValueError("the record has no events; pass what data_parallel_step made")
+    devices = list(_field(record, "devices"))
+    chunks = list(_field(record, "chunk_sizes"))
+    parallel = bool(_field(record, "parallel"))
+    span = max(e["end"] for e in events) * 1e3
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(
+            figsize=(14, 1.3 * len(devices) + 3.2), layout="constrained"
+        )
+        # Longest first, so a sliver drawn at its minimum width stays on top.
+        for e in sorted(events, key=lambda e: e["start"] - e["end"]):
+            width = max((e["end"] - e["start"]) * 1e3, span * 0.004)
+            ax.barh(
+                e["device"],
+                width,
+                left=e["start"] * 1e3,
+                height=0.6,
+                color=PHASE_COLOURS.get(e["phase"], _UNKNOWN),
+                edgecolor="black",
+                linewidth=0.8,
+            )
+        labels = []
+        for i, name in enumerate(devices):
+            samples = f"{chunks[i]} samples" if i < len(chunks) else "no samples"
+            labels.append(f"device {i} ({name})\n{samples}")
+        _lanes(ax, labels, "device")
+        ax.set_xlim(0, span * 1.02)
+        ax.set_xlabel("time since the step began (ms)")
+        how = "replicas at the same time" if parallel else "replicas one after another"
+        first = title or "One data-parallel step, phase by phase"
+        ax.set_title(f"{first}\n{len(devices)} devices, {how}")
+        phases = [p for p in PHASE_COLOURS if any(e["phase"] == p for e in events)]
+        phases += sorted({e["phase"] for e in events} - set(phases))
+        handles = [
+            patch(
+                PHASE_COLOURS.get(p, _UNKNOWN),
+                f"{p} {_wall_ms([e for e in events if e['phase'] == p]):.2f} ms",
+            )
+            for p in phases
+        ]
+        fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+    plt.close(fig)
+    return fig
+
+
+def draw_timeline(
+    events: Any, title: str, lanes: Sequence[str] | None = None
+) -> Figure:
+    """Draw measured work per device over time; blank where a device waited.
+
+    Each bar is one piece of work, coloured by phase and labelled with its
+    micro-batch where the bar is wide enough for the number at 12 points or more.
+    Each lane says how much of the whole time it was idle.
+
+    Args:
+        events: events with ``device``, ``phase``, ``start``, ``end`` (seconds) and
+            ``micro_batch``; or a :class:`workshop.lessons.pipeline.Timeline`, whose
+            ``devices`` then name the lanes.
+        title: the figure's title.
+        lanes: a name per lane (device), e.g. ``["cuda:0", "cuda:1"]``.
+
+    Returns:
+        The matplotlib Figure.
+
+    Raises:
+        ValueError: no events, or fewer lane names than lanes used.
+
+    Example:
+        >>> f0 = dict(phase="forward", device=0, start=0, end=1, micro_batch=0)
+        >>> [t.get_text() for t in draw_timeline([f0], "one").axes[0].texts]
+        ['0']
+    """
+    plt = _pyplot()
+    if not isinstance(events, Sequence | Mapping) and hasattr(events, "events"):
+        lanes = lanes if lanes is not None else list(events.devices)
+        events = events.events
+    events = [_event(e) for e in events]
+    if not events:
+        raise ValueError("no events to draw; pass what pipeline_forward_backward made")
+    used = max(e["device"] for e in events) + 1
+    lanes = list(lanes) if lanes is not None else ["" for _ in range(used)]
+    if len(lanes) < used:
+        raise ValueError(
+            f"events use {used} lanes but {len(lanes)} lane names were given "
+            f"({lanes}); pass one name per device"
+        )
+    t0 = min(e["start"] for e in events)
+    span = (max(e["end"] for e in events) - t0) * 1e3
+    width_in = 14
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(
+            figsize=(width_in, 1.3 * len(lanes) + 3.2), layout="constrained"
+        )
+        points_per_ms = (width_in - _MARGIN_IN) * 72 / (span * 1.02)
+        for e in events:
+            left, width = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
+            ax.barh(
+                e["device"],
+                width,
+                left=left,
+                height=0.6,
+                color=PHASE_COLOURS.get(e["phase"], _UNKNOWN),
+                edgecolor="black",
+                linewidth=0.8,
+            )
+            label = "" if e["micro_batch"] is None else str(e["micro_batch"])
+            size = fitting_size(label, width * points_per_ms) if label else None
+            if size:
+                ax.text(
+                    left + width / 2,
+                    e["device"],
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=size,
+                    color="white" if e["phase"] in _WHITE_TEXT else "black",
+                )
+        names = []
+        for i, name in enumerate(lanes):
+            busy = _busy_ms([e for e in events if e["device"] == i])
+            idle = 1 - busy / span if span else 0.0
+            head = f"device {i} ({name})" if name else f"device {i}"
+            names.append(f"{head}\nidle {idle:.0%}")
+        _lanes(ax, names, "device")
+        ax.set_xlim(0, span * 1.02)
+        ax.set_xlabel("time (ms)")
+        ax.set_title(title)
+        phases = [p for p in PHASE_COLOURS if any(e["phase"] == p for e in events)]
+        handles = [patch(PHASE_COLOURS[p], p) for p in phases]
+        handles.append(patch("white", "idle (waiting)", edge=_IDLE_EDGE))
+        fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+    plt.close(fig)
+    return fig
+
+
+def draw_schedule(schedule: Sequence[Any], title: str | None = None) -> Figure:
+    """Draw an idealised pipeline schedule: a row per stage, a column per time step.
+
+    Cells hold ``F<m>`` (forward of micro-batch m) or ``B<m>`` (its backward); empty
+    cells are bubbles, where a stage waits. The title gives their share of all cells.
+
+    Args:
+        schedule: ``(step, stage, micro_batch, phase)`` rows, e.g.
+            :func:`workshop.lessons.pipeline.pipeline_schedule`.
+        title: replaces the first line of the title.
+
+    Returns:
+        The matplotlib Figure.
+
+    Raises:
+        ValueError: an empty schedule, or two pieces of work in one cell.
+
+    Example:
+        >>> fig = draw_schedule([(0, 0, 0, "forward"), (1, 0, 0, "backward")])
+        >>> print(fig.axes[0].get_title())
+        GPipe schedule: 1 stage, 1 micro-batch
+        bubbles: 0 of 2 slots idle = 0%
+    """
+    plt = _pyplot()
+    slots = [_slot(s) for s in schedule]
+    if not slots:
+        raise ValueError("the schedule is empty; pass pipeline_schedule(2, 4)")
+    cells = {(s[0], s[1]) for s in slots}
+    if len(cells) != len(slots):
+        raise ValueError(
+            "two pieces of work share a (step, stage) cell; a stage does one thing "
+            "per time step: check the schedule's steps"
+        )
+    steps = max(s[0] for s in slots) + 1
+    stages = max(s[1] for s in slots) + 1
+    micro_batches = max(s[2] for s in slots) + 1
+    total = steps * stages
+    idle = total - len(slots)
+    width_in = min(max(0.65 * steps + _MARGIN_IN, 9.0), 16.0)
+    cell_points = (width_in - _MARGIN_IN) * 72 / steps
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(
+            figsize=(width_in, 0.9 * stages + 3.0), layout="constrained"
+        )
+        for step, stage, mb, phase in slots:
+            ax.barh(
+                stage,
+                1,
+                left=step,
+                height=1,
+                color=PHASE_COLOURS.get(phase, _UNKNOWN),
+                edgecolor="black",
+                linewidth=1,
+            )
+            label = f"{phase[:1].upper()}{mb}"
+            ax.text(
+                step + 0.5,
+                stage,
+                label,
+                ha="center",
+                va="center",
+                fontsize=fitting_size(label, cell_points) or _LABEL_SIZES[-1],
+                color="white" if phase in _WHITE_TEXT else "black",
+            )
+        # Cell borders as grid lines, so empty cells (bubbles) read as cells.
+        ax.set_xticks([i + 0.5 for i in range(steps)])
+        every = 1 if steps <= 24 else 2
+        ax.set_xticklabels([str(i) if i % every == 0 else "" for i in range(steps)])
+        ax.set_xticks(range(steps + 1), minor=True)
+        ax.set_yticks([i + 0.5 for i in range(-1, stages)], minor=True)
+        ax.grid(which="minor", color=_IDLE_EDGE, linewidth=1)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlim(0, steps)
+        _lanes(ax, [f"stage {s}" for s in range(stages)], "pipeline stage", grid=False)
+        ax.set_xlabel("time step")
+        first = title or (
+            f"GPipe schedule: {_count(stages, 'stage')}, "
+            f"{_count(micro_batches, 'micro-batch')}"
+        )
+        ax.set_title(
+            f"{first}\nbubbles: {idle} of {total} slots idle = {idle / total:.0%}"
+        )
+        phases = [p for p in PHASE_COLOURS if any(s[3] == p for s in slots)]
+        handles = [patch(PHASE_COLOURS[p], p) for p in phases]
+        handles.append(patch("white", "bubble (idle)", edge=_IDLE_EDGE))
+        fig.legend(handles=handles, loc="outside lower center", ncols=3, frameon=False)
+    plt.close(fig)
+    return fig
+
+
+# --- private helpers -------------------------------------------------------------
+
+
+def _pyplot():
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(
+            "workshop's diagrams need matplotlib, which is not installed here; "
+            "pip install 'scaling-pytorch-hpc[lab]' (or matplotlib>=3.7)"
+        ) from e
+    return plt
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "es" if what.endswith("h") else "s")
+
+
+def _field(item: Any, name: str) -> Any:
+    return item[name] if isinstance(item, Mapping) else getattr(item, name)
+
+
+def _event(item: Any) -> dict[str, Any]:
+    """An event as a dict, from an Event, a dict or anything with those fields."""
+    get = (
+        item.get if isinstance(item, Mapping) else lambda k, d=None: getattr(item, k, d)
+    )
+    event = {k: get(k) for k in ("phase", "device", "start", "end")}
+    if any(v is None for v in event.values()):
+        raise ValueError(
+            f"{item!r} is not an event: it needs phase, device, start and end"
+        )
+    event["micro_batch"] = get("micro_batch", None)
+    return event
+
+
+def _slot(item: Any) -> tuple[int, int, int, str]:
+    if isinstance(item, Mapping):
+        return item["step"], item["stage"], item["micro_batch"], item["phase"]
+    step, stage, micro_batch, phase = item
+    return step, stage, micro_batch, phase
+
+
+def _lanes(ax: Any, labels: Sequence[str], ylabel: str, grid: bool = True) -> None:
+    """A lane per label, the first at the top."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_ylabel(ylabel)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if grid:
+        ax.grid(axis="x", color="0.85")
+        ax.set_axisbelow(True)
+        # A thin line between lanes, so a blank stretch reads as that lane's idle time.
+        for i in range(len(labels) - 1):
+            ax.axhline(i + 0.5, color="0.85", linewidth=1)
+
+
+def patch(colour: str, label: str, edge: str = "black") -> Any:
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=colour, edgecolor=edge, label=label)
+
+
+def _wall_ms(events: Sequence[dict[str, Any]]) -> float:
+    return (max(e["end"] for e in events) - min(e["start"] for e in events)) * 1e3
+
+
+def _busy_ms(events: Sequence[dict[str, Any]]) -> float:
+    """Time covered by at least one event, in ms (overlaps counted once)."""
+    busy, reach = 0.0, float("-inf")
+    for e in sorted(events, key=lambda e: e["start"]):
+        start = max(e["start"], reach)
+        if e["end"] > start:
+            busy += e["end"] - start
+        reach = max(reach, e["end"])
+    return busy * 1e3
+
+
+def fitting_size(label: str, room_points: float) -> int | None:
+    """Largest label size whose text fits in ``room_points``; None if none fits."""
+    for size in _LABEL_SIZES:
+        # Digits and capitals are about 0.62 em wide; 4 points keep it off the edges.
+        if 0.62 * size * len(label) + 4 <= room_points:
+            return size
+    return None

@@ -1,0 +1,261 @@
+"""Self-checking exercises: ``check("01.bubble", my_answer)`` says whether an answer is
+right and, when it is not, gives a hint without giving the answer away.
+
+Each notebook's exercises are registered here by name ("01.bubble" is notebook 01's
+exercise on pipeline bubbles), so the answers are tested with the package.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..comm.costmodel import bus_factor, ring_allreduce_time
+
+__all__ = ["EXERCISES", "check", "judge"]
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise: how to judge an answer, and a hint for a wrong one."""
+
+    question: str
+    judge: Callable[[Any], bool]
+    hint: str
+
+
+def _close(expected: float, tolerance: float = 0.01) -> Callable[[Any], bool]:
+    def judge(answer: Any) -> bool:
+        return isinstance(answer, (int, float)) and math.isclose(
+            answer, expected, rel_tol=tolerance, abs_tol=tolerance / 100
+        )
+
+    return judge
+
+
+def _bubble_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [(1, 1), (2, 1), (2, 4), (4, 8), (8, 32), (3, 3)]
+    return all(
+        math.isclose(answer(s, m), (s - 1) / (m + s - 1), rel_tol=1e-9, abs_tol=1e-12)
+        for s, m in cases
+    )
+
+
+def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool:
+    # Runs inside each rank: the learner's ring against torch's own all_reduce.
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(dist.get_rank())
+    mine = torch.randn(n_elements, generator=g)
+    expected = mine.clone()
+    dist.all_reduce(expected)
+    got = ring(mine.clone())
+    return bool(got is not None and torch.allclose(got, expected, atol=1e-5))
+
+
+def _ring_all_reduce_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    from ..ranks.launcher import launch
+
+    for world_size, n_elements in ((2, 6), (3, 7), (4, 16)):
+        result = launch(
+            _matches_all_reduce,
+            answer,
+            n_elements,
+            world_size=world_size,
+            timeout=60,
+            show="none",
+        )
+        if not all(result.returns):
+            return False
+    return True
+
+
+def _bytes_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [
+        (1000, 4, 2),
+        (25_557_032, 4, 8),
+        (25_557_032, 2, 8),
+        (10, 2, 1),
+        (7, 4, 3),
+    ]
+    return all(
+        math.isclose(answer(p, b, n), bus_factor(n) * p * b, rel_tol=1e-9)
+        for p, b, n in cases
+    )
+
+
+def _resume_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from ..training.checkpoint import save_checkpoint
+
+    def fresh() -> tuple[Any, Any]:
+        model = torch.nn.Linear(3, 2)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        model, opt = fresh()
+        if answer(path, model, opt) != 0:  # no checkpoint yet: start at epoch 0
+            return False
+        torch.manual_seed(0)
+        model(torch.randn(5, 3)).sum().backward()
+        opt.step()
+        save_checkpoint(path, model, opt, epoch=4)
+        other, other_opt = fresh()
+        if answer(path, other, other_opt) != 5:
+            return False
+        momentum = other_opt.state_dict()["state"].get(0, {}).get("momentum_buffer")
+        return torch.equal(other.weight, model.weight) and momentum is not None
+
+
+def _placement_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [(0, 4), (3, 4), (4, 4), (7, 4), (13, 8), (5, 1), (0, 1), (11, 2)]
+    return all(
+        tuple(answer(rank, per_node)) == divmod(rank, per_node)
+        for rank, per_node in cases
+    )
+
+
+def _ring_time_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [
+        (100e6, 2, 5e-6, 12.5e9),
+        (100e6, 16, 5e-6, 12.5e9),
+        (4096, 64, 2e-5, 1e9),
+        (1e9, 8, 0.0, 25e9),
+        (1000, 1, 1e-6, 1e9),
+    ]
+    return all(
+        math.isclose(
+            answer(size, n, alpha, beta),
+            ring_allreduce_time(size, n, alpha, beta),
+            rel_tol=1e-9,
+            abs_tol=1e-15,
+        )
+        for size, n, alpha, beta in cases
+    )
+
+
+EXERCISES: dict[str, Exercise] = {
+    "01.dp": Exercise(
+        "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
+        "weights during the forward pass)",
+        lambda a: tuple(a) == (64, 4) if isinstance(a, (tuple, list)) else False,
+        "scatter splits the batch evenly; replicate puts one copy of the model on "
+        "every device",
+    ),
+    "01.bubble": Exercise(
+        "a function bubble(stages, micro_batches) giving the idle fraction of a "
+        "pipeline (all forwards, then all backwards)",
+        _bubble_function,
+        "count the time steps of one pass: micro_batches + stages - 1; each stage is "
+        "busy for micro_batches of them",
+    ),
+    "01.accumulate": Exercise(
+        "accumulate= for micro-batches of 16 to give the gradient of a batch of 128",
+        lambda a: isinstance(a, int) and not isinstance(a, bool) and a == 8,
+        "each optimizer step should have seen 128 samples in total",
+    ),
+    "02.ring": Exercise(
+        "a function ring_all_reduce(tensor) that returns the sum over all ranks, "
+        "using only sends and receives between neighbours",
+        _ring_all_reduce_function,
+        "cut the tensor in world_size chunks; N-1 steps of pass-one-chunk-right-and-"
+        "add, then N-1 steps of pass-the-finished-chunk-right",
+    ),
+    "02.bytes": Exercise(
+        "a function ring_bytes(parameters, bytes_per_value, world_size) giving the "
+        "bytes each rank sends when DDP all-reduces the gradients once with a ring",
+        _bytes_function,
+        "the gradient is parameters x bytes_per_value bytes; a ring sends 2(N-1)/N of "
+        "it from every rank (and nothing at all when N = 1)",
+    ),
+    "02.resume": Exercise(
+        "a function resume(path, model, optimizer) that loads the checkpoint at path "
+        "if there is one and returns the epoch to start from (0 without one)",
+        _resume_function,
+        "check Path(path).exists(); load_checkpoint returns the extra values saved, "
+        "e.g. {'epoch': 4}: the next epoch to run is one after it",
+    ),
+    "03.placement": Exercise(
+        "a function placement(rank, ranks_per_node) giving (node_rank, local_rank) "
+        "when a launcher fills each node before the next, as torchrun and srun do",
+        _placement_function,
+        "rank = node_rank * ranks_per_node + local_rank: divide, and keep the rest",
+    ),
+    "03.ring_time": Exercise(
+        "a function ring_time(size, world_size, alpha, beta) giving the seconds of a "
+        "ring all-reduce of size bytes: 2(N-1) steps of latency alpha, and 2(N-1)/N "
+        "of the data through a link of beta bytes/s",
+        _ring_time_function,
+        "add the two terms: 2 * (world_size - 1) * alpha, and "
+        "2 * (world_size - 1) / world_size * size / beta (both 0 on one rank)",
+    ),
+    "01.speedup": Exercise(
+        "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "
+        "per-sample work, the batch split 4 ways",
+        _close(8 / 6.5),
+        "only the per-sample part shrinks: 2 ms becomes 0.5 ms; the 6 ms stay",
+    ),
+}
+
+
+def check(name: str, answer: Any) -> None:
+    """Say whether ``answer`` solves exercise ``name``; print a hint if it does not.
+
+    Returns nothing, so a notebook cell shows the verdict alone; :func:`judge` gives
+    the same verdict as a bool.
+
+    Args:
+        name: the exercise, e.g. "01.bubble".
+        answer: your answer (a number, a tuple, or a function, as the exercise asks).
+
+    Raises:
+        KeyError: no exercise of that name (the message lists them).
+
+    Example:
+        >>> check("01.accumulate", 8)
+        Right: 01.accumulate
+    """
+    judge(name, answer)
+
+
+def judge(name: str, answer: Any) -> bool:
+    """Print the verdict on ``answer`` to exercise ``name`` and return it (True when
+    right); see :func:`check`."""
+    if name not in EXERCISES:
+        raise KeyError(
+            f"no exercise named {name!r}; the exercises are "
+            + ", ".join(repr(n) for n in EXERCISES)
+        )
+    exercise = EXERCISES[name]
+    try:
+        right = bool(exercise.judge(answer))
+    except Exception as exc:  # a learner's function may raise: that is an answer too
+        print(f"Not yet: {name} raised {type(exc).__name__}: {exc}")
+        print(f"Hint: {exercise.hint}")
+        return False
+    if right:
+        print(f"Right: {name}")
+    else:
+        print(f"Not yet: {name} wants {exercise.question}.")
+        print(f"Hint: {exercise.hint}")
+    return right

@@ -1,0 +1,319 @@
+"""Doctor: what this machine and allocation have, and what the workshop will use.
+
+Run it before the first lesson, in a terminal (or inside an allocation with ``srun``)::
+
+    python -m workshop doctor
+
+or as the first cell of a notebook::
+
+    import workshop
+    workshop.doctor();
+
+It only reports: anything missing is a row saying so, never an error, and the command
+always exits with status 0. It never initialises CUDA in the calling process, so a
+notebook kernel can still fork ranks afterwards: the GPU count comes from NVML
+(``torch.cuda.device_count()``), names and memory from ``nvidia-smi`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple, TextIO
+
+from .. import env
+from .doctor_probes import (
+    Items,
+    _run,
+    nccl_version,
+    nvidia_smi_gpus,
+    torch_build,
+    torchvision_version,
+    version_line,
+)
+
+__all__ = ["Row", "collect_rows", "doctor", "format_rows"]
+
+#: Columns of the printed table: fits a terminal and a projector.
+WIDTH = 88
+
+#: Seconds each outside command (``nvidia-smi``, ``mpirun --version``, ...) may take.
+COMMAND_TIMEOUT_S = 5.0
+
+
+class Row(NamedTuple):
+    """One line of the report: ``Row("Backends", "gloo", "available")``."""
+
+    section: str
+    item: str
+    value: str
+
+
+# One function per section. Each returns (item, value) pairs; collect_rows turns an
+# exception in one of them into an "error" row, so one broken probe spoils nothing else.
+
+
+def _python_items() -> Items:
+    return [
+        (
+            "version",
+            f"{platform.python_version()} ({platform.python_implementation()})",
+        ),
+        ("executable", sys.executable),
+        ("platform", f"{platform.system()} {platform.machine()}"),
+    ]
+
+
+def _pytorch_items() -> Items:
+    import torch
+
+    build = torch_build(torch.version.cuda, getattr(torch.version, "hip", None))
+    return [
+        ("torch", f"{torch.__version__} ({build})"),
+        ("torchvision", torchvision_version()),
+    ]
+
+
+def _gpu_items() -> Items:
+    visible = env.visible_gpu_count()
+    items = [("visible to torch", str(visible) if visible else "0 (none: CPU ranks)")]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [*items, ("nvidia-smi", "not found")]
+    ok, output = _run(
+        [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader"],
+        COMMAND_TIMEOUT_S,
+    )
+    if not ok:
+        return [*items, ("nvidia-smi", output)]
+    listed = nvidia_smi_gpus(output)
+    if not listed:
+        return [*items, ("nvidia-smi", "lists no GPU")]
+    items += listed
+    if len(listed) != visible:
+        note = (
+            f"torch sees {visible} of the {len(listed)} GPUs nvidia-smi lists "
+            "(CUDA_VISIBLE_DEVICES, the allocation or a CPU build of torch decides)"
+        )
+        items.append(("note", note))
+    return items
+
+
+def _cpu_items() -> Items:
+    total = os.cpu_count() or 1
+    usable = env.usable_cores()
+    if usable != total:
+        return [("cores", f"{total} ({usable} usable by this process)")]
+    return [("cores", str(total))]
+
+
+def _backend_items() -> Items:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return [("torch.distributed", "not available in this torch build")]
+    if dist.is_nccl_available():
+        version = nccl_version()
+        nccl = f"available (NCCL {version})" if version else "available"
+        if env.visible_gpu_count() == 0:
+            nccl += ", but it needs a GPU per rank"
+    else:
+        nccl = "not available (a CPU build of torch)"
+    gloo = "available" if dist.is_gloo_available() else "not available"
+    mpi = (
+        "available"
+        if dist.is_mpi_available()
+        else "not available (pip wheels are built without MPI)"
+    )
+    return [("nccl", nccl), ("gloo", gloo), ("mpi", mpi)]
+
+
+def _launcher_items() -> Items:
+    items = []
+    for name in ("mpirun", "srun"):
+        path = shutil.which(name)
+        if path is None:
+            items.append((name, "not found"))
+            continue
+        ok, output = _run([path, "--version"], COMMAND_TIMEOUT_S)
+        items.append((name, f"{version_line(output)} ({path})" if ok else output))
+    items.append(("torchrun", _torchrun()))
+    return items
+
+
+def _torchrun() -> str:
+    """Where ``torchrun`` is; a kernel's environment is often not on PATH."""
+    path = shutil.which("torchrun")
+    if path:
+        return path
+    beside = Path(sys.executable).with_name("torchrun")
+    if beside.exists():
+        return f"not on PATH, but beside this Python: {beside}"
+    return "not found"
+
+
+def _slurm_items() -> Items:
+    allocation = env.slurm_allocation()
+    if not allocation.inside:
+        return [("allocation", "none (not inside a Slurm job)")]
+    nodes = "not set" if allocation.nodes is None else str(allocation.nodes)
+    if allocation.nodelist:
+        nodes += f" ({allocation.nodelist})"
+    return [
+        ("job id", str(allocation.job_id)),
+        ("partition", allocation.partition or "not set"),
+        ("nodes", nodes),
+        ("tasks", "not set" if allocation.tasks is None else str(allocation.tasks)),
+        ("GPUs on node", allocation.gpus_on_node or "none requested"),
+    ]
+
+
+def _process_items() -> Items:
+    info = env.rank_info()
+    if info.launcher == "none":
+        rank = "0 of 1 (no launcher)"
+    else:
+        rank = (
+            f"{info.rank} of {info.world_size}, local rank {info.local_rank} of "
+            f"{info.local_world_size}, node {info.node_rank} (from {info.launcher})"
+        )
+    items = [("rank", rank)]
+    if info.master_addr or info.master_port:
+        addr = info.master_addr or "address not set"
+        port = info.master_port or "not set"
+        items.append(("master", f"{addr}, port {port}"))
+    return items
+
+
+def _default_items() -> Items:
+    import torch
+
+    from ..ranks.launcher import choose_start_method
+
+    gpus = env.visible_gpu_count()
+    world_size = env.default_world_size(gpus)
+    backend = env.choose_backend("auto", world_size, gpus=gpus)
+    if backend == "nccl":
+        backend += " (one GPU per rank)"
+    elif gpus == 0:
+        backend += " (CPU ranks: no GPU visible)"
+    else:
+        backend += " (CPU ranks: this torch has no NCCL)"
+    method, reason = choose_start_method("auto", torch.cuda.is_initialized())
+    return [
+        ("world_size", f"{world_size} ({'one per GPU' if gpus else 'CPU ranks'})"),
+        ("backend", backend),
+        ("start method", f"{method} ({reason})"),
+    ]
+
+
+_SECTIONS: tuple[tuple[str, Callable[[], Items]], ...] = (
+    ("Python", _python_items),
+    ("PyTorch", _pytorch_items),
+    ("GPUs", _gpu_items),
+    ("CPU", _cpu_items),
+    ("Backends", _backend_items),
+    ("Launchers", _launcher_items),
+    ("Slurm", _slurm_items),
+    ("This process", _process_items),
+    ("Workshop defaults", _default_items),
+)
+
+
+def collect_rows() -> list[Row]:
+    """Look at this machine and return what the report shows, as plain data.
+
+    Returns:
+        Rows in the printed order. A probe that fails gives a row with item "error"
+        and the exception, instead of raising.
+
+    Example:
+        >>> rows = collect_rows()
+        >>> {(r.section, r.item): r.value for r in rows}[("Backends", "gloo")]
+        'available'
+    """
+    rows = []
+    for section, probe in _SECTIONS:
+        try:
+            items = probe()
+        # The doctor reports what it finds; whatever a probe raises becomes its row.
+        except Exception as e:
+            items = [("error", f"{type(e).__name__}: {e}")]
+        rows.extend(Row(section, item, value) for item, value in items)
+    return rows
+
+
+def format_rows(rows: Iterable[Row], width: int = WIDTH) -> str:
+    """Lay rows out as a plain-text table: a heading per section, aligned values.
+
+    Args:
+        rows: what :func:`collect_rows` returns (or rows read back from a file).
+        width: longest line; values longer than the space left are wrapped.
+
+    Returns:
+        The table, lines joined by newlines, without a trailing newline.
+
+    Example:
+        >>> print(format_rows([Row("CPU", "cores", "8")]))
+        CPU
+          cores  8
+    """
+    rows = list(rows)
+    indent = "  "
+    key_width = min(max((len(row.item) for row in rows), default=0), 24)
+    value_width = max(width - len(indent) - key_width - 2, 20)
+    pad = " " * (len(indent) + key_width + 2)
+    lines: list[str] = []
+    section = None
+    for row in rows:
+        if row.section != section:
+            section = row.section
+            if lines:
+                lines.append("")
+            lines.append(section)
+        chunks = textwrap.wrap(row.value, value_width, break_on_hyphens=False) or [""]
+        if len(row.item) > key_width:
+            lines.append(indent + row.item)
+            lines.extend(pad + chunk for chunk in chunks)
+            continue
+        lines.append(f"{indent}{row.item:<{key_width}}  {chunks[0]}".rstrip())
+        lines.extend(pad + chunk for chunk in chunks[1:])
+    return "\n".join(lines)
+
+
+def doctor(file: TextIO | None = None) -> list[Row]:
+    """Print what this machine and allocation have and what the workshop will use.
+
+    Python, torch and its build, GPUs (without initialising CUDA here), CPU cores,
+    the process-group backends, ``mpirun``/``srun``, the Slurm allocation, and the
+    world size, backend and start method that ``workshop.launch`` picks by default.
+
+    Args:
+        file: where to print; ``sys.stdout`` when omitted.
+
+    Returns:
+        The printed rows, as :class:`Row` tuples (section, item, value).
+
+    Example:
+        >>> import workshop
+        >>> rows = workshop.doctor()  # doctest: +SKIP
+        workshop 0.1.0 doctor: what this machine has and what the workshop will use
+        ...
+
+    Note:
+        In a notebook, end the line with ``;`` (``workshop.doctor();``) so the cell
+        shows the table only, not the returned list as well.
+    """
+    from .._version import __version__
+
+    rows = collect_rows()
+    title = f"workshop {__version__} doctor: what this machine has and what the "
+    title += "workshop will use"
+    out = sys.stdout if file is None else file
+    print(title, "=" * min(len(title), WIDTH), format_rows(rows), sep="\n", file=out)
+    return rows

@@ -1,0 +1,6 @@
+"""Ranks from a notebook cell: start them (fork server or spawn), join them into a
+process group, stream their output, collect each rank's result or error, and stop every
+process they started. ``worker`` is what every rank runs, under any launcher.
+
+Imports ``env``, ``features``, ``_procs`` and ``comm`` (tracing) from the package.
+"""

@@ -1,0 +1,363 @@
+"""Start real distributed ranks from a notebook cell and bring everything back.
+
+``launch(fn, world_size=4)`` runs ``fn`` on 4 ranks, each a real OS process with its
+own process group membership, shows every rank's output live, and returns a
+:class:`RunResult`. If a rank fails, hangs past ``timeout`` or the user presses the
+kernel's stop button, every rank is stopped and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+from .._procs import answer_in_child
+from ..env import choose_backend, visible_gpu_count
+from . import sweep
+from .checks import check_capacity, refuse_inside_a_rank, validate
+from .forkserver import ForkServer
+from .output import RankOutput
+from .rank import Job
+from .rendezvous import Rendezvous
+from .results import LaunchError, RunResult
+from .session import LIVE, LaunchSession
+
+__all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
+
+SERVER = ForkServer()
+_told_cuda = False
+# The watchdog that stops what the ranks started if this process dies (see sweep.py),
+# started with the first launch; and the number of launches so far (for their tags).
+_WATCHDOG = None
+_launches = 0
+
+
+def _serialise_job(job: Job) -> bytes:
+    """Pickle the job up front; on failure, say which part could not be pickled."""
+    try:
+        cloudpickle.dumps(job.fn)
+    except Exception as exc:
+        raise TypeError(
+            f"fn={getattr(job.fn, '__name__', job.fn)!r} cannot be sent to the ranks: "
+            f"{exc}. It (or a global it uses) holds something that cannot be "
+            "serialised, such as an open file, a lock or a generator; create that "
+            "thing inside fn instead"
+        ) from exc
+    named = [(f"argument {i}", a) for i, a in enumerate(job.args)]
+    named += [(f"keyword argument {k}", v) for k, v in job.kwargs.items()]
+    for label, value in named:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"{label} (a {type(value).__name__}) cannot be sent to the ranks: "
+                f"{exc}. Pass plain data (numbers, strings, lists, dicts, tensors, a "
+                "state_dict) and build the object inside fn"
+            ) from exc
+    return cloudpickle.dumps(job)
+
+
+def _driver_loaded(maps_file: str = "/proc/self/maps") -> bool:
+    """True when the CUDA driver library (``libcuda.so``) is mapped into this process.
+
+    Without it no CUDA call can have run, so a fork is safe. With it, nothing is
+    known yet: on some GPU nodes ``import torch`` alone maps it (measured on one with
+    torch 2.11), and a child forked then can still use the GPU.
+    """
+    try:
+        with open(maps_file) as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:  # no /proc (macOS): assume the driver may be there, and ask
+        return True
+
+
+_POISONED = False
+
+
+def _fork_is_poisoned() -> bool:
+    """Ask a forked child whether torch considers it a "bad fork" for CUDA.
+
+    torch marks every child forked after this process asked the CUDA runtime for
+    anything (``torch.cuda.is_available()``, ``get_device_name()``, a CUDA tensor;
+    not ``torch.cuda.device_count()``, which asks NVML), because such a child cannot
+    use the GPU. That mark, not the driver library being loaded, is what decides
+    whether ranks may be forked from here. The answer only ever turns from no to
+    yes, so a yes is kept. Costs one fork, about 15 ms.
+    """
+    global _POISONED
+    if _POISONED:
+        return True
+    import torch
+
+    answer = answer_in_child(lambda: 1 if torch.cuda._is_in_bad_fork() else 0, 10.0)
+    if answer is None:  # no answer (never seen): the server is the safe way
+        return True
+    _POISONED = answer == 1
+    return _POISONED
+
+
+def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
+    """True once this process has started CUDA in a way a forked rank cannot survive.
+
+    ``torch.cuda.is_initialized()`` only knows torch's own CUDA context. A call such
+    as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it, and a
+    child forked after that cannot use the GPU either; torch then marks such children
+    as a "bad fork". So: without the driver library loaded, nothing has started; with
+    it, a forked child is asked whether torch marked it.
+    """
+    import torch
+
+    if torch.cuda.is_initialized():
+        return True
+    if not hasattr(os, "fork") or not _driver_loaded(maps_file):
+        return False
+    return _fork_is_poisoned()
+
+
+def choose_start_method(
+    requested: str, cuda_initialized: bool, platform: str = sys.platform
+) -> tuple[str, str]:
+    """Pick how to start ranks, and say why.
+
+    Args:
+        requested: "auto", "fork", "server" or "spawn".
+        cuda_initialized: whether this process has initialised CUDA.
+        platform: ``sys.platform``.
+
+    Returns:
+        (start method, reason in a few words).
+
+    Raises:
+        ValueError: "fork" asked for where it is unsafe or impossible.
+    """
+    can_fork = hasattr(os, "fork")
+    if requested == "fork":
+        if not can_fork:
+            raise ValueError(
+                "start_method='fork' is not possible on this system; "
+                "pass start_method='spawn'"
+            )
+        if cuda_initialized:
+            raise ValueError(
+                "start_method='fork' but CUDA is already initialised in this process, "
+                "and a forked child cannot use CUDA; pass start_method='server' (or "
+                "'auto'), or restart the kernel and launch before touching the GPU"
+            )
+        return "fork", "asked for"
+    if requested in ("server", "spawn"):
+        if requested == "server" and not can_fork:
+            raise ValueError(
+                "start_method='server' needs fork; pass start_method='spawn'"
+            )
+        return requested, "asked for"
+    if not can_fork:
+        return "spawn", "this system cannot fork"
+    if cuda_initialized:
+        return "server", "CUDA is initialised in this kernel, so it must not fork"
+    if platform == "darwin":
+        return "server", "macOS system libraries are not safe to fork"
+    return "fork", "fastest: ranks are forked from this kernel"
+
+
+# ------------------------------------------------------------------ rendezvous
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    backend: str = "auto",
+    timeout: float | None = 600.0,
+    start_method: str = "auto",
+    show: str = "auto",
+    trace: bool = False,
+    **kwargs: Any,
+) -> RunResult:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, each a real process.
+
+    Before ``fn`` runs, each rank has ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` set and the default process group initialised
+    (NCCL with one GPU per rank when there are enough GPUs, else gloo on the CPU); the
+    group is destroyed afterwards. ``fn`` may be defined in the notebook itself:
+    closures, lambdas and notebook globals work. Processes a rank starts end with the
+    launch, however it ends: whatever is still running then is stopped (SIGTERM, 1 s,
+    SIGKILL) and named on stderr, and if this process dies, a watchdog stops them.
+
+    Args:
+        fn: the function every rank runs.
+        *args: positional arguments for ``fn``.
+        world_size: number of ranks; refused before anything starts when the
+            machine cannot take them (cores, memory, open-file and process limits).
+        backend: "auto", "gloo", "nccl" or "mpi".
+        timeout: seconds before every rank is stopped, at least 1; None (or
+            ``math.inf``) for no limit.
+        start_method: "auto" (fork the kernel when that is safe, else a clean fork
+            server), "fork", "server" or "spawn" (a fresh interpreter per rank).
+        show: "auto" (live in the cell), "lines" (plain lines) or "none". A cell
+            shows each rank's last 200 lines; the result keeps the last 10,000
+            of each rank and stream.
+        trace: record every point-to-point and collective call of each rank
+            (operation, peers, tensor values or shapes, times) into
+            ``RunResult.traces``, for the communication diagrams.
+        **kwargs: keyword arguments for ``fn``. (To pass one that shares a name with
+            the options above, wrap ``fn`` with ``functools.partial``.)
+
+    Returns:
+        A :class:`RunResult` with each rank's return value, output, exit code and
+        wall time, in rank order.
+
+    Raises:
+        LaunchError: a rank raised or crashed (the other ranks are stopped), or
+            ``timeout`` passed. The message names the ranks, the exception and the
+            traceback; ``.result`` holds what the ranks printed.
+        ValueError, TypeError: bad arguments (an ``async def`` or generator ``fn``
+            too), with the fix in the message.
+        RuntimeError: called inside a rank, whose process group exists already.
+        KeyboardInterrupt: the kernel was interrupted; every rank was stopped first.
+
+    Example:
+        >>> def hello():
+        ...     import torch.distributed as dist
+        ...     print(f"rank {dist.get_rank()} of {dist.get_world_size()}")
+        ...     return dist.get_rank()
+        >>> launch(hello, world_size=2, show="none").returns
+        [0, 1]
+
+    Warning:
+        A kernel that has initialised CUDA cannot fork; ranks then start from a fork
+        server, whose first start takes a few seconds while it imports torch.
+    """
+    global _told_cuda
+    timeout = validate(fn, world_size, timeout, start_method, show, trace)
+    refuse_inside_a_rank()
+    gpus = visible_gpu_count()
+    requested_backend = backend
+    backend = choose_backend(backend, world_size, gpus)
+    cuda = _cuda_initialized()
+    method, reason = choose_start_method(start_method, cuda)
+    check_capacity(world_size, method)
+    if method == "server" and cuda and not _told_cuda:
+        _told_cuda = True
+        print(
+            "workshop.launch: CUDA is already initialised in this kernel, and a "
+            "process that has initialised CUDA cannot be forked safely. Ranks are "
+            "started from a clean fork server instead (torch preloaded, CUDA "
+            "untouched); its first start takes a few seconds.",
+            file=sys.stderr,
+        )
+    job = Job(fn, args, kwargs, backend, timeout or 3600.0, trace=trace)
+    job_bytes = _serialise_job(job)
+    if method == "server":
+        try:
+            SERVER.start()
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            print(
+                f"workshop.launch: {exc}; starting ranks with spawn instead",
+                file=sys.stderr,
+            )
+            method, reason = "spawn", "the fork server could not start"
+    header = (
+        f"launch: world_size={world_size}, backend={backend}, start_method={method}"
+        + (
+            ""
+            if reason in ("asked for", "fastest: ranks are forked from this kernel")
+            else f" ({reason})"
+        )
+    )
+    if backend == "gloo" and requested_backend == "auto" and 0 < gpus < world_size:
+        # Say why a GPU node's ranks compute on the CPU: NCCL needs a GPU per rank.
+        header += (
+            f"\nlaunch: {world_size} ranks but {gpus} GPU"
+            f"{'s' if gpus != 1 else ''}: the ranks run on the CPU with gloo "
+            f"(world_size={gpus} would give each rank its own GPU, with NCCL)"
+        )
+    tag = _new_tag()
+    rendezvous = Rendezvous(world_size, timeout or 3600.0)
+    output = RankOutput(world_size, header, show)
+    run = LaunchSession(job, world_size, backend, method, timeout, output, SERVER, tag)
+    running: list[int] = []
+    stopped: list[int] | None = None
+    try:
+        with warnings.catch_warnings():
+            # Python warns that forking a threaded process may deadlock the child; the
+            # rank only replaces its stdio and then runs fresh code, and CUDA (the
+            # real danger) is checked above.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            run.start(
+                None if method == "fork" else job_bytes,
+                rendezvous.port,
+                [rendezvous.fd],
+            )
+        rendezvous.serve()  # only now: no rank is forked while its thread runs
+        try:
+            run.wait()
+        except TimeoutError:
+            running = run.stop()
+        except KeyboardInterrupt:
+            interrupted = run.stop(grace=1.0)
+            print(
+                "workshop.launch: interrupted; stopped rank(s) "
+                f"{', '.join(map(str, interrupted)) or 'none (all had ended)'}",
+                file=sys.stderr,
+            )
+            raise
+        else:
+            if run.failed():
+                stopped = run.stop()
+    finally:
+        run.close()
+        rendezvous.close()
+        _stop_leftovers(tag)
+    if running:
+        raise run.timeout_error(running)
+    if stopped is not None:
+        raise run.failure(stopped)
+    return run.result()
+
+
+def _new_tag() -> str:
+    """A tag for the next launch, with the watchdog running for its processes."""
+    global _WATCHDOG, _launches
+    if _WATCHDOG is None or _WATCHDOG.poll() is not None:
+        try:
+            _WATCHDOG = sweep.start_watchdog()
+        except OSError as exc:  # the launch still works; only the kernel's
+            print(  # death could then leave a rank's children behind
+                f"workshop.launch: the watchdog could not start ({exc})",
+                file=sys.stderr,
+            )
+    _launches += 1
+    return sweep.launch_tag(_launches)
+
+
+def _stop_leftovers(tag: str) -> None:
+    """Stop what the ranks of the launch ``tag`` started and left running, and say
+    so: a rank's processes end with the launch, however it ended."""
+    left = sweep.stop_tagged(tag, since=sweep.start_ticks())
+    if left:
+        print(
+            f"workshop.launch: the ranks left {len(left)} process"
+            f"{'es' if len(left) != 1 else ''} running; stopped "
+            f"{'them' if len(left) != 1 else 'it'}:\n  " + "\n  ".join(left),
+            file=sys.stderr,
+        )
+
+
+@atexit.register
+def _stop_everything() -> None:
+    """At interpreter exit, leave no rank, nothing a rank started, and no fork
+    server behind."""
+    for handle in list(LIVE):
+        handle.signal(signal.SIGKILL)
+        handle.poll()
+    LIVE.clear()
+    SERVER.close()
+    if _launches:
+        sweep.stop_tagged(
+            sweep.kernel_prefix(), exact=False, since=sweep.start_ticks(), grace=0.0
+        )

@@ -1,0 +1,333 @@
+"""One launch in progress: its ranks' pipes, what they reported, stopping them, and
+turning it all into a :class:`~workshop.ranks.results.RunResult` or a
+:class:`~workshop.ranks.results.LaunchError`."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import time
+
+import cloudpickle
+
+from . import start
+from .forkserver import ForkServer
+from .output import RankOutput
+from .rank import Job, RankError, split_messages
+from .rendezvous import rank_env
+from .results import LaunchError, RunResult
+from .start import RankHandle
+
+# Seconds a rank gets to end after SIGTERM before SIGKILL. A rank blocked inside a
+# collective may not react to SIGTERM at all, hence the second signal.
+GRACE = 2.0
+
+# Ranks of every launch still running in this process, for the exit handler.
+LIVE: set[RankHandle] = set()
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by {_signal_name(code)}"
+    return f"exited with code {code}"
+
+
+_PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _is_peer_loss(error: RankError) -> bool:
+    """True for the error a rank gets in a collective when another rank went away."""
+    return error.type.startswith("Dist") or any(s in error.message for s in _PEER_LOSS)
+
+
+class LaunchSession:
+    """One launch in progress: its ranks, their pipes, and what they reported."""
+
+    def __init__(
+        self,
+        job: Job,
+        world_size: int,
+        backend: str,
+        method: str,
+        timeout: float | None,
+        output: RankOutput,
+        server: ForkServer,
+        tag: str = "",
+    ):
+        self.job = job
+        self.server = server
+        self.world_size = world_size
+        self.backend = backend
+        self.method = method
+        self.timeout = timeout
+        self.output = output
+        self.handles: list[RankHandle] = []
+        self.results: dict[int, tuple] = {}
+        self.buffers: dict[int, bytearray] = {}
+        self.fd_owner: dict[int, tuple[RankHandle, str]] = {}
+        self.ended_at: dict[int, float] = {}
+        self.closed = False
+        self.t0 = time.time()
+        # Marks every process of this launch, the ranks' children too (see sweep.py).
+        self.tag = tag
+
+    # -- starting
+    def start(self, job_bytes: bytes | None, port: int, keep_closed: list[int]) -> None:
+        """Start every rank; ``job_bytes`` (the pickled job) for server and spawn."""
+        payload = start.request_payload(job_bytes) if job_bytes is not None else None
+        for rank in range(self.world_size):
+            env = rank_env(rank, self.world_size, port, self.tag)
+            if self.method == "fork":
+                closed = keep_closed + [
+                    fd for h in self.handles for fd in h.fds.values()
+                ]
+                handle = start.fork_rank(rank, env, self.job, closed)
+            elif self.method == "server":
+                handle = self.server.start_rank(rank, env, payload)
+            else:
+                handle = start.spawn_rank(rank, env, pickle.dumps(payload))
+            self.handles.append(handle)
+            LIVE.add(handle)
+            self.buffers[rank] = bytearray()
+            for kind, fd in handle.fds.items():
+                os.set_blocking(fd, False)
+                self.fd_owner[fd] = (handle, kind)
+
+    # -- reading
+    def _read(self, fd: int) -> bool:
+        """Read what ``fd`` holds now; False once it is empty or closed."""
+        handle, kind = self.fd_owner[fd]
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        if not data:
+            del self.fd_owner[fd]
+            os.close(fd)
+            return False
+        if kind == "result":
+            buffer = self.buffers[handle.rank]
+            buffer += data
+            for message in split_messages(buffer):
+                # The first report counts: a rank that raised reports once.
+                self.results.setdefault(handle.rank, message)
+        else:
+            self.output.feed(handle.rank, kind, data)
+        return True
+
+    def _drain(self, handle: RankHandle) -> None:
+        # A finished rank's output is all in its pipes already; a child it started
+        # may still hold them open, so read what is there rather than to the end.
+        for fd in list(handle.fds.values()):
+            while fd in self.fd_owner and self._read(fd):
+                pass
+
+    def _pump(self, wait: float) -> None:
+        """Wait up to ``wait`` seconds for output and read whatever arrived."""
+        self.output.refresh()  # lines held back by the redraw limit show up now
+        if not self.fd_owner:
+            time.sleep(wait)
+            return
+        ready, _, _ = select.select(list(self.fd_owner), [], [], wait)
+        for fd in ready:
+            if fd in self.fd_owner:
+                self._read(fd)
+
+    def _poll_exits(self) -> None:
+        for handle in self.handles:
+            if handle.rank not in self.ended_at and handle.poll() is not None:
+                self.ended_at[handle.rank] = time.time()
+                LIVE.discard(handle)
+                self._drain(handle)
+
+    def failed(self) -> list[int]:
+        """Ranks that reported an error or ended with a non-zero code so far."""
+        failed = [r for r, m in self.results.items() if m[0] == "error"]
+        for handle in self.handles:
+            code = handle.exit_code
+            if code not in (None, 0) and handle.rank not in failed:
+                failed.append(handle.rank)
+        return failed
+
+    # -- running
+    def wait(self) -> None:
+        """Read output until every rank ended or one failed; TimeoutError at timeout."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while len(self.ended_at) < self.world_size:
+            if self.failed():
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            self._pump(0.02 if left is None else max(0.0, min(0.02, left)))
+            self._poll_exits()
+
+    def stop(self, grace: float = GRACE) -> list[int]:
+        """Stop every rank still running (TERM, a grace period, KILL) and return the
+        ranks stopped. A rank that reported an error is ending by itself and only gets
+        KILL if it has not ended after the grace period."""
+        reported = {r for r, m in self.results.items() if m[0] == "error"}
+        running = [h for h in self.handles if h.poll() is None]
+        terminated = [h for h in running if h.rank not in reported]
+        for sig, targets, wait in (
+            (signal.SIGTERM, terminated, grace),
+            (signal.SIGKILL, running, 10.0),
+        ):
+            for handle in targets:
+                if handle.poll() is None:
+                    handle.signal(sig)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and any(
+                h.poll() is None for h in running
+            ):
+                self._pump(0.02)
+        self._poll_exits()
+        # Stopped: ended by our signals. A rank that ended otherwise meanwhile (it
+        # crashed, say) is reported for what it did.
+        ours = (-signal.SIGTERM, -signal.SIGKILL)
+        return [h.rank for h in terminated if h.exit_code in ours]
+
+    def close(self) -> None:
+        """Kill what is left (only after an error in the launcher itself), reap every
+        rank, read the last output and release the pipes. Safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        for handle in self.handles:
+            if handle.poll() is None:
+                handle.signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and any(
+            h.poll() is None for h in self.handles
+        ):
+            time.sleep(0.01)
+        self._poll_exits()
+        for handle in self.handles:
+            LIVE.discard(handle)
+        for handle in self.handles:
+            self._drain(handle)
+        for fd in list(self.fd_owner):
+            del self.fd_owner[fd]
+            os.close(fd)
+        self.output.close()
+
+    # -- reporting
+    def result(self) -> RunResult:
+        returns, walls, traces = [], [], []
+        for rank in range(self.world_size):
+            message = self.results.get(rank)
+            # Messages from a rank that failed before it could run carry no trace.
+            traces.append(list(message[4]) if message and len(message) > 4 else [])
+            if message and message[0] == "ok":
+                returns.append(cloudpickle.loads(message[1]))
+            else:
+                returns.append(None)
+            if message and message[2]:
+                walls.append(message[3] - message[2])
+            elif rank in self.ended_at:
+                walls.append(self.ended_at[rank] - self.t0)
+            else:
+                walls.append(None)
+        return RunResult(
+            world_size=self.world_size,
+            backend=self.backend,
+            start_method=self.method,
+            returns=returns,
+            stdout=[self.output.text(r, "stdout") for r in range(self.world_size)],
+            stderr=[self.output.text(r, "stderr") for r in range(self.world_size)],
+            exit_codes=[h.exit_code for h in self.handles]
+            + [None] * (self.world_size - len(self.handles)),
+            wall_times=walls,
+            traces=traces,
+            pids=[h.pid for h in self.handles]
+            + [None] * (self.world_size - len(self.handles)),
+        )
+
+    def failure(self, stopped: list[int]) -> LaunchError:
+        errors = {r: m[1] for r, m in self.results.items() if m[0] == "error"}
+        raised = sorted(errors, key=lambda r: errors[r].time)
+        crashed = [
+            h.rank
+            for h in self.handles
+            if h.rank not in errors
+            and h.exit_code not in (None, 0)
+            and h.rank not in stopped
+        ]
+        # A rank whose peer died fails in its next collective ("Connection closed by
+        # peer"). That is a consequence, not the cause: name the cause first.
+        followers = [r for r in raised if _is_peer_loss(errors[r])]
+        if len(followers) == len(raised) and not crashed:
+            followers = []
+        raised = [r for r in raised if r not in followers]
+        lines = []
+        if raised:
+            first = errors[raised[0]]
+            who = "rank" if len(raised) == 1 else "ranks"
+            lines.append(
+                f"{who} {', '.join(map(str, raised))} of {self.world_size} failed; "
+                f"rank {raised[0]} first, with {first.type}: {first.message}"
+            )
+            for rank in raised[1:]:
+                lines.append(
+                    f"  rank {rank}: {errors[rank].type}: {errors[rank].message}"
+                )
+        for rank in crashed:
+            code = self.handles[rank].exit_code
+            last = self.output.last_line(rank)
+            lines.append(
+                f"rank {rank} {_describe_exit(code)} without reporting an error"
+                + (f"; its last line: {last!r}" if last else "; it printed nothing")
+            )
+            if code == -signal.SIGKILL:
+                lines.append(
+                    "  HINT: the machine may have run out of memory (dmesg says)"
+                )
+        if followers:
+            lines.append(
+                f"Then rank(s) {', '.join(map(str, followers))} lost a peer in a "
+                f"collective ({errors[followers[0]].type}), a consequence of the above."
+            )
+        if stopped:
+            lines.append(
+                f"The launcher stopped rank(s) {', '.join(map(str, stopped))}."
+            )
+        if raised:
+            lines += [
+                "",
+                f"Traceback of rank {raised[0]}:",
+                errors[raised[0]].traceback.rstrip(),
+            ]
+        return LaunchError(
+            "\n".join(lines),
+            self.result(),
+            failed_ranks=sorted(raised + crashed),
+            errors=errors,
+        )
+
+    def timeout_error(self, running: list[int]) -> LaunchError:
+        lines = [
+            f"timeout={self.timeout:g} s passed and rank(s) "
+            f"{', '.join(map(str, running))} of {self.world_size} were still running; "
+            "all were stopped."
+        ]
+        for rank in running:
+            last = self.output.last_line(rank)
+            lines.append(
+                f"  rank {rank} last printed: {last!r}"
+                if last
+                else f"  rank {rank} printed nothing"
+            )
+        lines.append(
+            "HINT: a rank that never returns is often waiting in a collective that "
+            "another rank never called; otherwise pass a larger timeout."
+        )
+        return LaunchError("\n".join(lines), self.result(), running_ranks=running)

@@ -1,0 +1,258 @@
+"""Checkpoints for DDP training: saved by rank 0 only, written atomically, loaded on
+every rank onto its own device.
+
+Atomic means a reader only ever finds a whole checkpoint: the old one or the new
+one, never half of the new one. The bytes go to a temporary file in the same
+directory, are flushed to the disk, and the temporary file is then renamed over the
+checkpoint with ``os.replace``, which POSIX makes a single step. A job killed
+mid-write (Slurm's time limit, a node failure) leaves the previous checkpoint intact,
+plus a stray temporary file that the next save removes.
+
+What can be saved loads: :func:`load_checkpoint` reads with
+``torch.load(weights_only=True)`` (opening a file runs no code), so a save keeps
+plain data only. Numpy scalars and enum members become the plain values they hold;
+anything else the loader would refuse stops the save, naming where it is
+(``extra['history'][3]``). A failed save or load names the checkpoint's path, the
+cause and a fix (``checkpoint_errors``), never the hidden temporary file.
+
+Notebook 02, section "Checkpointing", uses it::
+
+    save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=epoch)  # every rank calls
+    state = load_checkpoint("ckpt.pt", ddp_model, optimizer)       # every rank calls
+    start_epoch = state["epoch"] + 1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint_errors import (
+    check_destination,
+    check_device,
+    os_error_in,
+    read_error,
+    write_error,
+)
+from .checkpoint_plain import plain_copy
+
+__all__ = ["load_checkpoint", "save_checkpoint"]
+
+_FORMAT = 1
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # DDP keeps the real model in .module; saving that keeps the keys free of the
+    # "module." prefix, so the checkpoint loads into a plain model too.
+    return getattr(model, "module", model)
+
+
+def _distributed() -> tuple[int, bool]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), True
+    return 0, False
+
+
+def _temp_name(path: Path, pid: int) -> Path:
+    return path.with_name(f".{path.name}.{pid}.tmp")
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Remove temporary files left by writers that died mid-write."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)\.tmp")
+    for other in path.parent.glob(f".{path.name}.*.tmp"):
+        match = pattern.fullmatch(other.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:  # its writer is gone: nobody will finish it
+            with contextlib.suppress(FileNotFoundError):
+                other.unlink()
+        except PermissionError:  # another user's live process: leave it alone
+            pass
+
+
+def _write_atomically(state: dict[str, Any], path: Path) -> None:
+    check_destination(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e, state) from e
+    _remove_stale_temps(path)
+    temp = _temp_name(path, os.getpid())
+    try:
+        with open(temp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename
+        os.replace(temp, path)  # one step: readers see the old file or the new one
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        cause = os_error_in(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        # Name the user's path, not the hidden temporary file the OS complained of.
+        raise write_error(path, cause, state) from e
+    # Make the rename itself durable (a crash right after could otherwise undo it).
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    **extra: Any,
+) -> Path:
+    """Save the model (and optimizer) to ``path``: rank 0 writes, every rank waits.
+
+    Call it on every rank at the same point. Under DDP all ranks hold the same
+    weights, so one copy is enough; the barrier afterwards means no rank runs ahead
+    (and, say, loads or deletes the file) before it is complete.
+
+    Args:
+        path: the checkpoint file; its directory is created if missing.
+        model: the model, plain or DDP-wrapped (the inner model is saved, so the
+            checkpoint loads into either).
+        optimizer: its state (momentum, Adam's moments) is saved too; without it a
+            resumed run would not continue exactly where it stopped.
+        **extra: plain values to keep beside them (epoch, step, the learning
+            rate, accuracy so far): numbers, strings, lists, tuples, dicts,
+            tensors. A numpy scalar is kept as the Python number it holds
+            (``np.float64(0.5)`` loads as ``0.5``) and an enum member as its
+            ``.value``, because :func:`load_checkpoint` could not read them back.
+
+    Returns:
+        The path written.
+
+    Raises:
+        TypeError: a value (in ``extra``, the model's or the optimizer's state)
+            that :func:`load_checkpoint` could not read back, e.g. a numpy array
+            or a namedtuple; the message names where it is
+            (``extra['history'][3]``) and its type. Raised on every rank.
+        OSError: the file could not be written (a parent of ``path`` is a file,
+            ``path`` is a folder, the folder is read-only or not yours, the disk
+            or quota is full); the message names ``path``, the cause and a fix,
+            and any previous checkpoint at ``path`` is left intact.
+
+    Example:
+        >>> save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=3)  # doctest: +SKIP
+    """
+    path = Path(path)
+    # Every rank checks (cheap: references, no copies), so that a value that cannot
+    # be saved stops all ranks with the same error instead of rank 0 alone while
+    # the others wait at the barrier.
+    state = {
+        "format": _FORMAT,
+        "model": plain_copy(_unwrap(model).state_dict(), "model.state_dict()"),
+        "optimizer": (
+            plain_copy(optimizer.state_dict(), "optimizer.state_dict()")
+            if optimizer is not None
+            else None
+        ),
+        "extra": plain_copy(extra, "extra"),
+    }
+    rank, distributed = _distributed()
+    if rank == 0:
+        _write_atomically(state, path)
+    if distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return path
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    map_location: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and
+    ``optimizer``) on this rank.
+
+    Every rank reads the file itself. The tensors go to ``map_location``, by default
+    the device of the model's own parameters: a checkpoint saved by rank 0 from
+    ``cuda:0`` would otherwise land on ``cuda:0`` in every rank, so all ranks of a
+    node would crowd one GPU.
+
+    Args:
+        path: the checkpoint file.
+        model: the model to fill, plain or DDP-wrapped, already on its device.
+        optimizer: filled with the saved optimizer state, if given.
+        map_location: where to put the loaded tensors; default: the model's device.
+
+    Returns:
+        The ``extra`` values saved with it (e.g. ``{"epoch": 3}``).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        IsADirectoryError: ``path`` is a folder.
+        ValueError: ``map_location`` names a device this machine does not have;
+            the file is cut short or damaged, is not a checkpoint of
+            :func:`save_checkpoint`, or holds a value that
+            ``torch.load(weights_only=True)`` refuses (each said apart, with the
+            type refused); or it holds no optimizer state but an optimizer was
+            passed.
+
+    Example:
+        >>> state = load_checkpoint("ckpt.pt", ddp_model, optimizer)  # doctest: +SKIP
+        >>> start_epoch = state["epoch"] + 1                          # doctest: +SKIP
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"{path} is a folder, not a checkpoint; give the checkpoint file in it",
+        )
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no checkpoint at {path}; check the path, or start from scratch when "
+            "there is none yet (Path(path).exists() tells which)"
+        )
+    if map_location is None:
+        first = next(iter(model.parameters()), None)
+        map_location = first.device if first is not None else "cpu"
+    else:
+        check_device(map_location)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise  # it cannot be read (permissions, I/O): its message names the path
+    except Exception as e:
+        raise read_error(path, e) from e
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        found = (
+            f"format {state['format']!r}"
+            if isinstance(state, dict) and "format" in state
+            else f"a {type(state).__name__} without a format {_FORMAT} marker"
+        )
+        raise ValueError(
+            f"{path} was not written by save_checkpoint (it holds {found}); load it "
+            "with torch.load instead, or give the path of a checkpoint that "
+            "save_checkpoint wrote"
+        )
+    _unwrap(model).load_state_dict(state["model"])
+    if optimizer is not None:
+        if state["optimizer"] is None:
+            raise ValueError(
+                f"{path} holds no optimizer state (it was saved without one); "
+                "call load_checkpoint without optimizer"
+            )
+        optimizer.load_state_dict(state["optimizer"])
+    return state["extra"]

@@ -1,0 +1,204 @@
+"""Datasets and data loaders for the training lessons.
+
+Three sources, from smallest to largest:
+
+* :func:`digits`: scikit-learn's 1,797 handwritten digits, shipped inside the
+  scikit-learn package, so every notebook runs offline and trains in seconds on a CPU
+  (notebook 01, notebook 02's DDP section, the tests).
+* :func:`cifar10`: CIFAR-10 read from a directory that is already on disk, the usual
+  case on a cluster, where compute nodes often cannot reach the internet and datasets
+  live in a shared folder. Its files are checked against their published MD5 sums
+  and unpickled by a reader that runs no code, since others may write that folder
+  (:mod:`workshop.training.cifar`, re-exported here).
+* :func:`synthetic`: random images made on demand, for throughput measurements where
+  the data does not matter but its shape does.
+
+:func:`make_loader` (in :mod:`workshop.training.loaders`, re-exported here) wraps any of
+them in a seeded ``DataLoader`` and :func:`time_loader` measures how fast a loader
+delivers samples.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+from .cifar import CIFAR10_MEAN, CIFAR10_STD, cifar10
+from .loaders import make_loader, time_loader
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "cifar10",
+    "digits",
+    "make_loader",
+    "synthetic",
+    "time_loader",
+]
+
+_SPLITS = ("train", "test")
+
+
+def _check_split(split: str) -> None:
+    if split not in _SPLITS:
+        raise ValueError(f'split={split!r} is not known; pass split="train" or "test"')
+
+
+@functools.lru_cache(maxsize=4)
+def _digits_arrays(seed: int) -> tuple[np.ndarray, ...]:
+    """The digits as float32 images in [0, 1], split 80/20, stratified by label.
+
+    Cached: a notebook asks for the train and the test split one after the other, and
+    both must come from the same split of the same data.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    # Pixel values are counts 0..16 (ink in a 4x4 block of the original 32x32 scan).
+    images = (bunch.images / 16.0).astype(np.float32)
+    labels = bunch.target.astype(np.int64)
+    # Stratified, so both splits hold each digit in the same proportion (about 36
+    # test images per digit) and test accuracy is not skewed by an unlucky draw.
+    return tuple(
+        train_test_split(
+            images, labels, test_size=0.2, stratify=labels, random_state=seed
+        )
+    )
+
+
+def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset:
+    """scikit-learn's handwritten digits as a ready-to-train ``TensorDataset``.
+
+    1,797 grey-scale 8x8 images of the digits 0-9, split 80/20 (1,437 train, 360
+    test) with a fixed, seeded split stratified by label. Images are scaled to [0, 1],
+    upsampled to ``size`` x ``size`` with bilinear interpolation (a convolutional net
+    has more room to work on 16x16 than on 8x8), then normalised with the mean and
+    standard deviation of the training split at that size; the test split uses the
+    training split's statistics, as it must. No download: the data ships inside
+    scikit-learn.
+
+    Args:
+        split: "train" or "test".
+        size: side of the returned images in pixels; 8 keeps the originals.
+        seed: seed of the train/test split; the same seed always gives the same split.
+
+    Returns:
+        A ``TensorDataset`` of (image, label): images float32 of shape
+        (N, 1, size, size), labels int64 in 0..9.
+
+    Raises:
+        ValueError: an unknown split, or a size that is not a whole number >= 1.
+
+    Example:
+        >>> train = digits("train")
+        >>> image, label = train[0]
+        >>> tuple(image.shape), label.dtype
+        ((1, 16, 16), torch.int64)
+    """
+    _check_split(split)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(
+            f"size={size!r} must be a whole number of pixels, 1 or more; pass "
+            "size=16 (or size=8 for the original images)"
+        )
+    x_train, x_test, y_train, y_test = _digits_arrays(seed)
+
+    def to_tensor(images: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(images).unsqueeze(1)  # (N, 1, 8, 8)
+        if size != 8:
+            x = torch.nn.functional.interpolate(
+                x, size=(size, size), mode="bilinear", align_corners=False
+            )
+        return x
+
+    train_images = to_tensor(x_train)
+    mean, std = train_images.mean(), train_images.std()
+    images = train_images if split == "train" else to_tensor(x_test)
+    labels = y_train if split == "train" else y_test
+    return TensorDataset((images - mean) / std, torch.from_numpy(labels.copy()))
+
+
+class _Synthetic(Dataset):
+    """Random images made when asked for, the same ones for the same index."""
+
+    def __init__(
+        self, n: int, image_size: int, channels: int, num_classes: int, seed: int
+    ) -> None:
+        self.n = n
+        self.shape = (channels, image_size, image_size)
+        self.num_classes = num_classes
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} is out of range for {self.n} samples")
+        index %= self.n
+        # One generator per (seed, index): any worker, in any order, makes the same
+        # sample, and nothing of size n is ever held in memory.
+        state = np.random.SeedSequence([self.seed, index]).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(state))
+        image = torch.randn(self.shape, generator=generator)
+        label = torch.randint(self.num_classes, (), generator=generator)
+        return image, label
+
+    def __repr__(self) -> str:
+        channels, size, _ = self.shape
+        return (
+            f"synthetic(n={self.n}, image_size={size}, channels={channels}, "
+            f"num_classes={self.num_classes}, seed={self.seed})"
+        )
+
+
+def synthetic(
+    n: int,
+    image_size: int = 224,
+    channels: int = 3,
+    num_classes: int = 1000,
+    seed: int = 0,
+) -> Dataset:
+    """Random images and labels for throughput measurements (ImageNet-shaped by
+    default).
+
+    Each sample is made when it is asked for, from a generator seeded with
+    ``(seed, index)``: the same index always gives the same sample, and a dataset of a
+    million images costs no memory. The images are noise, so a model learns nothing
+    from them; use them to time steps, not to check accuracy.
+
+    Args:
+        n: number of samples.
+        image_size: height and width of each image.
+        channels: channels of each image.
+        num_classes: labels are drawn from 0..num_classes-1.
+        seed: changes every sample.
+
+    Returns:
+        A map-style dataset of (image float32 (channels, image_size, image_size),
+        label int64 scalar).
+
+    Raises:
+        ValueError: a size or count below 1.
+
+    Example:
+        >>> data = synthetic(1000, image_size=64)
+        >>> data[3][0].shape
+        torch.Size([3, 64, 64])
+    """
+    for name, value in (
+        ("n", n),
+        ("image_size", image_size),
+        ("channels", channels),
+        ("num_classes", num_classes),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{name}={value!r} must be a whole number, 1 or more; for example "
+                "synthetic(1024, image_size=224)"
+            )
+    return _Synthetic(n, image_size, channels, num_classes, seed)

@@ -1,0 +1,148 @@
+"""Data loaders for the training lessons: :func:`make_loader` wraps any dataset of
+:mod:`workshop.training.data` in a seeded ``DataLoader``, and :func:`time_loader`
+measures how fast a loader delivers samples (notebook 01's data-loading lesson)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+__all__ = ["make_loader", "time_loader"]
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    seed: int = 0,
+    sampler: Sampler | None = None,
+    drop_last: bool = False,
+) -> DataLoader:
+    """A ``DataLoader`` whose shuffling is seeded, so every run sees the same order.
+
+    Args:
+        dataset: any map-style dataset.
+        batch_size: samples per batch (per rank, under DDP).
+        shuffle: reshuffle at every pass. Must be False with a ``sampler``: a
+            ``DistributedSampler`` shuffles by itself.
+        num_workers: background processes that load batches; 0 loads in the
+            training process itself.
+        pin_memory: put batches in page-locked memory, so copies to a GPU can run
+            while the GPU computes (only useful with a GPU; torch warns without one).
+        persistent_workers: keep the worker processes from one pass over the data to
+            the next instead of starting them again at every epoch.
+        seed: seeds the shuffling (and, through it, the workers' random seeds).
+        sampler: chooses the indices instead of ``shuffle``, e.g. a
+            ``DistributedSampler`` that gives each rank its own share.
+        drop_last: drop a last batch smaller than ``batch_size``.
+
+    Returns:
+        A ``DataLoader``.
+
+    Raises:
+        ValueError: ``batch_size`` below 1, ``num_workers`` below 0,
+            ``persistent_workers`` without workers, or ``shuffle`` with a sampler.
+
+    Example:
+        >>> from workshop.training.data import digits
+        >>> loader = make_loader(digits("train"), 64, shuffle=True)
+        >>> images, labels = next(iter(loader))
+        >>> tuple(images.shape)
+        (64, 1, 16, 16)
+    """
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or batch_size < 1
+    ):
+        raise ValueError(
+            f"batch_size={batch_size!r} must be a whole number, 1 or more; "
+            "pass batch_size=64, for example"
+        )
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+        raise ValueError(f"num_workers={num_workers!r} must be a whole number")
+    if num_workers < 0:
+        raise ValueError(
+            f"num_workers={num_workers} is negative; pass 0 to load in this process "
+            "or a number of worker processes"
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError(
+            "persistent_workers=True keeps worker processes alive between epochs, "
+            "but num_workers=0 starts none; pass num_workers=2 (or more), or "
+            "persistent_workers=False"
+        )
+    if shuffle and sampler is not None:
+        raise ValueError(
+            f"shuffle=True with sampler={type(sampler).__name__}: the sampler "
+            "chooses the order; pass shuffle=False (a DistributedSampler shuffles "
+            "by itself, reseeded by sampler.set_epoch, which workshop's train calls)"
+        )
+    # A generator of the loader's own: the order depends on `seed` only, not on how
+    # much of torch's global random stream the model's initialisation used.
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=persistent_workers,
+        drop_last=drop_last,
+        generator=generator,
+    )
+
+
+def _batch_samples(batch: Any) -> int:
+    """Number of samples in a batch: (inputs, targets), a dict, or a tensor."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    return len(batch[0])
+
+
+def time_loader(loader: Iterable, batches: int) -> float:
+    """Samples per second delivered by iterating ``loader``, doing nothing else.
+
+    The clock starts before the iterator is created, so the time includes starting
+    worker processes, which ``persistent_workers=True`` pays only on the first pass:
+    call this twice on the same loader to see the difference.
+
+    Args:
+        loader: a ``DataLoader`` (or any iterable of batches).
+        batches: how many batches to time; stops earlier at the end of the data.
+
+    Returns:
+        Samples per second.
+
+    Raises:
+        ValueError: ``batches`` below 1, or the loader yielded no batch.
+
+    Example:
+        >>> from workshop.training.data import synthetic
+        >>> loader = make_loader(synthetic(256, image_size=32), 32, shuffle=False)
+        >>> time_loader(loader, batches=8) > 0
+        True
+    """
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches={batches!r} must be a whole number, 1 or more")
+    samples = 0
+    start = time.perf_counter()
+    for seen, batch in enumerate(loader, start=1):
+        samples += _batch_samples(batch)
+        if seen == batches:
+            break
+    seconds = time.perf_counter() - start
+    if samples == 0:
+        raise ValueError("the loader yielded no batch: is its dataset empty?")
+    return samples / seconds

@@ -1,0 +1,273 @@
+"""What the training loop reports: progress lines while it runs, a History at the end.
+
+Progress lines are readable in a notebook and in a Slurm log.
+
+Plain lines only, one at a time, never rewritten in place: a carriage-return progress
+bar becomes one enormous line in a batch job's log file. A line appears at most once
+every ``every`` seconds during an epoch, and once at the end of each epoch::
+
+    epoch 1/3  step 40/90  loss 0.512  1234 samples/s
+    epoch 1/3  loss 0.498  accuracy 0.861  eval accuracy 0.903  1210 samples/s  1.2 s
+
+For output that must be the same at every run (a notebook's checked cells), pass
+``every=None`` (epoch-end lines only) and ``show_speed=False`` (no samples/s, no
+seconds); a :class:`History` prints without times unless asked
+(``history.table(times=True)``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+__all__ = ["History", "Progress"]
+
+
+class Progress:
+    """Prints what the training loop is doing, at a bounded rate.
+
+    Give one to :func:`workshop.training.loop.train` as ``progress=`` to change how it
+    reports; ``train`` calls :meth:`start`, :meth:`due`, :meth:`step` and
+    :meth:`epoch_end`.
+
+    Args:
+        every: seconds between two step lines within an epoch; None prints epoch-end
+            lines only (the same lines at every run); 0 prints every step.
+        show_speed: add samples/s (and the epoch's seconds) to the lines.
+        enabled: print at all. None (the default) prints on global rank 0 only, so
+            N ranks of a distributed job do not print N copies of each line.
+        stream: where lines go; ``sys.stdout`` at the time of printing when None, so
+            a notebook cell or a redirect in force at that time gets them.
+        clock: seconds, for tests; ``time.monotonic`` by default.
+
+    Raises:
+        ValueError: ``every`` is negative.
+
+    Example:
+        >>> progress = Progress(every=None, show_speed=False)
+        >>> progress.start(epochs=2)
+        >>> progress.epoch_end(1, loss=0.4321, accuracy=0.9)
+        epoch 1/2  loss 0.432  accuracy 0.900
+    """
+
+    def __init__(
+        self,
+        every: float | None = 10.0,
+        *,
+        show_speed: bool = True,
+        enabled: bool | None = None,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every is not None and not every >= 0:
+            raise ValueError(
+                f"every={every!r} must be seconds >= 0, or None for epoch-end lines "
+                "only; pass every=10, for example"
+            )
+        self.every = every
+        self.show_speed = show_speed
+        self.enabled = enabled
+        self.stream = stream
+        self._clock = clock
+        self._on = bool(enabled)
+        self._epochs = 1
+        self._steps: int | None = None
+        self._last_time = 0.0
+        self._last_samples = 0
+
+    def start(self, epochs: int, steps_per_epoch: int | None = None) -> None:
+        """Begin a run of ``epochs`` epochs (``steps_per_epoch`` None: unknown)."""
+        if self.enabled is None:
+            from ..env import rank_info
+
+            self._on = rank_info().is_main
+        else:
+            self._on = bool(self.enabled)
+        self._epochs = epochs
+        self._steps = steps_per_epoch
+        self._last_time = self._clock()
+        self._last_samples = 0
+
+    def due(self) -> bool:
+        """True when a step line should be printed now.
+
+        Cheap, so the loop can ask at every step and fetch the loss from the GPU (a
+        wait for the GPU to finish) only when a line is due.
+        """
+        return (
+            self._on
+            and self.every is not None
+            and self._clock() - self._last_time >= self.every
+        )
+
+    def step(self, epoch: int, step: int, loss: float, samples: int) -> None:
+        """Print a step line.
+
+        Args:
+            epoch: the epoch, counted from 1.
+            step: optimizer steps done in this epoch.
+            loss: mean training loss so far in this epoch.
+            samples: samples processed so far in this epoch; the line shows the
+                rate since the previous line.
+        """
+        now = self._clock()
+        parts = [self._epoch_label(epoch), self._step_label(step), f"loss {loss:.3f}"]
+        if self.show_speed and now > self._last_time:
+            rate = (samples - self._last_samples) / (now - self._last_time)
+            parts.append(f"{rate:.0f} samples/s")
+        self._last_time, self._last_samples = now, samples
+        self._print(parts)
+
+    def epoch_end(
+        self,
+        epoch: int,
+        loss: float,
+        accuracy: float,
+        eval_accuracy: float | None = None,
+        samples_per_second: float | None = None,
+        seconds: float | None = None,
+    ) -> None:
+        """Print an epoch's summary; speed and time only with ``show_speed``.
+
+        Args:
+            epoch: the epoch, counted from 1.
+            loss: mean training loss of the epoch.
+            accuracy: training accuracy of the epoch.
+            eval_accuracy: accuracy on the evaluation data, if measured.
+            samples_per_second: training throughput of the epoch.
+            seconds: the epoch's training time.
+        """
+        parts = [
+            self._epoch_label(epoch),
+            f"loss {loss:.3f}",
+            f"accuracy {accuracy:.3f}",
+        ]
+        if eval_accuracy is not None:
+            parts.append(f"eval accuracy {eval_accuracy:.3f}")
+        if self.show_speed and samples_per_second is not None:
+            parts.append(f"{samples_per_second:.0f} samples/s")
+        if self.show_speed and seconds is not None:
+            parts.append(f"{seconds:.1f} s")
+        # The next epoch's first step line measures its rate and interval from here.
+        self._last_time, self._last_samples = self._clock(), 0
+        self._print(parts)
+
+    def _epoch_label(self, epoch: int) -> str:
+        return f"epoch {epoch}/{self._epochs}"
+
+    def _step_label(self, step: int) -> str:
+        return f"step {step}/{self._steps}" if self._steps else f"step {step}"
+
+    def _print(self, parts: list[str]) -> None:
+        if not self._on:
+            return
+        # flush: a batch job's stdout is a file, buffered in blocks of kilobytes, and
+        # the log would show nothing for minutes.
+        print("  ".join(parts), file=self.stream or sys.stdout, flush=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"Progress(every={self.every!r}, show_speed={self.show_speed!r}, "
+            f"enabled={self.enabled!r})"
+        )
+
+
+@dataclass
+class History:
+    """What :func:`workshop.training.loop.train` measured, one entry per epoch.
+
+    Under ``torch.distributed`` the figures are those of the whole job (summed over
+    ranks), the same on every rank. Two histories compare equal when they learned the
+    same (losses, accuracies, steps); the times are left out of the comparison.
+
+    Attributes:
+        loss: mean training loss over the epoch's samples (while the model learned).
+        accuracy: fraction of the epoch's training samples classified right.
+        eval_accuracy: accuracy on ``eval_loader`` after each epoch; empty without.
+        samples_per_second: training samples per second of the epoch.
+        seconds: the epoch's training time (evaluation not included).
+        steps: optimizer steps taken in all.
+    """
+
+    loss: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    eval_accuracy: list[float] = field(default_factory=list)
+    samples_per_second: list[float] = field(default_factory=list, compare=False)
+    seconds: list[float] = field(default_factory=list, compare=False)
+    steps: int = 0
+
+    @property
+    def epochs(self) -> int:
+        """Number of epochs recorded (a run cut short by max_steps counts its last,
+        partial epoch)."""
+        return len(self.loss)
+
+    @property
+    def final_loss(self) -> float | None:
+        """Training loss of the last epoch (None before any)."""
+        return self.loss[-1] if self.loss else None
+
+    @property
+    def final_accuracy(self) -> float | None:
+        """Training accuracy of the last epoch (None before any)."""
+        return self.accuracy[-1] if self.accuracy else None
+
+    @property
+    def final_eval_accuracy(self) -> float | None:
+        """Evaluation accuracy after the last epoch (None without eval_loader)."""
+        return self.eval_accuracy[-1] if self.eval_accuracy else None
+
+    def table(self, times: bool = False) -> str:
+        """The history as a text table, one row per epoch.
+
+        Args:
+            times: add samples/s and seconds. Leave False where the output must be
+                the same at every run (a notebook's checked cells).
+
+        Returns:
+            The table, without a trailing newline.
+
+        Example:
+            >>> print(History(loss=[0.5], accuracy=[0.9], steps=3).table())
+            epoch   loss  accuracy
+                1  0.500     0.900
+        """
+        columns: list[tuple[str, list[float], str]] = [
+            ("loss", self.loss, ".3f"),
+            ("accuracy", self.accuracy, ".3f"),
+        ]
+        if self.eval_accuracy:
+            columns.append(("eval accuracy", self.eval_accuracy, ".3f"))
+        if times:
+            columns.append(("samples/s", self.samples_per_second, ".0f"))
+            columns.append(("seconds", self.seconds, ".2f"))
+        header = ["epoch"] + [name for name, _, _ in columns]
+        rows = [
+            [str(epoch + 1)]
+            + [format(values[epoch], spec) for _, values, spec in columns]
+            for epoch in range(self.epochs)
+        ]
+        widths = [
+            max(len(row[i]) for row in [header, *rows]) for i in range(len(header))
+        ]
+        return "\n".join(
+            "  ".join(
+                cell.rjust(width) for cell, width in zip(row, widths, strict=True)
+            )
+            for row in [header, *rows]
+        )
+
+    def __repr__(self) -> str:
+        # No times: a notebook that shows a History must show the same at every run.
+        def rounded(value: float | None) -> str:
+            return "None" if value is None else f"{value:.4f}"
+
+        return (
+            f"History(epochs={self.epochs}, steps={self.steps}, "
+            f"final_loss={rounded(self.final_loss)}, "
+            f"final_accuracy={rounded(self.final_accuracy)}, "
+            f"final_eval_accuracy={rounded(self.final_eval_accuracy)})"
+        )

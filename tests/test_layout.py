@@ -26,7 +26,8 @@ ALLOWED = {
     "ranks": {"base", "comm"},
     "cluster": {"base", "ranks"},
     "training": {"base", "ranks"},
-    "lessons": {"base", "comm", "draw", "ranks", "training"},
+    "parallel": {"base", "comm", "ranks", "training"},
+    "lessons": {"base", "comm", "draw", "ranks", "training", "parallel"},
     "bench": {"base", "comm", "draw", "ranks", "training"},
     "machine": {"base", "comm", "draw", "ranks", "cluster", "training", "bench"},
 }

@@ -29,6 +29,15 @@ fits the ring model (:func:`plot_allreduce`); :func:`measure_scaling` measures w
 strong scaling of DDP training (:func:`plot_scaling`, which also draws any published
 table); :func:`load_allreduce` and :func:`load_scaling` read a batch job's results.
 
+Beyond data parallelism (notebook 04), on real ranks, each checked against the
+unsplit model: tensor parallelism (:class:`ColumnParallelLinear`,
+:class:`RowParallelLinear`, :class:`TensorParallelMLP`, :func:`check_tensor_parallel`,
+:func:`draw_tensor_parallel`), a pipeline whose stages are ranks
+(:func:`run_pipeline`, :func:`idle_fraction`), sharded data parallelism
+(:func:`measure_zero_memory`, :func:`zero_bytes`, :func:`measure_fsdp_memory`) and
+the parameter server (:func:`parameter_server`, :func:`async_parameter_server`,
+:func:`traffic_per_step`, with :func:`bytes_by_rank` counting traffic from traces).
+
 Many nodes (notebook 03): :func:`torchrun_command` and :func:`mpirun_command` write
 launcher command lines, :func:`run_command` and :func:`run_commands` run them from a
 cell (no rank left behind); :func:`slurm_cluster`, :func:`submit` and
@@ -56,12 +65,14 @@ from .comm.ddp_buckets import ddp_timeline, timed_ddp_steps, watch_buckets
 from .comm.ring import ring_allreduce_steps
 from .comm.ring_collective import ring_all_reduce
 from .comm.trace_data import collectives
+from .comm.traffic import bytes_by_rank
 from .draw.collective_diagram import draw_collective
 from .draw.comm_diagrams import draw_rank_layout
 from .draw.diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .draw.p2p_diagram import draw_point_to_point
 from .draw.plots import plot_speedup, plot_throughput
 from .draw.ring_diagram import draw_ring_grid, draw_ring_step, ring_widget
+from .draw.tensor_diagram import draw_tensor_parallel
 from .draw.timeline_diagram import draw_rank_timeline
 from .env import RankInfo, backend_name, rank_info, visible_gpu_count
 from .features import has_collective
@@ -74,6 +85,25 @@ from .lessons.pipeline import (
 )
 from .lessons.single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .machine.doctor import doctor
+from .parallel.param_server import (
+    allreduce_baseline,
+    async_parameter_server,
+    parameter_server,
+    traffic_per_step,
+)
+from .parallel.pipeline_ranks import idle_fraction, run_pipeline, schedule_order
+from .parallel.sharded import check_zero_stage1, measure_zero_memory
+from .parallel.tensor import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelMLP,
+)
+from .parallel.tensor_check import (
+    check_tensor_parallel,
+    column_parallel_demo,
+    tensor_parallel_bytes,
+)
+from .parallel.zero_memory import measure_fsdp_memory, zero_bytes
 from .ranks.launcher import LaunchError, RunResult, launch
 from .ranks.worker import process_group, rank_device
 from .training.checkpoint import load_checkpoint, save_checkpoint
@@ -86,22 +116,31 @@ from .training.progress import History, Progress
 from .training.throughput import fit_step_cost, projected_speedup, time_steps
 
 __all__ = [
+    "ColumnParallelLinear",
     "CommandError",
     "CommandResult",
     "History",
     "LaunchError",
     "Progress",
     "RankInfo",
+    "RowParallelLinear",
     "RunResult",
     "SlurmCluster",
     "SlurmJob",
     "SmallCNN",
+    "TensorParallelMLP",
     "TwoStageModel",
+    "allreduce_baseline",
+    "async_parameter_server",
     "backend_name",
     "bubble_fraction",
+    "bytes_by_rank",
     "check",
+    "check_tensor_parallel",
+    "check_zero_stage1",
     "cifar10",
     "collectives",
+    "column_parallel_demo",
     "count_parameters",
     "data_parallel_step",
     "ddp_timeline",
@@ -115,11 +154,13 @@ __all__ = [
     "draw_ring_grid",
     "draw_ring_step",
     "draw_schedule",
+    "draw_tensor_parallel",
     "draw_timeline",
     "evaluate",
     "fit_step_cost",
     "free_port",
     "has_collective",
+    "idle_fraction",
     "launch",
     "lesson_devices",
     "load_allreduce",
@@ -127,8 +168,11 @@ __all__ = [
     "load_scaling",
     "make_loader",
     "measure_allreduce",
+    "measure_fsdp_memory",
     "measure_scaling",
+    "measure_zero_memory",
     "mpirun_command",
+    "parameter_server",
     "pipeline_forward_backward",
     "pipeline_schedule",
     "plot_allreduce",
@@ -147,18 +191,23 @@ __all__ = [
     "ring_widget",
     "run_command",
     "run_commands",
+    "run_pipeline",
     "save_checkpoint",
     "saved_activation_bytes",
+    "schedule_order",
     "slurm_cluster",
     "submit",
     "synthetic",
+    "tensor_parallel_bytes",
     "time_loader",
     "time_steps",
     "timed_ddp_steps",
     "torch_data_parallel",
     "torchrun_command",
+    "traffic_per_step",
     "train",
     "train_step",
     "visible_gpu_count",
     "watch_buckets",
+    "zero_bytes",
 ]

@@ -30,6 +30,23 @@ def resume_off_by_one(path, model, optimizer):
     return load_checkpoint(path, model, optimizer)["epoch"]  # repeats an epoch
 
 
+def row_parallel(x_part, weight_part, bias):
+    """The notebook's solution to 04.row_split."""
+    import torch.distributed as dist
+
+    out = x_part @ weight_part.T  # this rank's partial sum of the output
+    dist.all_reduce(out)
+    return out + bias
+
+
+def row_parallel_bias_per_rank(x_part, weight_part, bias):
+    import torch.distributed as dist
+
+    out = x_part @ weight_part.T + bias  # every rank adds the bias: N times in all
+    dist.all_reduce(out)
+    return out
+
+
 RIGHT = {
     "01.dp": (64, 4),
     "01.bubble": lambda s, m: (s - 1) / (m + s - 1),
@@ -40,6 +57,9 @@ RIGHT = {
     "02.resume": resume,
     "03.placement": lambda rank, per_node: (rank // per_node, rank % per_node),
     "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + 2 * (n - 1) / n * s / b,
+    "04.row_split": row_parallel,
+    "04.server_bytes": lambda workers, b: 2 * workers * b,
+    "04.bubble": 3 / 11,
 }
 WRONG = {
     "01.dp": (256, 1),
@@ -51,6 +71,9 @@ WRONG = {
     "02.resume": resume_off_by_one,
     "03.placement": lambda rank, per_node: (rank % per_node, rank // per_node),
     "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + s / b,  # all of it, per step
+    "04.row_split": row_parallel_bias_per_rank,
+    "04.server_bytes": lambda workers, b: workers * b,  # forgets the pull
+    "04.bubble": 3 / 8,  # (p - 1) / m: the idle steps over the busy ones
 }
 
 

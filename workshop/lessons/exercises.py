@@ -58,23 +58,26 @@ def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool:
     return bool(got is not None and torch.allclose(got, expected, atol=1e-5))
 
 
-def _ring_all_reduce_function(answer: Any) -> bool:
+def _passes_on_ranks(
+    check: Callable[..., bool], answer: Any, cases: tuple[tuple[int, ...], ...]
+) -> bool:
+    """Whether ``check(answer, *args)`` holds on every rank, for each case
+    ``(world_size, *args)``: the learner's function runs on real ranks."""
     if not callable(answer):
         return False
     from ..ranks.launcher import launch
 
-    for world_size, n_elements in ((2, 6), (3, 7), (4, 16)):
+    for world_size, *args in cases:
         result = launch(
-            _matches_all_reduce,
-            answer,
-            n_elements,
-            world_size=world_size,
-            timeout=60,
-            show="none",
+            check, answer, *args, world_size=world_size, timeout=60, show="none"
         )
         if not all(result.returns):
             return False
     return True
+
+
+def _ring_all_reduce_function(answer: Any) -> bool:
+    return _passes_on_ranks(_matches_all_reduce, answer, ((2, 6), (3, 7), (4, 16)))
 
 
 def _bytes_function(answer: Any) -> bool:
@@ -154,6 +157,39 @@ def _ring_time_function(answer: Any) -> bool:
     )
 
 
+def _matches_row_split(row_parallel: Callable[..., Any], batch: int, d_in: int) -> bool:
+    # Runs inside each rank: the learner's row-split layer against the unsplit one.
+    import torch
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(0)  # the same full layer and input on every rank
+    x = torch.randn(batch, d_in, generator=g)
+    weight = torch.randn(3, d_in, generator=g)
+    bias = torch.randn(3, generator=g)
+    expected = x @ weight.T + bias
+    k = d_in // world_size
+    mine = slice(rank * k, (rank + 1) * k)
+    got = row_parallel(x[:, mine].clone(), weight[:, mine].clone(), bias.clone())
+    return bool(
+        isinstance(got, torch.Tensor)
+        and got.shape == expected.shape
+        and torch.allclose(got, expected, atol=1e-5)
+    )
+
+
+def _row_split_function(answer: Any) -> bool:
+    # (world_size, batch, d_in): 8 input features cut in 2 and in 4
+    return _passes_on_ranks(_matches_row_split, answer, ((2, 4, 8), (4, 4, 8)))
+
+
+def _server_bytes_function(answer: Any) -> bool:
+    if not callable(answer):
+        return False
+    cases = [(8, 4e6), (2, 1000), (1, 4), (64, 25_557_032 * 4)]
+    return all(math.isclose(answer(w, b), 2 * w * b, rel_tol=1e-9) for w, b in cases)
+
+
 EXERCISES: dict[str, Exercise] = {
     "01.dp": Exercise(
         "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
@@ -208,6 +244,26 @@ EXERCISES: dict[str, Exercise] = {
         _ring_time_function,
         "add the two terms: 2 * (world_size - 1) * alpha, and "
         "2 * (world_size - 1) / world_size * size / beta (both 0 on one rank)",
+    ),
+    "04.row_split": Exercise(
+        "a function row_parallel(x_part, weight_part, bias) that every rank calls with "
+        "its slice of the input's features and the matching columns of the weight, and "
+        "that returns the full output x @ weight.T + bias on every rank",
+        _row_split_function,
+        "each rank's x_part @ weight_part.T is a partial sum of the output: add them "
+        "over the ranks with dist.all_reduce, then add the bias once",
+    ),
+    "04.server_bytes": Exercise(
+        "a function server_bytes(workers, parameter_bytes) giving the bytes that pass "
+        "through the parameter server (in and out together) in one synchronous step",
+        _server_bytes_function,
+        "every worker pushes a whole gradient (parameter_bytes) and pulls the whole "
+        "parameter vector back",
+    ),
+    "04.bubble": Exercise(
+        "the idle fraction of a GPipe pipeline of 4 stages and 8 micro-batches",
+        _close(3 / 11),
+        "(stages - 1) / (micro_batches + stages - 1)",
     ),
     "01.speedup": Exercise(
         "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "

@@ -1,0 +1,302 @@
+"""Tensor parallelism of an MLP block, drawn: its two weight matrices cut into per-rank
+slices, and where the all-reduce happens forward and backward.
+
+The maths' view of ``Y = GELU(X W1) W2`` (``W1 = fc1.weight.T``, ``d_model x
+d_hidden``; ``W2 = fc2.weight.T``, ``d_hidden x d_model``): W1 is cut by columns
+and W2 by rows, a colour per rank, so each rank's hidden slice goes from its piece of
+W1 through GELU to its piece of W2 without leaving the rank. Two all-reduces remain:
+the partial outputs forward (at g, :func:`reduce_from_ranks`) and the input's
+gradient backward (at f, :func:`copy_to_ranks`). Given a trace of
+``check_tensor_parallel`` (``launch(..., trace=True).traces``), each is labelled
+with the bytes that were recorded.
+
+Drawn from plain data: nothing here imports torch or touches a process group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..comm.costmodel import bus_factor
+from .comm_diagrams import _TIMES, CENTRE, OP_COLOURS, PALETTE, _event, _ink
+from .diagrams import FONT, _pyplot, patch
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["draw_tensor_parallel"]
+
+_REDUCE = OP_COLOURS["all_reduce"]
+_REPLICATED = "0.88"  # grey: the same on every rank
+_LONG, _SHORT = 3.4, 1.7  # the sides of a matrix in data units (figure: 16 x 9)
+_MID = 4.8  # height of the row of boxes
+_MAX_RANKS = 6  # a colour per rank, none the all-reduce's vermillion
+
+
+def draw_tensor_parallel(
+    world_size: int,
+    d_model: int,
+    d_hidden: int,
+    events: Sequence[Any] | None = None,
+    batch: int | None = None,
+) -> Figure:
+    """Draw an MLP block cut across ``world_size`` ranks, Megatron-style.
+
+    Args:
+        world_size: ranks, 1 to 6 (a colour each; the cut looks the same for
+            more).
+        d_model: the block's input and output features.
+        d_hidden: its hidden features, a multiple of ``world_size``.
+        events: optional, what ``launch(check_tensor_parallel, ..., trace=True)``
+            recorded: ``.traces`` (a list per rank) or one flat list of events
+            (objects or dicts with ``rank``, ``op``, ``seq``, ``nbytes``,
+            ``shapes``). The first two all_reduce calls of the lowest rank are the
+            forward and the backward one; their bytes label the picture.
+        batch: optional, the input's rows, shown in the shapes when given.
+
+    Returns:
+        The matplotlib Figure, 1280 x 720 pixels at 100 dpi.
+
+    Raises:
+        ValueError: a size out of range, ``d_hidden`` not divisible by
+            ``world_size``, or events that hold no all_reduce.
+
+    Example:
+        >>> fig = draw_tensor_parallel(2, 16, 64)
+        >>> "rank 1" in [t.get_text() for t in fig.axes[0].texts]
+        True
+    """
+    _check(world_size, d_model, d_hidden, batch)
+    traced = _all_reduces(events) if events is not None else None
+    plt = _pyplot()
+    rows = "batch" if batch is None else str(batch)
+    with plt.rc_context(FONT):
+        fig, ax = plt.subplots(figsize=(12.8, 7.2), dpi=100)
+        fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=0.9)
+        ax.set_xlim(0, 16)
+        ax.set_ylim(0, 9)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        _box(ax, 0.2, 1.5, "X", f"{rows} {_TIMES} {d_model}\nsame on\nevery rank")
+        _node(ax, 2.55, "f")
+        w1 = _matrix(ax, 3.4, d_model, d_hidden, world_size, "columns")
+        _box(ax, w1 + 0.35, 1.9, "GELU", "each rank,\nits slice:\nno talking")
+        w2 = _matrix(ax, w1 + 2.6, d_hidden, d_model, world_size, "rows")
+        _node(ax, w2 + 0.75, "g")
+        _box(
+            ax,
+            w2 + 1.6,
+            2.3,
+            "Y",
+            f"{rows} {_TIMES} {d_model}\nsum of the\nranks' parts\n+ b2",
+        )
+        for x0, x1 in ((1.7, 2.25), (2.85, 3.4), (w2 + 0.15, w2 + 0.45)):
+            _arrow(ax, x0, x1)
+        _arrow(ax, w2 + 1.05, w2 + 1.6)
+        _arrow(ax, w1 + 0.05, w1 + 0.35)
+        _arrow(ax, w1 + 2.25, w1 + 2.6)
+        one = f"{rows} {_TIMES} {d_model} numbers"
+        forward, backward = _byte_labels(traced, one, world_size)
+        _note(ax, w2 + 0.75, f"forward: all_reduce\nof the partial Y\n{forward}")
+        _note(ax, 2.55, f"backward: all_reduce\nof the gradient of X\n{backward}")
+        ax.text(
+            8.0,
+            0.3,
+            "f: copy_to_ranks (identity forward, all_reduce backward)    "
+            "g: reduce_from_ranks (all_reduce forward, identity backward)",
+            **CENTRE,
+            fontsize=12,
+            color="0.25",
+        )
+        ax.set_title(
+            f"Tensor parallelism of an MLP on {world_size} ranks: W1 cut by columns, "
+            f"W2 by rows\none all_reduce forward, one backward; {d_hidden} hidden "
+            f"features, {d_hidden // world_size} per rank",
+            fontsize=17,
+        )
+        handles = [
+            patch(PALETTE[r % len(PALETTE)], f"rank {r}") for r in range(world_size)
+        ]
+        handles.append(patch(_REDUCE, "all_reduce"))
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 1.0),
+            ncols=min(len(handles), 9),
+            frameon=False,
+            fontsize=13,
+        )
+    plt.close(fig)
+    return fig
+
+
+# --- private helpers -----------------------------------------------------------------
+
+
+def _check(world_size: int, d_model: int, d_hidden: int, batch: int | None) -> None:
+    def whole(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not whole(world_size) or not 1 <= world_size <= _MAX_RANKS:
+        raise ValueError(
+            f"world_size={world_size!r} cannot be drawn with a colour per rank; pass "
+            f"a whole number from 1 to {_MAX_RANKS} (more ranks cut the same way), "
+            "e.g. draw_tensor_parallel(4, 16, 64)"
+        )
+    sizes = {"d_model": d_model, "d_hidden": d_hidden}
+    if batch is not None:
+        sizes["batch"] = batch
+    for name, value in sizes.items():
+        if not whole(value) or value < 1:
+            raise ValueError(f"{name}={value!r}; pass a whole number, 1 or more")
+    if d_hidden % world_size:
+        raise ValueError(
+            f"d_hidden={d_hidden} is not divisible by world_size={world_size}, so the "
+            f"slices would differ in size; pass a d_hidden that is a multiple of "
+            f"{world_size}, e.g. {d_hidden + world_size - d_hidden % world_size}"
+        )
+
+
+def _all_reduces(events: Sequence[Any]) -> list[dict[str, Any]]:
+    """The lowest rank's all_reduce calls in the order made."""
+    flat = []
+    for item in events:
+        is_lane = isinstance(item, (list, tuple))
+        flat.extend(_event(e) for e in (item if is_lane else [item]))
+    reduces = [e for e in flat if e["op"] == "all_reduce"]
+    if not reduces:
+        ops = sorted({e["op"] for e in flat}) or "none"
+        raise ValueError(
+            f"the events hold no all_reduce (ops: {ops}); pass the trace of "
+            "launch(check_tensor_parallel, world_size=N, trace=True).traces"
+        )
+    first = min(e["rank"] for e in reduces)
+    mine = [e for e in reduces if e["rank"] == first]
+    return sorted(mine, key=lambda e: (e["seq"] is None, e["seq"] or 0))
+
+
+def _byte_labels(
+    traced: list[dict[str, Any]] | None, one: str, world_size: int
+) -> tuple[str, str]:
+    """What each all-reduce moves: its size, and what a ring sends from each rank."""
+    if traced is None:
+        return one, one
+    labels = []
+    for e in traced[:2]:
+        shape = f" {_TIMES} ".join(map(str, e["shapes"][0])) if e["shapes"] else "?"
+        sent = bus_factor(world_size) * e["nbytes"]
+        labels.append(
+            f"traced: {e['nbytes']:,} bytes ({shape})\n"
+            f"ring: {sent:,.0f} bytes sent per rank"
+        )
+    labels += ["not in the trace"] * (2 - len(labels))
+    return labels[0], labels[1]
+
+
+def _matrix(
+    ax: Axes, x0: float, n_rows: int, n_cols: int, world_size: int, cut: str
+) -> float:
+    """A ``n_rows x n_cols`` matrix cut into a slice per rank; returns its right edge.
+
+    The longer side is drawn ``_LONG`` long and the other at least ``_SHORT``, so a
+    thin matrix still has room for its labels; the sizes are written beside it.
+    """
+    from matplotlib.patches import Rectangle
+
+    long_side = max(n_rows, n_cols)
+    width = max(_SHORT, _LONG * n_cols / long_side)
+    height = max(_SHORT, _LONG * n_rows / long_side)
+    y0 = _MID - height / 2
+    name = "W1" if cut == "columns" else "W2"
+    size = 13 if world_size <= 4 else 12
+    for r in range(world_size):
+        colour = PALETTE[r % len(PALETTE)]
+        if cut == "columns":
+            w = width / world_size
+            xy, w_h, centre = (x0 + r * w, y0), (w, height), (x0 + (r + 0.5) * w, _MID)
+            rotation = 90
+        else:
+            h = height / world_size
+            top = y0 + height - (r + 1) * h
+            xy, w_h, centre = (x0, top), (width, h), (x0 + width / 2, top + h / 2)
+            rotation = 0
+        ax.add_patch(Rectangle(xy, *w_h, facecolor=colour, edgecolor="black", lw=1.5))
+        ax.text(
+            *centre,
+            f"rank {r}",
+            **CENTRE,
+            rotation=rotation,
+            fontsize=size,
+            color=_ink(colour),
+        )
+    shape = f"{n_rows} {_TIMES} {n_cols}"
+    if cut == "columns":
+        slice_ = f"{n_rows} {_TIMES} {n_cols // world_size} each"
+    else:
+        slice_ = f"{n_rows // world_size} {_TIMES} {n_cols} each"
+    ax.text(
+        x0 + width / 2,
+        y0 + height + 0.25,
+        f"{name} ({shape})\ncut by {cut}",
+        ha="center",
+        va="bottom",
+        fontsize=14,
+        fontweight="bold",
+    )
+    ax.text(x0 + width / 2, y0 - 0.2, slice_, ha="center", va="top", fontsize=13)
+    return x0 + width
+
+
+def _box(ax: Axes, x0: float, width: float, name: str, text: str) -> None:
+    """A box that is the same on every rank (grey), named in bold."""
+    from matplotlib.patches import FancyBboxPatch
+
+    height = 2.3
+    ax.add_patch(
+        FancyBboxPatch(
+            (x0, _MID - height / 2),
+            width,
+            height,
+            boxstyle="round,pad=0,rounding_size=0.12",
+            facecolor=_REPLICATED,
+            edgecolor="black",
+            linewidth=1.5,
+        )
+    )
+    ax.text(x0 + width / 2, _MID + 0.75, name, **CENTRE, fontsize=16, fontweight="bold")
+    ax.text(x0 + width / 2, _MID - 0.3, text, **CENTRE, fontsize=12)
+
+
+def _node(ax: Axes, x: float, name: str) -> None:
+    """A circle where the ranks talk: f or g."""
+    from matplotlib.patches import Circle
+
+    ax.add_patch(Circle((x, _MID), 0.3, facecolor=_REDUCE, edgecolor="black", lw=1.5))
+    ax.text(x, _MID, name, **CENTRE, fontsize=16, fontweight="bold", color="white")
+
+
+def _arrow(ax: Axes, x0: float, x1: float) -> None:
+    ax.annotate(
+        "",
+        xy=(x1, _MID),
+        xytext=(x0, _MID),
+        arrowprops={"arrowstyle": "-|>", "color": "0.3", "lw": 1.8},
+    )
+
+
+def _note(ax: Axes, x: float, text: str) -> None:
+    """A label under an all-reduce node, joined to it by a line."""
+    top = 2.45
+    ax.plot([x, x], [top + 0.05, _MID - 0.3], color=_REDUCE, lw=1.5)
+    ax.text(
+        x,
+        top,
+        text,
+        ha="center",
+        va="top",
+        fontsize=13,
+        color=_REDUCE,
+        fontweight="bold",
+    )

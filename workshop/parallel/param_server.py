@@ -1,0 +1,399 @@
+"""The parameter server against all-reduce, synchronous and asynchronous, on real ranks.
+
+The problem: linear regression on seeded synthetic data, one flat float32 parameter
+vector of ``width`` numbers, ``SAMPLES_PER_WORKER`` rows in each worker's shard. A
+gradient is as large as the parameters: ``4 * width`` bytes.
+
+* :func:`parameter_server` (world_size W + 1): rank 0 holds the parameters; each step
+  it receives W gradients and sends W copies of the parameters, so its traffic grows
+  with W and it becomes the bottleneck.
+* :func:`allreduce_baseline` (world_size W): every rank a worker, gradients summed by
+  ``dist.all_reduce``: the same parameters, and about 2(N-1)/N gradients per rank per
+  step, flat in N.
+* :func:`async_parameter_server`: the server applies each gradient as it arrives, and
+  a gradient computed on parameters others have since changed is *stale*.
+* :func:`traffic_per_step`: both synchronous runs traced for several W, every rank's
+  bytes counted from the traces (:mod:`workshop.comm.traffic`).
+
+Example::
+
+    run = launch(parameter_server, world_size=3, backend="gloo", trace=True)
+    run.returns[0]["losses"]          # the loss on all the data after each step
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..comm.traffic import bytes_per_step
+from ..ranks.launcher import launch
+from ..ranks.worker import rank_device
+
+__all__ = [
+    "SAMPLES_PER_WORKER",
+    "allreduce_baseline",
+    "async_parameter_server",
+    "parameter_server",
+    "traffic_per_step",
+]
+
+#: Rows of data in each worker's shard.
+SAMPLES_PER_WORKER = 256
+
+
+# ------------------------------------------------------------------ the problem
+def _check(steps: int, lr: float, width: int, slow_rank_seconds: float = 0.0) -> None:
+    """Refuse bad arguments before any rank talks to another."""
+    for name, value in (("steps", steps), ("width", width)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{name} must be a whole number, 1 or more, got {name}={value!r}; "
+                f"pass {name}=1 or more"
+            )
+    if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(
+            f"lr must be a finite number above 0, got lr={lr!r}; pass a learning "
+            "rate such as lr=0.1"
+        )
+    if not isinstance(slow_rank_seconds, (int, float)) or not slow_rank_seconds >= 0:
+        raise ValueError(
+            f"slow_rank_seconds must be 0 or more, got {slow_rank_seconds!r}; pass 0 "
+            "for no slow worker, or e.g. 0.2 to make the last worker lag"
+        )
+
+
+def _group(name: str, least: int) -> tuple[int, int]:
+    """(rank, world_size) of the default group, checked for ``name``."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"{name} runs in every rank of a process group, and there is none here; "
+            f"run it with launch({name}, world_size={max(least, 2)})"
+        )
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if world_size < least:
+        raise ValueError(
+            f"{name} needs world_size >= {least} (rank 0 the server, ranks 1.. the "
+            f"workers), got world_size={world_size}; launch it with world_size=W + 1 "
+            "for W workers, e.g. world_size=3 for 2 workers"
+        )
+    return rank, world_size
+
+
+def _shard(seed: int, index: int, width: int, device: Any) -> tuple[Any, Any]:
+    """Shard ``index`` of the data: (X, y) with y = X·w_true + a little noise.
+
+    Made on the CPU from the seed and moved to ``device``, so a GPU node trains on
+    the same numbers; the same shard whichever rank (or how many) makes it.
+    """
+    import torch
+
+    w_true = torch.randn(width, generator=torch.Generator().manual_seed(seed))
+    w_true /= math.sqrt(width)  # the targets' variance is then about 1
+    g = torch.Generator().manual_seed(seed * 100_003 + index + 1)
+    x = torch.randn(SAMPLES_PER_WORKER, width, generator=g)
+    y = x @ w_true + 0.01 * torch.randn(SAMPLES_PER_WORKER, generator=g)
+    return x.to(device), y.to(device)
+
+
+def _loss(params: Any, data: Sequence[tuple[Any, Any]]) -> float:
+    """Half the mean squared error over every row of ``data`` (equal shards)."""
+    return sum(0.5 * float(((x @ params - y) ** 2).mean()) for x, y in data) / len(data)
+
+
+def _gradient(params: Any, x: Any, y: Any) -> Any:
+    """The gradient of :func:`_loss` on one shard: Xᵀ(Xw - y) / rows."""
+    return x.T @ (x @ params - y) / x.shape[0]
+
+
+def _summary(params: Any) -> dict[str, Any]:
+    """The final parameters as plain data: a checksum and a CPU copy."""
+    cpu = params.detach().to("cpu").clone()
+    return {"checksum": float(cpu.double().sum()), "params": cpu}
+
+
+# ------------------------------------------------------------------ synchronous
+def parameter_server(
+    steps: int = 5, lr: float = 0.1, width: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """Synchronous parameter server; run it in every rank, world_size = W + 1.
+
+    Each step every worker (ranks 1..W, shard ``rank - 1``) computes its gradient
+    and ``dist.send``\\ s it to rank 0; the server ``dist.recv``\\ s one from each
+    worker in rank order, averages them, takes an SGD step (``params -= lr * mean``)
+    and sends the new parameters to each worker. All start from zeros.
+
+    Args:
+        steps: training steps, 1 or more.
+        lr: learning rate, above 0.
+        width: number of parameters (float32), 1 or more.
+        seed: seed of the synthetic data.
+
+    Returns:
+        On every rank: ``role`` ("server" or "worker"), ``rank``, ``workers`` (W),
+        ``losses`` (the loss on all W shards after each step's update: the server
+        evaluates it, every worker too with the parameters it received, for the
+        curve only), ``checksum`` (sum of the final parameters) and ``params``
+        (them, a CPU tensor). Workers add ``shard_losses``: the loss on their own
+        shard at the parameters each gradient was computed on.
+
+    Raises:
+        ValueError: world_size < 2, steps < 1, lr <= 0 or width < 1.
+        RuntimeError: called outside a process group.
+
+    Example:
+        >>> run = launch(parameter_server, world_size=3)           # doctest: +SKIP
+        >>> run.returns[0]["losses"][-1] < run.returns[0]["losses"][0]
+        True
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check(steps, lr, width)
+    rank, world_size = _group("parameter_server", 2)
+    workers, device = world_size - 1, rank_device()
+    data = [_shard(seed, i, width, device) for i in range(workers)]
+    params = torch.zeros(width, device=device)
+    buffer = torch.empty(width, device=device)
+    losses, shard_losses = [], []
+    for _ in range(steps):
+        if rank == 0:
+            total = torch.zeros(width, device=device)
+            for worker in range(1, world_size):  # rank order: the same sum each run
+                dist.recv(buffer, src=worker)
+                total += buffer
+            params -= lr * total / workers
+            for worker in range(1, world_size):
+                dist.send(params, dst=worker)
+        else:
+            x, y = data[rank - 1]
+            shard_losses.append(_loss(params, [(x, y)]))
+            dist.send(_gradient(params, x, y), dst=0)
+            dist.recv(params, src=0)
+        losses.append(_loss(params, data))
+    out = {"role": "server" if rank == 0 else "worker", "rank": rank}
+    out.update(workers=workers, losses=losses, **_summary(params))
+    if rank:
+        out["shard_losses"] = shard_losses
+    return out
+
+
+def allreduce_baseline(
+    steps: int = 5, lr: float = 0.1, width: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """The same training with all-reduce; run it in every rank, world_size = W.
+
+    Every rank is a worker with shard ``rank``; each step it computes its gradient,
+    sums it with everyone's by ``dist.all_reduce``, divides by W and takes the
+    same SGD step, so every rank holds the parameters the server would. Ends with
+    the parameters of :func:`parameter_server` with W workers (up to float32
+    rounding: the sums are added in another order).
+
+    Args:
+        steps, lr, width, seed: as for :func:`parameter_server`.
+
+    Returns:
+        On every rank: ``role`` ("worker"), ``rank``, ``workers`` (W), ``losses``
+        (the loss on all W shards after each step), ``shard_losses``, ``checksum``
+        and ``params``, as :func:`parameter_server`'s workers return them.
+
+    Raises:
+        ValueError: steps < 1, lr <= 0 or width < 1.
+        RuntimeError: called outside a process group.
+
+    Example:
+        >>> run = launch(allreduce_baseline, world_size=2)         # doctest: +SKIP
+        >>> run.returns[0]["checksum"] == run.returns[1]["checksum"]
+        True
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check(steps, lr, width)
+    rank, world_size = _group("allreduce_baseline", 1)
+    device = rank_device()
+    data = [_shard(seed, i, width, device) for i in range(world_size)]
+    x, y = data[rank]
+    params = torch.zeros(width, device=device)
+    losses, shard_losses = [], []
+    for _ in range(steps):
+        shard_losses.append(_loss(params, [(x, y)]))
+        grad = _gradient(params, x, y)
+        # SUM then divide: ReduceOp.AVG exists for NCCL only, not for gloo.
+        dist.all_reduce(grad)
+        params -= lr * grad / world_size
+        losses.append(_loss(params, data))
+    out = {"role": "worker", "rank": rank, "workers": world_size, "losses": losses}
+    out.update(shard_losses=shard_losses, **_summary(params))
+    return out
+
+
+# ------------------------------------------------------------------ asynchronous
+def async_parameter_server(
+    steps: int = 20,
+    lr: float = 0.05,
+    width: int = 1000,
+    seed: int = 0,
+    slow_rank_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """Asynchronous parameter server; run it in every rank, world_size = W + 1.
+
+    All start from zeros, version 0. Each of its ``steps`` a worker sends
+    ``[version, gradient]`` (computed on the parameters it holds) to rank 0 and waits
+    for ``[version, parameters]``. The server takes the ``steps * W`` messages in
+    arrival order (``dist.recv(src=None)`` returns the sender), applies each at once
+    (``params -= lr * gradient``, version + 1) and answers that worker alone.
+
+    Measured: each update's *staleness*, the server's version when it applied the
+    gradient minus the version it was computed on (updates that slipped in between),
+    and the loss on all the data after each update. Not deterministic: the arrival
+    order, hence which updates are stale and the exact losses. With
+    ``slow_rank_seconds`` the last worker sleeps before each gradient, the others run
+    ahead and its updates arrive stale. For comparison the server also runs the
+    synchronous training (same ``lr``, each step the mean of the W shard gradients)
+    alone, without messages.
+
+    Args:
+        steps: gradients each worker sends, 1 or more.
+        lr: learning rate of every single update, above 0.
+        width: number of parameters (float32), 1 or more.
+        seed: seed of the synthetic data.
+        slow_rank_seconds: seconds the last worker sleeps before each gradient.
+
+    Returns:
+        The server: ``role`` "server", ``rank`` 0, ``workers`` W, ``updates``
+        (in the order applied, dicts ``worker``, ``computed_on``, ``applied_at``,
+        ``staleness``), ``staleness`` (the list of those), ``initial_loss``,
+        ``losses`` (after each update, ``steps * W`` of them), ``sync_losses``
+        (the synchronous run after each step k, that is after k * W gradients),
+        ``matched_losses`` (this run after k * W updates, k = 1..steps), ``version``
+        (the final one), ``checksum`` and ``params``. A worker: ``role`` "worker",
+        ``rank``, ``slow`` (whether it slept), ``computed_on`` (the version of each
+        gradient it sent), ``version`` (the last it received), ``checksum``.
+
+    Raises:
+        ValueError: world_size < 2, steps < 1, lr <= 0, width < 1 or
+            slow_rank_seconds < 0.
+        RuntimeError: called outside a process group.
+
+    Example:
+        >>> run = launch(async_parameter_server, world_size=3,      # doctest: +SKIP
+        ...              slow_rank_seconds=0.1)
+        >>> max(run.returns[0]["staleness"]) >= 1
+        True
+    """
+    import torch
+    import torch.distributed as dist
+
+    _check(steps, lr, width, slow_rank_seconds)
+    rank, world_size = _group("async_parameter_server", 2)
+    workers, device = world_size - 1, rank_device()
+    # NCCL cannot receive from "any source": the messages are CPU tensors and go by
+    # gloo, which the workshop's NCCL group has beside it ("cpu:gloo,cuda:nccl").
+    gloo = "gloo" in str(dist.get_backend())
+    group = None if gloo else dist.new_group(backend="gloo")
+    # One message, [version, vector]: the version cannot be separated from its
+    # gradient by another worker's message. float32 holds versions exactly to 2**24.
+    message = torch.empty(width + 1)
+    params, version = torch.zeros(width, device=device), 0
+    if rank == 0:
+        data = [_shard(seed, i, width, device) for i in range(workers)]
+        updates, losses = [], []
+        initial = _loss(params, data)
+        for _ in range(steps * workers):
+            sender = dist.recv(message, src=None, group=group)
+            computed_on = int(message[0])
+            params -= lr * message[1:].to(device)
+            keys = ("worker", "computed_on", "applied_at", "staleness")
+            figures = (sender, computed_on, version, version - computed_on)
+            updates.append(dict(zip(keys, figures, strict=True)))
+            version += 1
+            losses.append(_loss(params, data))
+            message[0], message[1:] = version, params.cpu()
+            dist.send(message, dst=sender, group=group)
+        sync, sync_losses = torch.zeros(width, device=device), []
+        for _ in range(steps):
+            sync -= lr * sum(_gradient(sync, x, y) for x, y in data) / workers
+            sync_losses.append(_loss(sync, data))
+        out = {"role": "server", "rank": 0, "workers": workers, "updates": updates}
+        out.update(
+            staleness=[u["staleness"] for u in updates],
+            initial_loss=initial,
+            losses=losses,
+            sync_losses=sync_losses,
+            matched_losses=losses[workers - 1 :: workers],
+            version=version,
+            **_summary(params),
+        )
+        return out
+    x, y = _shard(seed, rank - 1, width, device)
+    slow = rank == world_size - 1 and slow_rank_seconds > 0
+    computed_on = []
+    for _ in range(steps):
+        if slow:
+            time.sleep(slow_rank_seconds)
+        computed_on.append(version)
+        message[0], message[1:] = version, _gradient(params, x, y).cpu()
+        dist.send(message, dst=0, group=group)
+        dist.recv(message, src=0, group=group)
+        version, params = int(message[0]), message[1:].to(device)
+    out = {"role": "worker", "rank": rank, "slow": slow, "computed_on": computed_on}
+    out.update(version=version, checksum=float(params.double().sum()))
+    return out
+
+
+def traffic_per_step(
+    workers: Sequence[int] = (2, 3, 4),
+    steps: int = 2,
+    width: int = 1000,
+    seed: int = 0,
+    backend: str = "auto",
+) -> list[dict[str, Any]]:
+    """Bytes per step of the server, a worker and an all-reduce rank, counted from
+    traces, for each number of workers. Call it from a notebook cell (not a rank).
+
+    Launches :func:`parameter_server` (world_size W + 1) and
+    :func:`allreduce_baseline` (world_size W) traced, for each W, and counts with
+    :func:`workshop.comm.traffic.bytes_per_step` (all_reduce: the ring's figure).
+
+    Args:
+        workers: the numbers of workers W to run, each 1 or more.
+        steps, width, seed: as for :func:`parameter_server`.
+        backend: for :func:`~workshop.ranks.launcher.launch`.
+
+    Returns:
+        One dict per W: ``workers``, ``gradient_bytes`` (4 * width), and bytes per
+        step ``server_sent``, ``server_received``, ``worker_sent``,
+        ``worker_received`` (rank 1 of the server's run), ``allreduce_sent``,
+        ``allreduce_received`` (the all-reduce run's busiest rank).
+
+    Raises:
+        ValueError: a W below 1, or bad steps/width.
+
+    Example:
+        >>> traffic_per_step((2, 4))[1]["server_received"]          # doctest: +SKIP
+        16000.0
+    """
+    _check(steps, 1.0, width)
+    if not workers or any(not isinstance(w, int) or w < 1 for w in workers):
+        raise ValueError(f"workers must hold whole numbers, 1 or more, got {workers!r}")
+    rows = []
+    options = {"backend": backend, "trace": True, "show": "none"}
+    for w in workers:
+        ps = launch(
+            parameter_server, steps, 0.1, width, seed, world_size=w + 1, **options
+        )
+        ar = launch(
+            allreduce_baseline, steps, 0.1, width, seed, world_size=w, **options
+        )
+        server, worker = bytes_per_step(ps.traces, steps)[:2]
+        ring = max(bytes_per_step(ar.traces, steps), key=lambda r: r["sent"])
+        row = {"workers": w, "gradient_bytes": 4 * width}
+        for who, n in (("server", server), ("worker", worker), ("allreduce", ring)):
+            row |= {f"{who}_sent": n["sent"], f"{who}_received": n["received"]}
+        rows.append(row)
+    return rows

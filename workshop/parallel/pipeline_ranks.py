@@ -1,0 +1,364 @@
+"""A pipeline whose stages are ranks: GPipe and 1F1B over real sends and receives.
+
+Every rank builds the same model from a seed, keeps one stage of it, and runs the
+order :mod:`~workshop.parallel.pipeline_schedules` gives it: activations go to the
+next rank, their gradients come back. Each rank then checks its stage's gradients
+against the unsplit model run on the whole batch, and times every forward and
+backward, so a notebook can draw the measured timeline and its bubble::
+
+    result = workshop.launch(run_pipeline, "1f1b", micro_batches=8, world_size=4)
+    events = [e for r in result.returns for e in r["events"]]
+    draw_timeline(events, "1F1B, 4 stages, 8 micro-batches")
+    idle_fraction([r["events"] for r in result.returns])["overall"]
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from ..ranks.worker import rank_device
+from .pipeline_schedules import (
+    SCHEDULES,
+    gpipe_order,
+    idle_fraction,
+    one_f_one_b_order,
+    peak_stored,
+    schedule_order,
+)
+
+__all__ = [
+    "SCHEDULES",
+    "TOLERANCE",
+    "gpipe_order",
+    "idle_fraction",
+    "one_f_one_b_order",
+    "peak_stored",
+    "run_pipeline",
+    "schedule_order",
+]
+
+#: Largest difference allowed between a stage's gradients and the unsplit model's,
+#: relative to the largest gradient (at least 1). Cutting the batch changes the order
+#: in which float32 sums are taken, which moves the last bits only: about 1e-8 here.
+TOLERANCE = 1e-5
+
+
+def run_pipeline(
+    schedule: str = "gpipe",
+    micro_batches: int = 4,
+    batch: int = 32,
+    width: int = 64,
+    seed: int = 0,
+    stage_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """One training step of a model cut into ``world_size`` stages, one per rank.
+
+    Run it inside every rank (``workshop.launch(run_pipeline, world_size=p)``):
+    each builds the same model from ``seed`` (``world_size`` blocks of
+    Linear(width, width) + Tanh, then Linear(width, 1)), keeps block ``rank`` (the
+    last rank also the final Linear) and runs ``schedule`` over ``micro_batches``
+    equal pieces of a seeded batch. Activations travel to ``rank + 1`` and their
+    gradients back to ``rank - 1`` by ``isend``/``recv`` into buffers of a shape
+    known in advance. The last rank computes the mean squared error of each
+    micro-batch divided by ``micro_batches``, so the pieces add up to the full
+    batch's loss and the accumulated gradients equal the full batch's.
+
+    Each forward and backward is timed with ``time.perf_counter()`` from just after
+    a barrier. The ranks' clocks are aligned by that barrier only: a rank that
+    leaves it later than another is off by the difference, so compare times across
+    ranks to a few milliseconds, not better. Waiting for a neighbour is outside the
+    timed work, so it shows as a gap in the timeline.
+
+    ``stage_seconds`` stands in for a bigger stage: each forward sleeps that long
+    and each backward twice that (a backward costs about two forwards). On a
+    machine with fewer cores than ranks, real compute of one rank slows the
+    others, and the bubble could not be seen; sleeping ranks share no core. The
+    matrix products still run and the gradients are still checked.
+
+    Args:
+        schedule: "gpipe" (all forwards, then all backwards) or "1f1b".
+        micro_batches: pieces the batch is cut into, >= 1, dividing ``batch``.
+        batch: samples in the batch, >= 1.
+        width: features of every hidden layer, >= 1.
+        seed: seeds the model, the inputs and the targets (the same on every rank).
+        stage_seconds: seconds added to each forward (twice to each backward), >= 0.
+
+    Returns:
+        A dict of plain data:
+        ``rank``, ``world_size`` (the number of stages), ``schedule`` (lower
+        case), ``micro_batches``;
+        ``order``: this rank's [phase, micro-batch] pairs in the order run;
+        ``events``: one dict per forward and backward with ``device`` (this rank),
+        ``phase`` ("forward"/"backward"), ``micro_batch``, ``start`` and ``end``
+        (seconds since the barrier), for ``draw_timeline``;
+        ``peak_stored``: the most micro-batches' activations this rank held at once,
+        counted while running (GPipe: ``micro_batches``; 1F1B: at most
+        ``world_size - rank``);
+        ``loss``: the batch's loss, summed over micro-batches (last rank; None on
+        the others); ``reference_loss``: the unsplit model's loss;
+        ``max_abs_grad_diff``: the largest difference between this stage's
+        gradients and the same parameters' gradients in the unsplit model run on
+        the whole batch in this process; ``max_abs_grad``: the largest of those
+        reference gradients; ``tolerance``: what the difference must stay under
+        (``TOLERANCE`` x max(1, max_abs_grad)).
+
+    Raises:
+        ValueError: an unknown schedule, a count below 1, ``batch`` not divisible
+            by ``micro_batches``, a negative ``stage_seconds`` or a world of one
+            rank.
+        RuntimeError: called outside a rank (no process group).
+
+    Example:
+        >>> r = workshop.launch(run_pipeline, "1f1b", 8, world_size=2)  # doctest: +SKIP
+        >>> [x["peak_stored"] for x in r.returns]  # doctest: +SKIP
+        [2, 1]
+    """
+    _check_settings(schedule, micro_batches, batch, width, stage_seconds)
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "run_pipeline runs inside every rank of a process group, and there is "
+            "none here; start it with workshop.launch(run_pipeline, world_size=2)"
+        )
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if world_size < 2:
+        raise ValueError(
+            f"a pipeline needs 2 or more stages, one per rank, but world_size="
+            f"{world_size}; launch it with world_size=2 or more"
+        )
+    order = schedule_order(schedule, rank, world_size, micro_batches)
+    device = rank_device()
+    full, x, target = _model_and_data(world_size, batch, width, seed)
+    stage = _stage(full, rank, world_size).to(device)
+    reference_loss, reference = _reference(full, x, target, device, rank)
+
+    run = _Run(stage, rank, world_size, device, micro_batches, stage_seconds)
+    xs = x.to(device).chunk(micro_batches)
+    targets = target.to(device).chunk(micro_batches)
+    _warm_up_autograd()
+    # Every rank leaves the barrier at about the same moment: the common zero of the
+    # ranks' clocks (the only alignment they get).
+    dist.barrier()
+    run.zero = time.perf_counter()
+    for phase, k in order:
+        if phase == "forward":
+            run.forward(k, xs[k], targets[k])
+        else:
+            run.backward(k)
+    # Keep every send's work until it is done: its tensor must live until it has
+    # gone, and with gloo a receive was seen to hang when the work of a send still
+    # on its way was dropped.
+    for work in run.sends:
+        work.wait()
+
+    diff, largest = 0.0, 0.0
+    for name, param in stage.named_parameters():
+        want = reference[name]
+        largest = max(largest, float(want.abs().max()))
+        diff = max(diff, float((param.grad.detach().cpu() - want).abs().max()))
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "schedule": schedule.lower(),
+        "micro_batches": micro_batches,
+        "order": [[phase, k] for phase, k in order],
+        "events": run.events,
+        "peak_stored": run.peak,
+        "loss": sum(run.losses) if rank == world_size - 1 else None,
+        "reference_loss": reference_loss,
+        "max_abs_grad_diff": diff,
+        "max_abs_grad": largest,
+        "tolerance": TOLERANCE * max(1.0, largest),
+    }
+
+
+class _Run:
+    """One rank's stage, its messages, its clock and its count of stored work."""
+
+    def __init__(
+        self,
+        stage: Any,
+        rank: int,
+        world_size: int,
+        device: Any,
+        micro_batches: int,
+        stage_seconds: float,
+    ) -> None:
+        self.stage, self.rank, self.device = stage, rank, device
+        self.first, self.last = rank == 0, rank == world_size - 1
+        self.micro_batches, self.stage_seconds = micro_batches, stage_seconds
+        self.zero = 0.0
+        self.saved: dict[int, tuple[Any, Any]] = {}  # micro-batch: (input, output)
+        self.peak = 0
+        self.sends: list[Any] = []
+        self.events: list[dict[str, Any]] = []
+        self.losses: list[float] = []
+
+    def forward(self, k: int, x: Any, target: Any) -> None:
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        if self.first:
+            inp = x
+        else:
+            # Every hidden activation has the input's shape: (batch / m, width).
+            inp = torch.empty_like(x)
+            dist.recv(inp, src=self.rank - 1)
+            # A leaf that wants its gradient: what goes back to the previous rank.
+            inp.requires_grad_(True)
+        start = self._now()
+        out = self.stage(inp)
+        if self.last:
+            out = F.mse_loss(out, target) / self.micro_batches
+        self._pause(self.stage_seconds)
+        self._record("forward", k, start)
+        self.saved[k] = (inp, out)
+        self.peak = max(self.peak, len(self.saved))
+        if self.last:
+            self.losses.append(float(out.detach()))
+        else:
+            # isend, not send: under 1F1B this rank sends an activation forward while
+            # the next rank sends a gradient back, and gloo's send waits for the
+            # receive to be posted; two blocking sends would wait for each other.
+            # The work is kept and waited for at the end.
+            self.sends.append(dist.isend(out.detach(), dst=self.rank + 1))
+
+    def backward(self, k: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        inp, out = self.saved[k]
+        grad = None
+        if not self.last:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=self.rank + 1)
+        start = self._now()
+        out.backward(grad)
+        self._pause(2 * self.stage_seconds)
+        self._record("backward", k, start)
+        del self.saved[k]  # this micro-batch's activations are freed
+        if not self.first:
+            self.sends.append(dist.isend(inp.grad, dst=self.rank - 1))
+
+    def _now(self) -> float:
+        # On a GPU the work is queued, not done, when the call returns: wait for it,
+        # so the times are those of the work (and a received tensor has arrived).
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - self.zero
+
+    def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def _record(self, phase: str, k: int, start: float) -> None:
+        self.events.append(
+            {
+                "device": self.rank,
+                "phase": phase,
+                "micro_batch": k,
+                "start": start,
+                "end": self._now(),
+            }
+        )
+
+
+def _check_settings(
+    schedule: Any, micro_batches: Any, batch: Any, width: Any, stage_seconds: Any
+) -> None:
+    """Refuse bad settings before any message is sent (every rank refuses alike)."""
+    if not isinstance(schedule, str) or schedule.lower() not in SCHEDULES:
+        raise ValueError(
+            f"schedule={schedule!r} is not a pipeline schedule this workshop knows; "
+            f"pass one of {', '.join(repr(s) for s in SCHEDULES)}"
+        )
+    for name, value in (
+        ("micro_batches", micro_batches),
+        ("batch", batch),
+        ("width", width),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r}; pass a whole number >= 1")
+    if batch % micro_batches:
+        raise ValueError(
+            f"batch={batch} does not divide into micro_batches={micro_batches} equal "
+            f"pieces; pass a batch that is a multiple of {micro_batches} (e.g. "
+            f"{micro_batches * max(1, batch // micro_batches)}) or a micro_batches "
+            f"that divides {batch}"
+        )
+    if (
+        isinstance(stage_seconds, bool)
+        or not isinstance(stage_seconds, int | float)
+        or not stage_seconds >= 0
+    ):
+        raise ValueError(
+            f"stage_seconds={stage_seconds!r}; pass a number of seconds >= 0 (0 for "
+            "no added time)"
+        )
+
+
+def _warm_up_autograd() -> None:
+    """Run one tiny backward given an explicit gradient, before the clock starts.
+
+    The first such backward in a process imports torch's symbolic-shapes module
+    (and sympy): 0.4 s, measured with torch 2.15 on a 2-core machine. Timed, it
+    would make the first backward of every rank but the last look 0.4 s long.
+    """
+    import torch
+
+    x = torch.ones(1, requires_grad=True)
+    (x * 2).backward(torch.ones(1))
+
+
+def _model_and_data(world_size: int, batch: int, width: int, seed: int) -> tuple:
+    """The whole model, inputs and targets, the same on every rank (on the CPU)."""
+    import torch
+    from torch import nn
+
+    # fork_rng: the seed sets this model, not the rest of the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh())]
+        blocks += [
+            nn.Sequential(nn.Linear(width, width), nn.Tanh())
+            for _ in range(world_size - 1)
+        ]
+        full = nn.Sequential(*blocks, nn.Linear(width, 1))
+        x = torch.randn(batch, width)
+        target = torch.randn(batch, 1)
+    return full, x, target
+
+
+def _stage(full: Any, rank: int, world_size: int) -> Any:
+    """Rank ``rank``'s part of ``full``, copied (the original stays whole)."""
+    from torch import nn
+
+    parts = list(full[rank])
+    if rank == world_size - 1:
+        parts.append(full[world_size])  # the final Linear(width, 1)
+    return copy.deepcopy(nn.Sequential(*parts))
+
+
+def _reference(
+    full: Any, x: Any, target: Any, device: Any, rank: int
+) -> tuple[float, dict[str, Any]]:
+    """The unsplit model on the whole batch: its loss, and the gradients of rank
+    ``rank``'s parameters (on the CPU) under the names they have in its stage."""
+    import torch.nn.functional as F
+
+    model = copy.deepcopy(full).to(device)
+    loss = F.mse_loss(model(x.to(device)), target.to(device))
+    loss.backward()
+    world_size = len(full) - 1
+    mine = list(model[rank].parameters())
+    if rank == world_size - 1:
+        mine += list(model[world_size].parameters())
+    names = [n for n, _ in _stage(full, rank, world_size).named_parameters()]
+    grads = {n: p.grad.detach().cpu() for n, p in zip(names, mine, strict=True)}
+    return float(loss.detach()), grads

@@ -1,0 +1,384 @@
+"""What sharded data parallelism saves, as a formula and as a measurement.
+
+ZeRO (Rajbhandari et al., 2020) cuts the three things every data-parallel rank keeps
+between steps, the parameters, their gradients and the optimizer's state, into
+``world_size`` shards, one stage at a time::
+
+    stage     parameters  gradients  optimizer state   fp32 + Adam, per rank
+    DDP (0)   full        full       full              16 Ψ
+    1         full        full       1/N               4 Ψ + 4 Ψ + 8 Ψ / N
+    2         full        1/N        1/N               4 Ψ + 12 Ψ / N
+    3         1/N         1/N        1/N               16 Ψ / N
+
+:func:`zero_bytes` is that table; :func:`held_bytes` counts what a rank really holds by
+walking its tensors, so a lesson can put the two side by side; both are pure (no
+process group). :func:`measure_fsdp_memory` measures the same bytes on the ranks for
+PyTorch's own ZeRO-3, FSDP2's ``fully_shard``, and the helpers below it (the model,
+the data, the CUDA counters) are the ones the hand-written stages of
+:mod:`workshop.parallel.sharded` use, so that both train the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..ranks.worker import rank_device
+
+__all__ = [
+    "LR",
+    "PRECISIONS",
+    "STAGE_NAMES",
+    "held_bytes",
+    "measure_fsdp_memory",
+    "stage_number",
+    "zero_bytes",
+]
+
+#: Adam's learning rate in every run of this module and of ``sharded``.
+LR = 1e-3
+_BATCH = 16  # samples per rank and step
+
+#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam.
+#: "fp32": everything in fp32, Adam's two moments (the variant the lesson runs).
+#: "mixed": the ZeRO paper's fp16 parameters and gradients, with an fp32 master
+#: copy of the parameters and the two moments as optimizer state (4 + 4 + 4 bytes).
+PRECISIONS: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+
+#: The name of each stage, 0 being plain data parallelism (DDP).
+STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
+def stage_number(stage: int | str) -> int:
+    """The stage as a number: "ddp" (or 0) is 0; 1, 2, 3 (or "1", "zero-2", ...).
+
+    Raises:
+        ValueError: anything else, with the stages there are.
+
+    Example:
+        >>> stage_number("ddp"), stage_number(2), stage_number("zero-3")
+        (0, 2, 3)
+    """
+    if isinstance(stage, str):
+        text = stage.strip().lower()
+        if text == "ddp":
+            return 0
+        text = text.removeprefix("zero").lstrip("-_ ")
+        if text in ("0", "1", "2", "3"):
+            return int(text)
+    elif isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
+        return stage
+    raise ValueError(
+        f"stage={stage!r} is not a ZeRO stage; pass 'ddp' (or 0) for plain data "
+        "parallelism, or 1, 2 or 3"
+    )
+
+
+def _whole(name: str, value: Any, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name}={value!r} must be a whole number, 1 or more; for example {example}"
+        )
+    return value
+
+
+def zero_bytes(
+    parameters: int, world_size: int, stage: int | str, precision: str = "fp32"
+) -> dict[str, int]:
+    """Bytes each rank keeps for a model of ``parameters`` (Ψ) values trained with Adam.
+
+    A sharded part costs ``bytes per parameter * Ψ / world_size``, rounded up to a
+    whole byte (a real rank also pads Ψ up to a multiple of ``world_size``; that
+    adds at most ``world_size - 1`` values and is left out here).
+
+    Args:
+        parameters: Ψ, the number of parameters of the model.
+        world_size: N, the number of data-parallel ranks.
+        stage: "ddp" (or 0), 1, 2 or 3.
+        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "mixed" (the ZeRO
+            paper's fp16 parameters and gradients, 2 + 2 bytes, and 12 bytes of
+            fp32 master parameters and moments).
+
+    Returns:
+        ``{"params", "grads", "optimizer", "total"}``: bytes per rank.
+
+    Raises:
+        ValueError: a count below 1, or an unknown stage or precision.
+
+    Example:
+        >>> zero_bytes(1000, 4, "ddp")
+        {'params': 4000, 'grads': 4000, 'optimizer': 8000, 'total': 16000}
+        >>> zero_bytes(1000, 4, 2)["total"]      # 4 Ψ + 12 Ψ / 4
+        7000
+    """
+    _whole("parameters", parameters, "zero_bytes(1_000_000, 4, stage=2)")
+    _whole("world_size", world_size, "zero_bytes(1_000_000, 4, stage=2)")
+    number = stage_number(stage)
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision={precision!r} is not known; pass one of "
+            + ", ".join(repr(p) for p in PRECISIONS)
+        )
+    per_param = PRECISIONS[precision]
+    # Stage s shards the last s of (optimizer state, gradients, parameters).
+    sharded = (number >= 3, number >= 2, number >= 1)
+    parts = [
+        -(-size * parameters // world_size) if cut else size * parameters
+        for size, cut in zip(per_param, sharded, strict=True)
+    ]
+    names = ("params", "grads", "optimizer")
+    return dict(zip(names, parts, strict=True), total=sum(parts))
+
+
+def held_bytes(parts: Mapping[str, Iterable[Any]]) -> dict[str, int]:
+    """Bytes of memory the tensors of each part hold, each storage counted once.
+
+    Several tensors can share one block of memory (a view of a flat buffer, a
+    parameter and the slice of it an optimizer updates), so bytes are counted per
+    storage, not per tensor: a storage belongs to the first part that names it, and
+    it counts whole (a view into a bigger buffer keeps the whole buffer alive).
+    Sharded ``DTensor`` values count their local shard; ``None`` and tensors on the
+    "meta" device (shapes without memory) count nothing.
+
+    Args:
+        parts: for each part ("params", "grads", "optimizer", ...), its tensors.
+
+    Returns:
+        Bytes per part, and "total".
+
+    Example:
+        >>> import torch
+        >>> flat = torch.zeros(10)
+        >>> held_bytes({"params": [flat, flat[:5]], "grads": [flat[5:]]})
+        {'params': 40, 'grads': 0, 'total': 40}
+    """
+    seen: set[tuple[str, int]] = set()
+    counted: dict[str, int] = {}
+    for name, tensors in parts.items():
+        counted[name] = 0
+        for tensor in tensors:
+            if tensor is None:
+                continue
+            if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
+                tensor = tensor.to_local()
+            if tensor.device.type == "meta":
+                continue
+            storage = tensor.untyped_storage()
+            key = (str(tensor.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            counted[name] += storage.nbytes()
+    counted["total"] = sum(counted.values())
+    return counted
+
+
+# --- shared by the runs here and in sharded.py ------------------------------
+def _mlp(width: int, depth: int, seed: int) -> nn.Sequential:
+    """The same MLP on every rank: ``depth`` linear layers width x width, ReLU
+    between them, initialised from ``seed`` without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        for i in range(depth):
+            layers.append(nn.Linear(width, width))
+            if i < depth - 1:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+
+def _batch(seed: int, step: int, width: int, device: torch.device):
+    """This rank's slice of step ``step``'s global batch (the same on every rank)."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(world_size * _BATCH, width, generator=g)
+    y = torch.randn(world_size * _BATCH, width, generator=g)
+    mine = slice(rank * _BATCH, (rank + 1) * _BATCH)
+    return x[mine].to(device), y[mine].to(device)
+
+
+def _check_sizes(caller: str, **values: Any) -> None:
+    for name, value in values.items():
+        low = 0 if name == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(
+                f"{caller}: {name}={value!r} must be a whole number, {low} or more; "
+                f"for example {caller}(width=256, depth=4, steps=2, seed=0)"
+            )
+
+
+def _need_group(caller: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{caller} runs in every rank, inside a process group, but none is "
+            f"initialised here; start it with workshop.launch({caller}, ..., "
+            "world_size=2)"
+        )
+
+
+def _cuda_start(device: torch.device) -> int:
+    """Bytes allocated on this rank's GPU before the run (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _cuda_figures(device: torch.device, before: int) -> dict[str, int] | None:
+    """What the run added on the GPU: still allocated ("held") and at most ("peak")."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return {
+        "held": torch.cuda.memory_allocated(device) - before,
+        "peak": torch.cuda.max_memory_allocated(device) - before,
+    }
+
+
+def _checksum(full: torch.Tensor) -> dict[str, float]:
+    full = full.detach().double()
+    return {"sum": float(full.sum()), "norm": float(full.norm())}
+
+
+# --- PyTorch's own ZeRO-3 ------------------------------------------------------------
+def _fully_shard() -> tuple[Callable | None, str]:
+    """FSDP2's ``fully_shard`` and where it was found, or None and why not."""
+    try:  # public from torch 2.6
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard, "torch.distributed.fsdp.fully_shard"
+    except ImportError:
+        pass
+    try:  # torch 2.4 and 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+
+        return fully_shard, "torch.distributed._composable.fsdp.fully_shard"
+    except ImportError as exc:
+        return None, (
+            f"torch {torch.__version__} has no FSDP2 fully_shard ({exc}); it came "
+            "with torch 2.4 (as torch.distributed._composable.fsdp) and is public "
+            "from 2.6: install torch 2.4 or later"
+        )
+
+
+def measure_fsdp_memory(
+    width: int = 256,
+    depth: int = 4,
+    steps: int = 2,
+    seed: int = 0,
+    *,
+    return_parameters: bool = False,
+) -> dict[str, Any]:
+    """Train the MLP of :func:`~workshop.parallel.sharded.measure_zero_memory` with
+    PyTorch's FSDP2 (``fully_shard`` on every linear layer, then the whole model)
+    and Adam, and measure what this rank keeps. Run in every rank.
+
+    It runs on the rank's device: the CPU with gloo (FSDP2 then needs a "cpu"
+    device mesh), or the rank's GPU under NCCL. Kept bytes are counted as for the
+    hand-written stages: the local shards of the sharded (DTensor) parameters,
+    their gradients and Adam's state, each storage once.
+
+    Args:
+        width, depth, steps, seed: as for ``measure_zero_memory``.
+        return_parameters: also return the final parameters (a CPU tensor of Ψ).
+
+    Returns:
+        ``{"available": True, "why": "", "fully_shard": where it was found,
+        "rank", "world_size", "device", "parameters": Ψ, "measured": {"params",
+        "grads", "optimizer", "total"}, "formula": zero_bytes(Ψ, world_size, 3),
+        "cuda": None or {"held", "peak"}, "loss", "checksum": {"sum", "norm"}}``
+        (and "final_parameters" when asked for); or ``{"available": False, "why":
+        the reason or the real error, "rank", "world_size", "device"}`` where
+        this torch has no ``fully_shard`` or it fails on this device and backend.
+
+    Raises:
+        ValueError: a size below 1.
+        RuntimeError: called outside a process group.
+
+    Example:
+        >>> r = launch(measure_fsdp_memory, world_size=2)           # doctest: +SKIP
+        >>> r.returns[0]["measured"]["total"] < 16 * r.returns[0]["parameters"]
+        True
+    """
+    _check_sizes(
+        "measure_fsdp_memory", width=width, depth=depth, steps=steps, seed=seed
+    )
+    _need_group("measure_fsdp_memory")
+    device = rank_device()
+    where = {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "device": str(device),
+    }
+    fully_shard, found = _fully_shard()
+    if fully_shard is None:
+        return {"available": False, "why": found, **where}
+    try:
+        result = _run_fsdp(fully_shard, device, width, depth, steps, seed)
+    except Exception as exc:  # every rank fails alike: the same torch, the same call
+        return {
+            "available": False,
+            "why": f"{found} failed on {device} with the {dist.get_backend()} "
+            f"backend: {type(exc).__name__}: {exc}",
+            **where,
+        }
+    final = result.pop("final")
+    result.update(available=True, why="", fully_shard=found, **where)
+    result["checksum"] = _checksum(final)
+    if return_parameters:
+        result["final_parameters"] = final.cpu().clone()
+    return result
+
+
+def _run_fsdp(
+    fully_shard: Callable, device: torch.device, width, depth, steps, seed
+) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    before = _cuda_start(device)
+    model = _mlp(width, depth, seed).to(device)
+    size = sum(p.numel() for p in model.parameters())
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    # One FSDP unit per layer, so that only one layer's parameters are ever
+    # gathered at a time, then the root for what is left (nothing, here).
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    loss = 0.0
+    for step in range(steps):
+        x, y = _batch(seed, step, width, device)
+        optimizer.zero_grad()  # the last step's gradients stay, as they do in DDP
+        out = nn.functional.mse_loss(model(x), y)
+        out.backward()
+        optimizer.step()
+        loss = out.item()
+    state = [
+        t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+    measured = held_bytes(
+        {
+            "params": list(model.parameters()),
+            "grads": [p.grad for p in model.parameters()],
+            "optimizer": state,
+        }
+    )
+    cuda = _cuda_figures(device, before)
+    # full_tensor() all-gathers each parameter: a collective every rank makes.
+    final = torch.cat(
+        [p.full_tensor().detach().reshape(-1) for p in model.parameters()]
+    )
+    return {
+        "parameters": size,
+        "measured": measured,
+        "formula": zero_bytes(size, dist.get_world_size(), 3),
+        "cuda": cuda,
+        "loss": loss,
+        "final": final,
+    }

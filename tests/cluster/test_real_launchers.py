@@ -5,6 +5,7 @@ are missing the tests say so and skip."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import socket
@@ -194,3 +195,64 @@ def test_the_allreduce_sweep_as_srun_tasks(slurm, tmp_path):
     assert done.returncode == 0, done.stderr
     result = load_allreduce(tmp_path / "s.json")
     assert (result.launcher, result.world_size) == ("srun", 2)
+
+
+# --- The plain DDP script, without the workshop package -------------------------------
+
+DDP_MINIMAL = ROOT / "slurm" / "ddp_minimal.py"
+
+
+def _trained_in_step(done: subprocess.CompletedProcess, folder: Path) -> None:
+    """Two ranks trained the same weights, the loss fell, rank 0 alone saved them."""
+    assert done.returncode == 0, _said(done)
+    losses = [float(line.split()[-1]) for line in done.stdout.splitlines()
+              if line.startswith("epoch ")]  # fmt: skip
+    assert len(losses) == 3 and losses[-1] < losses[0], _said(done)
+    sums = {line.split()[-1] for line in done.stdout.splitlines()
+            if line.startswith("rank ") and "weights sum to" in line}  # fmt: skip
+    assert len(sums) == 1, _said(done)  # DDP kept every rank's copy identical
+    assert done.stdout.count("weights sum to") == 2, _said(done)
+    assert (folder / "ddp_minimal.pt").stat().st_size > 0
+
+
+def test_the_plain_ddp_script_imports_nothing_of_the_workshop():
+    for script in (DDP_MINIMAL, ROOT / "slurm" / "ddp_spawn.py"):
+        text = script.read_text()
+        imported = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported.add((node.module or "").split(".")[0])
+        assert "workshop" not in imported and "torch" in imported
+        assert 'init_method="env://"' in text and "destroy_process_group" in text
+
+
+def test_the_plain_ddp_script_refuses_to_start_without_a_launcher(tmp_path):
+    done = _run([PYTHON, str(DDP_MINIMAL)], clean_env(), tmp_path, timeout=120)
+    assert done.returncode == 1
+    assert "start me with torchrun, srun or mpirun" in done.stderr
+
+
+def test_the_plain_ddp_script_under_torchrun(tmp_path):
+    torchrun = str(Path(PYTHON).parent / "torchrun")
+    command = [torchrun, "--standalone", "--nproc_per_node=2", str(DDP_MINIMAL)]
+    _trained_in_step(_run(command, clean_env(), tmp_path), tmp_path)
+
+
+def test_the_plain_ddp_script_under_torch_multiprocessing_spawn(tmp_path):
+    command = [PYTHON, str(ROOT / "slurm" / "ddp_spawn.py"), "2"]
+    _trained_in_step(_run(command, clean_env(), tmp_path), tmp_path)
+
+
+@needs_mpirun
+def test_the_plain_ddp_script_under_mpirun(mpirun_starts, tmp_path):
+    command, env = _mpirun(2, PYTHON, str(DDP_MINIMAL))
+    _trained_in_step(_run(command, env, tmp_path), tmp_path)
+
+
+@needs_slurm
+def test_the_plain_ddp_script_as_srun_tasks(slurm, tmp_path):
+    env = {**slurm, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    done = _run(["srun", "-n", "2", PYTHON, str(DDP_MINIMAL)], env, tmp_path)
+    _trained_in_step(done, tmp_path)

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# local_slurm.sh: a private, single-node Slurm cluster on this machine, for trying the
+# local_slurm.sh: a private two-node Slurm cluster on this machine, for trying the
 # batch scripts in slurm/ and for the tests. Nothing is installed or written outside
 # DIR, and it listens on loopback ports chosen free at start: its daemons and the
 # jobs' srun steps accept connections from this machine only. Slurm listens on the
 # address the host name resolves to, so `start` refuses where that is not a loopback
 # one (Debian's /etc/hosts maps the name to 127.0.1.1).
 #
+# Two nodes: one controller (slurmctld) and two node daemons (slurmd -N NAME), each
+# on a port of its own, each node offering all of this machine's CPUs (the two share
+# them). A job of --nodes=2 gets both, and each node's slurmd starts that node's
+# tasks, as on a real cluster. The nodes are named 127.0.0.2 and 127.0.0.3: a node's
+# name must resolve, as a real node's host name does (batch scripts take MASTER_ADDR
+# from it), and these resolve to loopback without an /etc/hosts entry; that they are
+# not this machine's own name makes Open MPI's mpirun treat them as two nodes and
+# start its ranks on each through Slurm.
+#
 #   bash scripts/local_slurm.sh start DIR   # prints the line to export SLURM_CONF
 #   export SLURM_CONF=DIR/slurm.conf
-#   sbatch --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 slurm/hello_ranks.sbatch
+#   sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=0 slurm/hello_ranks.sbatch
 #   bash scripts/local_slurm.sh stop DIR    # cancels its jobs, stops its daemons
 #
 # `stop-daemons DIR` stops the daemons alone. A running job's processes outlive
@@ -26,9 +35,12 @@ usage() { echo "usage: $0 start|stop|stop-daemons DIR" >&2; exit 2; }
 ACTION="$1"
 DIR="$(mkdir -p "$2" && cd "$2" && pwd)"
 
-free_port() {  # ADDRESS
-    python3 -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0))
-print(s.getsockname()[1])' "$1"
+free_ports() {  # ADDRESS COUNT: COUNT different free ports, on one line
+    # All bound at once, so that no two are the same.
+    python3 -c 'import socket, sys
+sockets = [socket.socket() for _ in range(int(sys.argv[2]))]
+for s in sockets: s.bind((sys.argv[1], 0))
+print(*(s.getsockname()[1] for s in sockets))' "$1" "$2"
 }
 
 loopback_address() {  # NAME: its address, if it is a loopback one
@@ -49,10 +61,11 @@ print(addresses[0])' "$1"
 
 stop_daemons() {
     # slurmd and slurmctld first (they talk to munge), then munged; TERM, then KILL.
-    local name pid
-    for name in slurmd slurmctld munged; do
-        [[ -f "$DIR/run/$name.pid" ]] || continue
-        pid="$(cat "$DIR/run/$name.pid")"
+    # run/slurmd-NODE.pid: one file per node daemon.
+    local file pid
+    for file in "$DIR"/run/slurmd*.pid "$DIR"/run/{slurmctld,munged}.pid; do
+        [[ -f "$file" ]] || continue
+        pid="$(cat "$file")"
         kill -TERM "$pid" 2>/dev/null || continue
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
@@ -66,6 +79,10 @@ stop() {
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
     python3 -I "$here/../workshop/cluster/slurm_watchdog.py" stop "$DIR" "$here/local_slurm.sh"
 }
+
+# A job step's socket is DIR/NODE/NODE_JOBID.STEPID (up to 40 characters after DIR),
+# and a socket's path may have at most 108.
+MAX_DIR=68
 
 start() {
     local missing=()
@@ -95,19 +112,28 @@ start() {
             "cluster's Slurm" >&2
         exit 1
     fi
+    if [[ ${#DIR} -gt $MAX_DIR ]]; then
+        echo "local_slurm.sh: the folder $DIR has ${#DIR} characters; Slurm's job" \
+            "sockets in it would pass the 108 a socket's path may have. Use a folder" \
+            "of at most $MAX_DIR characters (mktemp -d makes one)" >&2
+        exit 1
+    fi
     stop  # a cluster left in DIR by an earlier run
-    mkdir -p "$DIR"/{state,spool,log,run,munge}
-    local host cpus
+    mkdir -p "$DIR"/{state,log,run,munge}
+    local host cpus node
     host="$(hostname -s)"
     cpus="$(nproc)"
+    local nodes=(127.0.0.2 127.0.0.3) ports
+    # The controller's port, then one for each node.
+    read -r -a ports <<<"$(free_ports "$addr" 3)"
     head -c 1024 /dev/urandom >"$DIR/munge/munge.key"
     chmod 400 "$DIR/munge/munge.key"
     cat >"$DIR/slurm.conf" <<EOF
-# Written by scripts/local_slurm.sh: one node, this machine, on loopback.
+# Written by scripts/local_slurm.sh: two nodes, both on this machine, on loopback.
 ClusterName=workshop
 SlurmctldHost=$host($addr)
-SlurmctldPort=$(free_port "$addr")
-SlurmdPort=$(free_port "$addr")
+SlurmctldPort=${ports[0]}
+SlurmdPort=${ports[1]}
 # Listen on the host name's address ($addr, loopback), not on 0.0.0.0: slurmctld
 # (NoCtldInAddrAny), and slurmd, slurmstepd and srun (NoInAddrAny).
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
@@ -123,31 +149,42 @@ ReturnToService=2
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+# %n: the node's name, so that each slurmd has its own spool folder (DIR/NODE, the
+# node's local disk: its jobs' sockets and scripts), pid file and log.
+SlurmdSpoolDir=$DIR/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
-NodeName=$host NodeAddr=$addr CPUs=$cpus RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+# Both slurmd listen on $addr (NoInAddrAny), so a node is reached at $addr on a port
+# of its own. Each offers all $cpus CPUs: a job of 2 tasks per node fits either.
+NodeName=${nodes[0]} NodeAddr=$addr Port=${ports[1]} CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=${nodes[1]} NodeAddr=$addr Port=${ports[2]} CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=${nodes[0]},${nodes[1]} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
     munged --force --socket="$DIR/run/munge.socket" --key-file="$DIR/munge/munge.key" \
         --log-file="$DIR/log/munged.log" --pid-file="$DIR/run/munged.pid" \
         --seed-file="$DIR/munge/munged.seed"
     slurmctld -f "$DIR/slurm.conf"
-    slurmd -f "$DIR/slurm.conf" -N "$host"
-    # Ready when the node is idle: the controller has heard from slurmd.
+    for node in "${nodes[@]}"; do
+        mkdir -p "${DIR:?}/$node"
+        slurmd -f "$DIR/slurm.conf" -N "$node"
+    done
+    # Ready when both nodes are idle: the controller has heard from both slurmd.
+    local idle
     for _ in $(seq 100); do
-        if SLURM_CONF="$DIR/slurm.conf" sinfo -h -o %T 2>/dev/null | grep -qx idle; then
+        idle="$(SLURM_CONF="$DIR/slurm.conf" sinfo -h -N -o %T 2>/dev/null |
+            grep -cx idle || true)"
+        if [[ "$idle" -eq ${#nodes[@]} ]]; then
             echo "export SLURM_CONF=$DIR/slurm.conf"
             return 0
         fi
         sleep 0.2
     done
-    echo "local_slurm.sh: the node did not become idle in 20 s; see $DIR/log/" >&2
+    echo "local_slurm.sh: the nodes did not become idle in 20 s; see $DIR/log/" >&2
     stop
     exit 1
 }

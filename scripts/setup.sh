@@ -35,14 +35,16 @@ print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
 # tests run the batch scripts in slurm/ for real). Installed with apt-get when this
 # runs as root on Debian or Ubuntu and they are missing; otherwise setup says what is
 # missing and goes on: the notebooks run without them, and on a cluster they are
-# the site's own (module load openmpi; Slurm is already there).
-SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge)
+# the site's own (module load openmpi; Slurm is already there). shellcheck lints the
+# batch scripts in the tests.
+SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge shellcheck)
 install_system_packages() {
     local missing=()
     command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
     { command -v slurmctld && command -v slurmd && command -v srun; } >/dev/null 2>&1 \
         || missing+=(slurm-wlm)
     command -v munged >/dev/null 2>&1 || missing+=(munge)
+    command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
     if [[ ${#missing[@]} -eq 0 ]]; then
         say "system packages: present (${SYSTEM_PACKAGES[*]})"
         return
@@ -53,7 +55,7 @@ install_system_packages() {
 [setup]   apt-get install ${missing[*]}   (on a cluster: module load openmpi)"
         return
     fi
-    say "installing ${missing[*]} with apt-get (mpirun and a local Slurm for the tests)"
+    say "installing ${missing[*]} with apt-get (mpirun, a local Slurm and shellcheck for the tests)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq || die "apt-get update failed; is the package mirror reachable?"
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \

@@ -274,6 +274,29 @@ needs_private_slurm = pytest.mark.skipif(
 )
 
 
+def private_cluster(who: str):
+    """Start the private cluster ``slurm_cluster()`` starts here, for one test module
+    (``who`` names it in the skip reasons); yield it, then stop it. A generator for a
+    module's fixture: ``yield from private_cluster("these tests")``."""
+    from workshop.cluster.slurm import slurm_cluster
+
+    if shutil.which("slurmctld") is None or os.geteuid() != 0:
+        pytest.skip("needs Slurm's daemons and root (make setup installs slurm-wlm)")
+    before = os.environ.pop("SLURM_CONF", None)
+    try:
+        started = slurm_cluster()
+        if not started.available:
+            pytest.skip(f"no private cluster could start here: {started.reason}")
+        if started.kind != "private":
+            pytest.skip(f"a Slurm answers here already ({started}); {who} submit "
+                        "only to a private cluster of their own")  # fmt: skip
+        yield started
+        started.stop()
+    finally:
+        if before is not None:
+            os.environ["SLURM_CONF"] = before
+
+
 @pytest.fixture
 def no_leftover_children():
     """Fail a test that leaves a child process of the test process behind (the fork

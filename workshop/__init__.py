@@ -42,12 +42,14 @@ Many nodes (notebook 03): :func:`torchrun_command` and :func:`mpirun_command` wr
 launcher command lines, :func:`run_command` and :func:`run_commands` run them from a
 cell (no rank left behind); :func:`slurm_cluster`, :func:`submit` and
 :class:`SlurmJob` write, submit, watch and read batch jobs.
-:func:`doctor` tells what this machine has; :func:`check` checks an exercise.
+:func:`doctor` tells what this machine has; :func:`check` checks an exercise;
+:func:`quiz` shows the quiz that closes a notebook.
 """
 
 from ._version import __version__ as __version__
 from .bench.allreduce_bench import load_allreduce, measure_allreduce
 from .bench.allreduce_plots import plot_allreduce
+from .bench.published import published_scaling, published_sources
 from .bench.scaling_bench import load_scaling, measure_scaling
 from .bench.scaling_plots import plot_scaling
 from .cluster.commands import (
@@ -77,14 +79,18 @@ from .draw.timeline_diagram import draw_rank_timeline
 from .env import RankInfo, backend_name, rank_info, visible_gpu_count
 from .features import has_collective
 from .lessons.exercises import check
+from .lessons.large_batch import compare_global_batch
 from .lessons.pipeline import (
     TwoStageModel,
     bubble_fraction,
     pipeline_forward_backward,
     pipeline_schedule,
 )
+from .lessons.quiz import quiz
 from .lessons.single_node import data_parallel_step, lesson_devices, torch_data_parallel
+from .lessons.stuck import flight_record, summarize_error
 from .machine.doctor import doctor
+from .machine.monitor import Monitor, admin_commands, load_samples, plot_monitor
 from .parallel.param_server import (
     allreduce_baseline,
     async_parameter_server,
@@ -108,6 +114,8 @@ from .ranks.launcher import LaunchError, RunResult, launch
 from .ranks.worker import process_group, rank_device
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .training.data import cifar10, digits, make_loader, synthetic, time_loader
+from .training.files import ImageFiles, count_opens, time_epochs, write_image_files
+from .training.files_packed import PackedImages, TarImages, pack_images, pack_tar
 from .training.loop import evaluate, train, train_step
 from .training.models import SmallCNN, count_parameters, resnet
 from .training.precision import saved_activation_bytes
@@ -120,7 +128,10 @@ __all__ = [
     "CommandError",
     "CommandResult",
     "History",
+    "ImageFiles",
     "LaunchError",
+    "Monitor",
+    "PackedImages",
     "Progress",
     "RankInfo",
     "RowParallelLinear",
@@ -128,8 +139,10 @@ __all__ = [
     "SlurmCluster",
     "SlurmJob",
     "SmallCNN",
+    "TarImages",
     "TensorParallelMLP",
     "TwoStageModel",
+    "admin_commands",
     "allreduce_baseline",
     "async_parameter_server",
     "backend_name",
@@ -141,6 +154,8 @@ __all__ = [
     "cifar10",
     "collectives",
     "column_parallel_demo",
+    "compare_global_batch",
+    "count_opens",
     "count_parameters",
     "data_parallel_step",
     "ddp_timeline",
@@ -158,6 +173,7 @@ __all__ = [
     "draw_timeline",
     "evaluate",
     "fit_step_cost",
+    "flight_record",
     "free_port",
     "has_collective",
     "idle_fraction",
@@ -165,6 +181,7 @@ __all__ = [
     "lesson_devices",
     "load_allreduce",
     "load_checkpoint",
+    "load_samples",
     "load_scaling",
     "make_loader",
     "measure_allreduce",
@@ -172,16 +189,22 @@ __all__ = [
     "measure_scaling",
     "measure_zero_memory",
     "mpirun_command",
+    "pack_images",
+    "pack_tar",
     "parameter_server",
     "pipeline_forward_backward",
     "pipeline_schedule",
     "plot_allreduce",
+    "plot_monitor",
     "plot_scaling",
     "plot_speedup",
     "plot_throughput",
     "process_group",
     "profile_steps",
     "projected_speedup",
+    "published_scaling",
+    "published_sources",
+    "quiz",
     "rank_device",
     "rank_info",
     "resnet",
@@ -197,8 +220,10 @@ __all__ = [
     "schedule_order",
     "slurm_cluster",
     "submit",
+    "summarize_error",
     "synthetic",
     "tensor_parallel_bytes",
+    "time_epochs",
     "time_loader",
     "time_steps",
     "timed_ddp_steps",
@@ -209,5 +234,6 @@ __all__ = [
     "train_step",
     "visible_gpu_count",
     "watch_buckets",
+    "write_image_files",
     "zero_bytes",
 ]

@@ -2,6 +2,7 @@
 
     python -m workshop doctor     # what this machine has, what the workshop will use
     python -m workshop check      # the instructor's check of a node, before class
+    python -m workshop monitor    # CPU, memory, disk, network and GPU use, as CSV rows
 
 A command is a function that takes the parsed arguments and returns an exit status;
 to add one, write it and register it in :func:`_parser`.
@@ -59,6 +60,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     check_arguments(check)
     check.set_defaults(run=_check)
+    # python -m workshop monitor --output monitor.csv --seconds 600 &  (in a batch job)
+    from .machine.monitor import add_arguments as monitor_arguments
+    from .machine.monitor import run_from_args as run_monitor
+
+    monitor = commands.add_parser(
+        "monitor",
+        help="sample CPU, memory, disk, network and GPUs into a CSV file",
+        description="Sample this node every --interval seconds into a CSV file, "
+        "one row per sample, until --seconds pass or SIGTERM; draw it with "
+        "workshop.plot_monitor(workshop.load_samples(path)).",
+    )
+    monitor_arguments(monitor)
+    monitor.set_defaults(run=run_monitor)
     return parser
 
 

@@ -356,9 +356,9 @@ def test_the_private_slurm_cluster_and_its_job_steps_listen_on_loopback_only(
             pytest.skip(f"a Slurm answers here already ({cluster}); this test looks "
                         "only at a private cluster of its own")  # fmt: skip
         folder = cluster.folder
+        # slurmctld, munged and a slurmd for each node (run/slurmd-NODE.pid)
         daemons = {
-            name: int((folder / "run" / f"{name}.pid").read_text())
-            for name in ("slurmctld", "slurmd", "munged")
+            path.stem: int(path.read_text()) for path in (folder / "run").glob("*.pid")
         }
         script = tmp_path / "sleeper.sbatch"
         # The task waits until the test has looked (5 minutes at most).
@@ -390,7 +390,13 @@ def test_the_private_slurm_cluster_and_its_job_steps_listen_on_loopback_only(
         ports = {(lst.port, pid) for lst, pid in held}
         conf = _conf(folder)
         assert (int(conf["SlurmctldPort"]), daemons["slurmctld"]) in ports, held
-        assert (int(conf["SlurmdPort"]), daemons["slurmd"]) in ports, held
+        # Each node's slurmd on its own port (NodeName=NAME ... Port=PORT ...).
+        nodes = re.findall(
+            r"^NodeName=(\S+) .*\bPort=(\d+)", (folder / "slurm.conf").read_text(), re.M
+        )
+        assert len(nodes) == 2, nodes
+        for node, port in nodes:
+            assert (int(port), daemons[f"slurmd-{node}"]) in ports, held
         sruns = {pid for pid in jobs if comm(pid) == "srun"}
         assert sruns & {pid for _, pid in held}, (
             f"no srun listens: {held}; job: {[process(pid) for pid in jobs]}"

@@ -1,5 +1,5 @@
 """The worker code, the batch script and the benchmarks under the real launchers:
-Open MPI's ``mpirun``, and Slurm's ``srun`` and ``sbatch`` on a private one-node
+Open MPI's ``mpirun``, and Slurm's ``srun`` and ``sbatch`` on a private two-node
 cluster (scripts/local_slurm.sh). ``make setup`` installs both as root; where they
 are missing the tests say so and skip."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -181,7 +180,9 @@ def test_the_batch_script_runs_on_slurm(slurm, tmp_path):
         pytest.fail(f"job {job} still queued or running after 120 s")
     text = (tmp_path / f"hello-{job}.out").read_text()
     assert f"job {job}: 1 nodes" in text and ", 2 tasks" in text
-    assert f"rendezvous at {socket.gethostname().split('.')[0]}:" in text
+    # MASTER_ADDR: the job's first node (a one-node job's only one).
+    first = _run(["sinfo", "-h", "-N", "-o", "%N"], slurm, ROOT).stdout.split()[0]
+    assert f"rendezvous at {first}:" in text
     assert text.count("sum of ranks = 1") == 2, text
 
 
@@ -256,3 +257,51 @@ def test_the_plain_ddp_script_as_srun_tasks(slurm, tmp_path):
     env = {**slurm, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     done = _run(["srun", "-n", "2", PYTHON, str(DDP_MINIMAL)], env, tmp_path)
     _trained_in_step(done, tmp_path)
+
+
+def _code_blocks(markdown: str) -> list[list[str]]:
+    blocks, inside = [], None
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            if inside is None:
+                inside = []
+            else:
+                blocks.append(inside)
+                inside = None
+        elif inside is not None:
+            inside.append(line)
+    return blocks
+
+
+def test_notebook_02_quotes_the_plain_scripts_as_they_are():
+    """The lines notebook 02 shows of ddp_minimal.py and ddp_spawn.py are in the
+    scripts (comments and indentation aside), so the text cannot drift from them."""
+    import nbformat
+
+    notebook = nbformat.read(
+        ROOT / "notebooks" / "02_distributed_data_parallel.ipynb", 4
+    )
+    scripts = {name: (ROOT / "slurm" / name).read_text()
+               for name in ("ddp_minimal.py", "ddp_spawn.py")}  # fmt: skip
+
+    def code(line: str) -> str:
+        return line.split("  #")[0].strip()
+
+    lines = {name: {code(line) for line in text.splitlines()}
+             for name, text in scripts.items()}  # fmt: skip
+    quoted = [
+        (name, block)
+        for cell in notebook.cells
+        if cell.cell_type == "markdown"
+        for name in scripts
+        if f"slurm/{name}" in cell.source
+        for block in _code_blocks(cell.source)
+    ]
+    assert {name for name, _ in quoted} == set(scripts)
+    for name, block in quoted:
+        for line in block:
+            if code(line) and code(line) != "...":
+                assert any(code(line) in lines[n] for n in scripts), (name, line)
+    cell = next(c for c in notebook.cells if "ddp_minimal.py" in c.source
+                and c.cell_type == "code")  # fmt: skip
+    assert "torchrun_command" in cell.source and "run_command" in cell.source

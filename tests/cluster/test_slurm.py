@@ -3,7 +3,7 @@
 The parsing of scontrol/sacct output, the sbatch command submit() builds, the lines
 wait() prints and every error message are checked without Slurm (fake commands on
 PATH, a fake job status). Then the batch scripts in slurm/ run for real on a private
-one-node cluster (scripts/local_slurm.sh, shared by this module), and the private
+two-node cluster (scripts/local_slurm.sh, shared by this module), and the private
 cluster's clean-up is checked: at exit, and by its watchdog when the process that
 started it is SIGKILLed. Nothing may be left running: no daemon, watchdog or job."""
 
@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import pytest
-from conftest import ROOT, clean_env, needs_private_slurm
+from conftest import ROOT, clean_env, needs_private_slurm, private_cluster
 
 from workshop import load_scaling, plot_scaling
 from workshop.cluster import slurm as slurm_module
@@ -463,7 +463,7 @@ def test_sinfo_is_read_into_partitions_nodes_cpus_and_gpus():
     )
 
 
-# --- real jobs on a private one-node cluster -----------------------------------------
+# --- real jobs on a private two-node cluster -----------------------------------------
 
 
 def _pgrep(pattern: str) -> list[str]:
@@ -490,39 +490,29 @@ def _left_behind(
 @pytest.fixture(scope="module")
 def cluster():
     """The private cluster slurm_cluster() starts here, shared by this module."""
-    if shutil.which("slurmctld") is None or os.geteuid() != 0:
-        pytest.skip("needs Slurm's daemons and root (make setup installs slurm-wlm)")
-    before = os.environ.pop("SLURM_CONF", None)
-    try:
-        started = slurm_cluster()
-        if not started.available:
-            pytest.skip(f"no private cluster could start here: {started.reason}")
-        if started.kind != "private":
-            pytest.skip(f"a Slurm answers here already ({started}); these tests "
-                        "submit only to a private cluster of their own")  # fmt: skip
-        yield started
-        started.stop()
-        assert "SLURM_CONF" not in os.environ
-        assert not started.folder.exists()
-        assert started._watchdog.poll() is not None, "the watchdog still runs"
-        assert _left_behind(started.folder, "MARKER-workshop", within=5) == []
-    finally:
-        if before is not None:
-            os.environ["SLURM_CONF"] = before
+    running = private_cluster("these tests")
+    started = next(running)
+    yield started
+    next(running, None)  # stops it
+    assert "SLURM_CONF" not in os.environ
+    assert not started.folder.exists()
 
 
 @needs_private_slurm
 def test_slurm_cluster_reuses_the_private_cluster(cluster):
     assert slurm_cluster() is cluster
-    assert (cluster.available, cluster.kind, cluster.nodes) == (True, "private", 1)
+    assert (cluster.available, cluster.kind, cluster.nodes) == (True, "private", 2)
     assert os.environ["SLURM_CONF"] == str(cluster.folder / "slurm.conf")
-    host = cluster.hosts[0]
+    assert cluster.hosts == ["127.0.0.2", "127.0.0.3"]
+    # Each node offers all of this machine's CPUs.
+    assert cluster.cpus == 2 * os.cpu_count()
     assert str(cluster) == (
-        f"private one-node Slurm cluster on {host}: 1 node, {os.cpu_count()} "
-        f"CPU{'s' if os.cpu_count() > 1 else ''}, no GPUs (started for this notebook; "
-        "stopped when the kernel ends)"
+        "private Slurm cluster for this notebook, stopped when the kernel ends:\n"
+        f"2 nodes on this machine (127.0.0.2, 127.0.0.3), {os.cpu_count()} "
+        f"CPU{'s' if os.cpu_count() > 1 else ''} each, shared, no GPUs"
     )
-    assert len(_pgrep(str(cluster.folder))) == 4  # munged, slurmctld, slurmd, watchdog
+    # munged, slurmctld, a slurmd for each node, the watchdog
+    assert len(_pgrep(str(cluster.folder))) == 5
 
 
 @needs_private_slurm
@@ -704,7 +694,7 @@ def test_a_controller_that_answers_is_used_not_started(cluster):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     kind, text = done.stdout.splitlines()
-    assert kind == "cluster 1"
+    assert kind == "cluster 2"
     assert text.startswith(f"Slurm cluster (SLURM_CONF={os.environ['SLURM_CONF']}): ")
 
 
@@ -779,10 +769,12 @@ def test_a_killed_kernel_leaves_nothing_behind(tmp_path):
 
 @needs_private_slurm
 @pytest.mark.parametrize("action", ["stop", "stop-daemons"])
-def test_the_stop_script_ends_running_jobs_too(tmp_path, action):
+def test_the_stop_script_ends_running_jobs_too(tmp_path, tmp_path_factory, action):
     # A job's slurmstepd and tasks outlive slurmd by design: `stop` cancels the jobs
     # first and kills what is left; `stop-daemons` stops the daemons alone.
-    folder, script = tmp_path / "cluster", str(ROOT / "scripts" / "local_slurm.sh")
+    # (A short folder: Slurm's socket paths in it must fit 108 bytes.)
+    folder = tmp_path_factory.mktemp("stop")
+    script = str(ROOT / "scripts" / "local_slurm.sh")
     started = subprocess.run(["bash", script, "start", str(folder)], env=clean_env(),
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     try:

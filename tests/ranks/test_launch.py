@@ -237,6 +237,37 @@ def test_timeout_stops_every_rank_and_says_where_they_were(method):
     assert not gone(info.value.result.pids)
 
 
+def _skips_the_all_reduce():
+    t = torch.ones(4, device=workshop.rank_device())
+    if dist.get_rank() == 1:
+        time.sleep(3600)  # never joins
+    else:
+        dist.all_reduce(t)
+    return t
+
+
+def test_a_rank_waiting_past_the_collective_timeout_fails_with_gloo_s_error():
+    t0 = time.monotonic()
+    with pytest.raises(
+        LaunchError,
+        match=r"rank 0 of 2 failed; rank 0 first, with RuntimeError: .*"
+        r"Timed out waiting 2000ms for recv operation",
+    ) as info:
+        launch(
+            _skips_the_all_reduce,
+            world_size=2,
+            backend="gloo",
+            collective_timeout=2,
+            timeout=120,
+            show="none",
+        )
+    # the group's timeout ended it, long before the launch's own
+    assert 2 <= time.monotonic() - t0 < 60
+    assert info.value.failed_ranks == [0]
+    assert "The launcher stopped rank(s) 1." in str(info.value)
+    assert not gone(info.value.result.pids)
+
+
 # ---------------------------------------------------------------- bad input
 
 

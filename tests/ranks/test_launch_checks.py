@@ -83,6 +83,23 @@ def test_timeouts_that_cannot_work_are_refused(timeout, message):
         _refused(dist.get_rank, world_size=2, timeout=timeout)
 
 
+@pytest.mark.parametrize("value", [0, -2, math.inf, math.nan, True, "5"])
+def test_collective_timeouts_that_cannot_work_are_refused(value):
+    with pytest.raises(
+        ValueError,
+        match=rf"collective_timeout must be a positive, finite number of seconds .*"
+        rf"got {value!r}.*None for the default \(timeout \+ 10 s\)",
+    ):
+        _refused(dist.get_rank, world_size=2, collective_timeout=value)
+
+
+def test_collectives_wait_longer_than_the_launch_by_default():
+    # so that a hung launch reaches its own timeout, which says where ranks were
+    assert checks.collective_timeout_for(None, 30.0) > 30.0
+    assert checks.collective_timeout_for(None, None) == 3600.0
+    assert checks.collective_timeout_for(2, 30.0) == 2.0
+
+
 def test_an_infinite_timeout_means_no_limit():
     result = workshop.launch(
         dist.get_rank, world_size=2, backend="gloo", show="none", timeout=math.inf

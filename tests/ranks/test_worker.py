@@ -174,7 +174,8 @@ def test_slurm_scripts_parse():
         assert run.returncode == 0, f"{script.name}: {run.stderr}"
         text = script.read_text()
         assert "set -euo pipefail" in text
-        assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
+        if "MASTER_ADDR" in text:  # a job of several nodes meets on its first host
+            assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in text
         assert "# Submit from the repository root:" in text
 
 
@@ -239,3 +240,31 @@ def test_ranks_share_the_cores_this_process_may_use_not_the_hosts(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def _mismatched():
+    import torch.distributed as dist
+
+    t = torch.ones(4 if dist.get_rank() == 0 else 5)
+    dist.all_reduce(t)
+
+
+def test_detail_debugging_set_in_the_kernel_reaches_forked_ranks(monkeypatch):
+    # The kernel imported torch.distributed before the variable was set; the ranks,
+    # forked from it, must still check their collectives against each other.
+    import workshop
+
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    with pytest.raises(
+        workshop.LaunchError,
+        match=r"Detected mismatch between collectives on ranks(.|\n)*"
+        r"TensorShape=\[[45]\](.|\n)*TensorShape=\[[45]\]",
+    ):
+        workshop.launch(
+            _mismatched,
+            world_size=2,
+            backend="gloo",
+            start_method="fork",
+            timeout=120,
+            show="none",
+        )

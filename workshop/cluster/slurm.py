@@ -2,7 +2,7 @@
 
 Notebook 03 submits the scripts in ``slurm/`` and watches them::
 
-    cluster = slurm_cluster()       # a real cluster, or a private one-node one here
+    cluster = slurm_cluster()       # a real cluster, or a private two-node one here
     print(cluster)
     job = submit("slurm/hello_ranks.sbatch", nodes=1, ntasks_per_node=2,
                  gpus_per_node=0, options={"cpus-per-task": 1})

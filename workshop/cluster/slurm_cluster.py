@@ -2,8 +2,9 @@
 
 :func:`slurm_cluster` answers with a :class:`SlurmCluster` (re-exported by
 :mod:`workshop.cluster.slurm`). Where no controller answers but Slurm's daemons are
-installed and we are root, it starts a private one-node cluster with
-``scripts/local_slurm.sh`` in a temporary folder and makes sure it stops: at interpreter
+installed and we are root, it starts a private two-node cluster with
+``scripts/local_slurm.sh`` in a temporary folder (two node daemons on this machine, so
+that a job of two nodes runs on two nodes) and makes sure it stops: at interpreter
 exit, and through a detached watchdog (:mod:`workshop.cluster.slurm_watchdog`) when the
 kernel is killed.
 """
@@ -68,18 +69,21 @@ class SlurmCluster:
         return len(self.hosts)
 
     def describe(self) -> str:
-        """One line: what this is, its nodes, CPUs and GPUs, or why there is none."""
+        """What this is, its nodes, CPUs and GPUs, or why there is none: one line, or
+        two for a private cluster (whose nodes share this machine's CPUs)."""
         if not self.available:
             return f"no Slurm to submit to: {self.reason}"
-        size = (
-            f"{_count(self.nodes, 'node')}, {_count(self.cpus, 'CPU')}, "
-            f"{_count(self.gpus, 'GPU') if self.gpus else 'no GPUs'}"
-        )
+        gpus = _count(self.gpus, "GPU") if self.gpus else "no GPUs"
         if self.kind == "private":
+            # Every node of a private cluster offers all of this machine's CPUs.
+            each = self.cpus // max(self.nodes, 1)
             return (
-                f"private one-node Slurm cluster on {', '.join(self.hosts)}: {size} "
-                "(started for this notebook; stopped when the kernel ends)"
+                "private Slurm cluster for this notebook, stopped when the kernel "
+                f"ends:\n{_count(self.nodes, 'node')} on this machine "
+                f"({', '.join(self.hosts)}), {_count(each, 'CPU')} each"
+                f"{', shared' if self.nodes > 1 else ''}, {gpus}"
             )
+        size = f"{_count(self.nodes, 'node')}, {_count(self.cpus, 'CPU')}, {gpus}"
         parts = ", ".join(self.partitions) or "none"
         return f"Slurm cluster ({self.reason}): partitions {parts}; {size}"
 
@@ -190,7 +194,7 @@ def _unique_job_ids(conf: Path) -> None:
 
 
 def _start_private() -> SlurmCluster:
-    """Start a private one-node cluster in a new temporary folder.
+    """Start a private two-node cluster in a new temporary folder.
 
     Raises:
         RuntimeError: ``local_slurm.sh start`` failed; the message has its error
@@ -271,10 +275,11 @@ def slurm_cluster(start_private: bool = True) -> SlurmCluster:
     In this order: a private cluster this process started already is reused; a
     controller that answers ``scontrol ping`` (a real cluster, or ``SLURM_CONF``
     pointing at a running private one) is used; otherwise, with ``start_private``,
-    Slurm's daemons installed and root, a private one-node cluster is started in a
-    temporary folder, ``SLURM_CONF`` is set in ``os.environ`` so that ``sbatch``,
-    ``srun`` and ``squeue`` find it, and it is stopped at interpreter exit, or by a
-    watchdog process if the kernel is killed or restarted.
+    Slurm's daemons installed and root, a private two-node cluster (two node daemons
+    on this machine) is started in a temporary folder, ``SLURM_CONF`` is set in
+    ``os.environ`` so that ``sbatch``, ``srun`` and ``squeue`` find it, and it is
+    stopped at interpreter exit, or by a watchdog process if the kernel is killed or
+    restarted.
 
     Args:
         start_private: start a private cluster when no controller answers.
@@ -286,8 +291,8 @@ def slurm_cluster(start_private: bool = True) -> SlurmCluster:
     Example:
         >>> cluster = slurm_cluster()                   # doctest: +SKIP
         >>> print(cluster)                              # doctest: +SKIP
-        private one-node Slurm cluster on vm: 1 node, 2 CPUs, no GPUs (started for
-        this notebook; stopped when the kernel ends)
+        private Slurm cluster for this notebook, stopped when the kernel ends:
+        2 nodes on this machine (127.0.0.2, 127.0.0.3), 2 CPUs each, shared, no GPUs
     """
     global _PRIVATE
     if _PRIVATE is not None and _PRIVATE.available:

@@ -110,6 +110,37 @@ def validate(
     return timeout
 
 
+# Seconds the collectives of a launch wait beyond its timeout by default, so that a
+# launch that runs out of time stops its ranks, and says where each one was, before
+# a collective fails on one of them.
+COLLECTIVE_MARGIN = 10.0
+
+
+def collective_timeout_for(value: Any, timeout: float | None) -> float:
+    """The process group's timeout for a launch: ``value`` checked, or by default
+    ``COLLECTIVE_MARGIN`` seconds more than the launch's ``timeout`` (an hour
+    without one).
+
+    Raises:
+        ValueError: ``value`` is not a positive, finite number of seconds.
+    """
+    if value is None:
+        return 3600.0 if timeout is None else timeout + COLLECTIVE_MARGIN
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            "collective_timeout must be a positive, finite number of seconds a "
+            f"collective may wait for the other ranks; got {value!r}. Pass "
+            "collective_timeout=5, for example, or None for the default "
+            f"(timeout + {COLLECTIVE_MARGIN:g} s)"
+        )
+    return float(value)
+
+
 def refuse_inside_a_rank() -> None:
     """Raise if this process is a rank already: of a launch, torchrun, srun, mpirun.
 

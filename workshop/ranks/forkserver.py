@@ -112,10 +112,16 @@ def _serve(sock_fd: int, parent: int) -> None:
                 request, fds = _recv_request(sock)
             except EOFError:
                 return
-            if request[0] == "signal":
+            if request[0] in ("signal", "signal_rank"):
                 _, pid, sig = request
                 if pid in children:  # never signal a pid that is not ours any more
-                    signal_group(pid, sig)
+                    if request[0] == "signal":
+                        signal_group(pid, sig)
+                    else:
+                        try:
+                            os.kill(pid, sig)
+                        except OSError:
+                            pass
                 continue
             _, rank, env, payload = request
             server = os.getpid()
@@ -165,6 +171,10 @@ class ServerRank(RankHandle):
     def signal(self, sig: int) -> None:
         if self.exit_code is None and self.server.alive():
             self.server.send(("signal", self.pid, sig))
+
+    def signal_rank(self, sig: int) -> None:
+        if self.exit_code is None and self.server.alive():
+            self.server.send(("signal_rank", self.pid, sig))
 
 
 class ForkServer:

@@ -21,13 +21,19 @@ import cloudpickle
 from .._procs import answer_in_child
 from ..env import choose_backend, visible_gpu_count
 from . import sweep
-from .checks import check_capacity, refuse_inside_a_rank, validate
+from .checks import (
+    check_capacity,
+    collective_timeout_for,
+    refuse_inside_a_rank,
+    validate,
+)
 from .forkserver import ForkServer
 from .output import RankOutput
 from .rank import Job
 from .rendezvous import Rendezvous
 from .results import LaunchError, RunResult
 from .session import LIVE, LaunchSession
+from .stacks import StackDumps
 
 __all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
 
@@ -176,6 +182,7 @@ def launch(
     start_method: str = "auto",
     show: str = "auto",
     trace: bool = False,
+    collective_timeout: float | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks, each a real process.
@@ -204,6 +211,10 @@ def launch(
         trace: record every point-to-point and collective call of each rank
             (operation, peers, tensor values or shapes, times) into
             ``RunResult.traces``, for the communication diagrams.
+        collective_timeout: seconds a collective waits for the other ranks before
+            it fails on the rank that waits (the process group's timeout). None:
+            10 s more than ``timeout``, so that a hung launch reaches its own
+            timeout first and says where each rank was (its Python stack).
         **kwargs: keyword arguments for ``fn``. (To pass one that shares a name with
             the options above, wrap ``fn`` with ``functools.partial``.)
 
@@ -214,7 +225,9 @@ def launch(
     Raises:
         LaunchError: a rank raised or crashed (the other ranks are stopped), or
             ``timeout`` passed. The message names the ranks, the exception and the
-            traceback; ``.result`` holds what the ranks printed.
+            traceback; ``.result`` holds what the ranks printed. At the timeout it
+            names, per rank still running, its last line and where its function
+            was (the innermost frames of its Python stack).
         ValueError, TypeError: bad arguments (an ``async def`` or generator ``fn``
             too), with the fix in the message.
         RuntimeError: called inside a rank, whose process group exists already.
@@ -234,6 +247,7 @@ def launch(
     """
     global _told_cuda
     timeout = validate(fn, world_size, timeout, start_method, show, trace)
+    collective_timeout = collective_timeout_for(collective_timeout, timeout)
     refuse_inside_a_rank()
     gpus = visible_gpu_count()
     requested_backend = backend
@@ -250,7 +264,7 @@ def launch(
             "untouched); its first start takes a few seconds.",
             file=sys.stderr,
         )
-    job = Job(fn, args, kwargs, backend, timeout or 3600.0, trace=trace)
+    job = Job(fn, args, kwargs, backend, collective_timeout, trace=trace)
     job_bytes = _serialise_job(job)
     if method == "server":
         try:
@@ -279,7 +293,10 @@ def launch(
     tag = _new_tag()
     rendezvous = Rendezvous(world_size, timeout or 3600.0)
     output = RankOutput(world_size, header, show)
-    run = LaunchSession(job, world_size, backend, method, timeout, output, SERVER, tag)
+    stacks = StackDumps()
+    run = LaunchSession(
+        job, world_size, backend, method, timeout, output, SERVER, tag, stacks
+    )
     running: list[int] = []
     stopped: list[int] | None = None
     try:
@@ -297,6 +314,7 @@ def launch(
         try:
             run.wait()
         except TimeoutError:
+            run.read_stacks()  # where each rank was, before they are stopped
             running = run.stop()
         except KeyboardInterrupt:
             interrupted = run.stop(grace=1.0)
@@ -312,6 +330,7 @@ def launch(
     finally:
         run.close()
         rendezvous.close()
+        stacks.close()
         _stop_leftovers(tag)
     if running:
         raise run.timeout_error(running)

@@ -18,6 +18,7 @@ from .output import RankOutput
 from .rank import Job, RankError, split_messages
 from .rendezvous import rank_env
 from .results import LaunchError, RunResult
+from .stacks import STACK_FILE_VAR, StackDumps, format_frames, rank_frames
 from .start import RankHandle
 
 # Seconds a rank gets to end after SIGTERM before SIGKILL. A rank blocked inside a
@@ -62,6 +63,7 @@ class LaunchSession:
         output: RankOutput,
         server: ForkServer,
         tag: str = "",
+        stacks: StackDumps | None = None,
     ):
         self.job = job
         self.server = server
@@ -79,6 +81,8 @@ class LaunchSession:
         self.t0 = time.time()
         # Marks every process of this launch, the ranks' children too (see sweep.py).
         self.tag = tag
+        # Where each rank's Python stack goes when the launcher asks (see stacks.py).
+        self.stacks = stacks
 
     # -- starting
     def start(self, job_bytes: bytes | None, port: int, keep_closed: list[int]) -> None:
@@ -86,6 +90,8 @@ class LaunchSession:
         payload = start.request_payload(job_bytes) if job_bytes is not None else None
         for rank in range(self.world_size):
             env = rank_env(rank, self.world_size, port, self.tag)
+            if self.stacks is not None:
+                env[STACK_FILE_VAR] = self.stacks.path(rank)
             if self.method == "fork":
                 closed = keep_closed + [
                     fd for h in self.handles for fd in h.fds.values()
@@ -170,6 +176,21 @@ class LaunchSession:
                 raise TimeoutError
             self._pump(0.02 if left is None else max(0.0, min(0.02, left)))
             self._poll_exits()
+
+    def read_stacks(self) -> None:
+        """Ask every rank still running for its Python stack (before stopping them:
+        a stopped rank is no longer where it was)."""
+        if self.stacks is not None:
+            self.stacks.collect(self.handles)
+
+    def where(self, rank: int) -> list[str]:
+        """Lines that say where ``rank`` was when asked (empty: not asked)."""
+        if self.stacks is None or rank not in self.stacks.dumps:
+            return []
+        frames = rank_frames(self.stacks.dumps[rank])
+        if not frames:
+            return ["    (it had not started the function yet)"]
+        return format_frames(frames)
 
     def stop(self, grace: float = GRACE) -> list[int]:
         """Stop every rank still running (TERM, a grace period, KILL) and return the
@@ -319,6 +340,9 @@ class LaunchSession:
             f"{', '.join(map(str, running))} of {self.world_size} were still running; "
             "all were stopped."
         ]
+        asked = any(self.where(rank) for rank in running)
+        if asked:
+            lines.append("Where each rank was (innermost call last):")
         for rank in running:
             last = self.output.last_line(rank)
             lines.append(
@@ -326,8 +350,11 @@ class LaunchSession:
                 if last
                 else f"  rank {rank} printed nothing"
             )
+            lines += self.where(rank)
         lines.append(
             "HINT: a rank that never returns is often waiting in a collective that "
-            "another rank never called; otherwise pass a larger timeout."
+            "another\nrank never called"
+            + ("; compare where the ranks were," if asked else ";")
+            + " or pass a larger timeout."
         )
         return LaunchError("\n".join(lines), self.result(), running_ranks=running)

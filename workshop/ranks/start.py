@@ -44,6 +44,14 @@ class RankHandle:
         if self.exit_code is None:
             signal_group(self.pid, sig)
 
+    def signal_rank(self, sig: int) -> None:
+        """Send ``sig`` to the rank alone, not to the processes it started."""
+        if self.exit_code is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # ended meanwhile; not reaped, so still ours
+                pass
+
 
 class ForkedRank(RankHandle):
     """A rank forked from this process: this process reaps it."""

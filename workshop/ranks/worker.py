@@ -206,7 +206,8 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
 
     Args:
         backend: "auto", "gloo", "nccl" or "mpi".
-        timeout: seconds a collective may wait for the other ranks before failing.
+        timeout: seconds a collective may wait for the other ranks before failing
+            (gloo raises on the waiting rank; NCCL's watchdog aborts the group).
 
     Yields:
         This rank's :class:`~workshop.env.RankInfo`.
@@ -230,6 +231,11 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     if backend == "nccl":
         torch.cuda.set_device(info.local_rank)
     wait = timedelta(seconds=timeout)
+    # torch reads TORCH_DISTRIBUTED_DEBUG when torch.distributed is imported; a rank
+    # forked from a kernel that imported it before the variable was set would
+    # otherwise ignore it (DETAIL checks every collective against the other ranks').
+    if hasattr(dist, "set_debug_level_from_env"):
+        dist.set_debug_level_from_env()
     if info.rank == 0 and torchrun_restart_risk():
         warnings.warn(
             "torchrun may restart these ranks (--max_restarts > 0) while they share "

@@ -1,0 +1,173 @@
+"""The private cluster's two nodes (scripts/local_slurm.sh), and slurm/mpirun.sbatch.
+
+The private cluster runs two node daemons on this machine, so a job of two nodes runs
+on two nodes: each node's slurmd starts that node's tasks, which see their own node's
+name. mpirun.sbatch, Open MPI under Slurm, is submitted there and must start one rank
+on each node. Both scripts pass ``bash -n`` and shellcheck."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, needs_private_slurm
+
+LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
+MPIRUN_SBATCH = ROOT / "slurm" / "mpirun.sbatch"
+NODES = ["127.0.0.2", "127.0.0.3"]
+
+
+@pytest.mark.parametrize("script", [LOCAL_SLURM, MPIRUN_SBATCH], ids=lambda p: p.name)
+def test_the_scripts_pass_bash_n_and_shellcheck(script):
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck missing (Debian/Ubuntu: apt-get install shellcheck)")
+    done = subprocess.run(
+        ["shellcheck", str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout
+
+
+@needs_private_slurm  # checked after Slurm, root and the host name
+def test_a_folder_too_long_for_slurms_sockets_is_refused(tmp_path):
+    folder = tmp_path / ("x" * 80)
+    done = subprocess.run(["bash", str(LOCAL_SLURM), "start", str(folder)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert re.fullmatch(
+        rf"local_slurm\.sh: the folder {re.escape(str(folder))} has "
+        rf"{len(str(folder))} characters; Slurm's job sockets in it would pass the "
+        r"108 a socket's path may have\. Use a folder of at most 68 characters "
+        r"\(mktemp -d makes one\)\n",
+        done.stderr,
+    )
+    assert list(folder.iterdir()) == []  # nothing started, nothing written
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A private two-node cluster for this module; stopped with all it ran after."""
+    folder = tmp_path_factory.mktemp("slurm")
+    started = subprocess.run(["bash", str(LOCAL_SLURM), "start", str(folder)],
+                             env=clean_env(), capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        yield folder
+    finally:
+        subprocess.run(["bash", str(LOCAL_SLURM), "stop", str(folder)],
+                       capture_output=True, timeout=120)  # fmt: skip
+        left = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True,
+                              text=True).stdout.split()  # fmt: skip
+        assert left == [], f"processes of the test cluster still run: {left}"
+
+
+def _env(folder: Path) -> dict[str, str]:
+    # Both nodes are this machine: on a GPU machine two "nodes" would share its GPU,
+    # which NCCL refuses, so the jobs here run on CPUs, with gloo.
+    return clean_env(SLURM_CONF=str(folder / "slurm.conf"), CUDA_VISIBLE_DEVICES="")
+
+
+def _slurm(folder: Path, *command: str, timeout: float = 60) -> str:
+    done = subprocess.run(command, env=_env(folder), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, f"{command}: {done.stderr}"
+    return done.stdout
+
+
+def _sbatch(folder: Path, tmp_path: Path, *args: str, timeout: float = 180) -> tuple:
+    """Submit from the repository root and wait for the end (sbatch --wait); the job
+    id, its exit code and its output. A job still running at the timeout is
+    cancelled."""
+    command = ["sbatch", "--wait", "--parsable", f"--output={tmp_path}/%j.out", *args]
+    job = subprocess.Popen(command, env=_env(folder), cwd=ROOT, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        out, err = job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:  # timed out: cancel the job, end sbatch
+            queued = _slurm(folder, "squeue", "-h", "-o", "%A").split()
+            if queued:
+                _slurm(folder, "scancel", *queued)
+            job.kill()
+            job.communicate(timeout=30)
+    job_id = out.strip().split(";")[0]
+    assert job_id.isdigit(), err
+    return job_id, job.returncode, (tmp_path / f"{job_id}.out").read_text()
+
+
+def _launched_on(folder: Path, step: str) -> list[str]:
+    """The nodes whose slurmd started ``step`` (JOBID.STEP), from their own logs."""
+    return [
+        node
+        for node in NODES
+        if f"launch task StepId={step} "
+        in (folder / "log" / f"slurmd-{node}.log").read_text()
+    ]
+
+
+@needs_private_slurm
+def test_two_nodes_each_with_its_own_slurmd(cluster):
+    nodes = _slurm(cluster, "sinfo", "-h", "-N", "-o", "%N %T %c")
+    cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    assert nodes.splitlines() == [f"{node} idle {cpus}" for node in NODES]
+    for node in NODES:  # a daemon each, with its own pid file, spool and log
+        pid = int((cluster / "run" / f"slurmd-{node}.pid").read_text())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert command[-3:-1] == [b"-N", node.encode()], command
+        assert (cluster / node).is_dir()  # its spool: the node's "local disk"
+
+
+@needs_private_slurm
+def test_a_two_node_step_runs_a_task_on_each_node(cluster):
+    said = _slurm(cluster, "srun", "--nodes=2", "--ntasks-per-node=1", "bash", "-c",
+                  'echo "$SLURM_NODEID $SLURMD_NODENAME $SLURM_PROCID"')  # fmt: skip
+    assert sorted(said.splitlines()) == [f"0 {NODES[0]} 0", f"1 {NODES[1]} 1"]
+
+
+@needs_private_slurm
+def test_hello_ranks_spans_both_nodes(cluster, tmp_path):
+    job, code, text = _sbatch(
+        cluster, tmp_path, "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
+        "--cpus-per-task=1", "slurm/hello_ranks.sbatch",
+    )  # fmt: skip
+    assert code == 0, text
+    assert f"job {job}: 2 nodes (127.0.0.[2-3]), 2 tasks" in text
+    assert f"rendezvous at {NODES[0]}:" in text  # the first node of the job
+    for rank in (0, 1):  # one rank a node: each is local rank 0 of its node
+        assert (
+            f"hello from rank {rank} of 2 (local rank 0, node {rank}, started by "
+            "srun, gloo): sum of ranks = 1"
+        ) in text, text
+    assert _launched_on(cluster, f"{job}.0") == NODES
+
+
+@needs_private_slurm
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_mpirun_sbatch_starts_a_rank_on_each_node(cluster, tmp_path):
+    job, code, text = _sbatch(
+        cluster, tmp_path, "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
+        "--cpus-per-task=1", "slurm/mpirun.sbatch", timeout=240,
+    )  # fmt: skip
+    checkpoint = ROOT / "runs" / "checkpoints" / f"mpirun-{job}.pt"
+    try:
+        assert code == 0, text
+        assert f"job {job}: 2 nodes (127.0.0.[2-3]), 2 tasks" in text
+        assert f"rendezvous at {NODES[0]}:" in text
+        assert "mpirun (Open MPI)" in text
+        # mpirun read the allocation: a rank on each node, started by that node's
+        # slurmd (Open MPI's daemon for the node is step 0, the training step 1).
+        assert "rank 0 of 2 on 127.0.0.2" in text and "rank 1 of 2 on 127.0.0.3" in text
+        assert _launched_on(cluster, f"{job}.0") == NODES
+        assert _launched_on(cluster, f"{job}.1") == NODES
+        # Both ranks trained, to the same weights (DDP keeps them equal).
+        sums = dict(re.findall(r"rank (\d): weights sum to (-?\d+\.\d+)", text))
+        assert sorted(sums) == ["0", "1"] and sums["0"] == sums["1"], text
+        assert "epoch 2: loss" in text
+        assert checkpoint.is_file()  # rank 0 saved it, where the script said
+    finally:
+        checkpoint.unlink(missing_ok=True)

@@ -1,0 +1,89 @@
+"""Large global batches: the warm-up schedule, the errors for bad settings, and a real
+run on 1 and 4 ranks. Accuracies after one short epoch vary with the seed, so the run
+asserts relations between means over fixed seeds, with wide margins (measured on a
+2-core CPU over seeds 0-6, the gaps were at least twice the margins asserted)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from workshop.lessons.large_batch import (
+    BatchRun,
+    LargeBatchResult,
+    compare_global_batch,
+    warmup_factor,
+)
+from workshop.training.data import digits
+
+
+def test_the_warm_up_ramps_from_the_unscaled_to_the_scaled_rate():
+    factors = [warmup_factor(step, 4, 8.0) for step in range(7)]
+    assert factors[0] == pytest.approx(1 / 8)  # starts at the 1-rank learning rate
+    assert factors[4:] == [1.0, 1.0, 1.0]  # the scaled rate from step 4 on
+    assert all(a < b for a, b in itertools.pairwise(factors[:5]))
+    assert [warmup_factor(step, 0, 8.0) for step in range(3)] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.0, float("nan")])
+def test_a_warm_up_that_would_ramp_down_is_refused(scale):
+    with pytest.raises(ValueError, match=r"scale=.* must be 1 or more"):
+        warmup_factor(0, 3, scale)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 1}, r"world_size=1 must be a whole number, 2 or more"),
+        ({"per_rank_batch": 0}, r"per_rank_batch=0 must be a whole number, 1 or more"),
+        ({"epochs": 1.5}, r"epochs=1.5 must be a whole number, 1 or more"),
+        ({"warmup_steps": -1}, r"warmup_steps=-1 must be a whole number, 0 or more"),
+        ({"lr": 0.0}, r"lr=0.0 must be a number above 0"),
+        ({"lr": float("nan")}, r"lr=nan must be a number above 0"),
+        ({"seeds": ()}, r"seeds=\(\) must be one or more whole numbers"),
+        ({"seeds": (0, "1")}, r"seeds=\(0, '1'\) must be one or more whole numbers"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_rank_starts(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        compare_global_batch(**kwargs)
+
+
+def test_the_table_fits_88_columns_and_shows_every_run():
+    runs = tuple(
+        BatchRun(ranks, 32, lr, warm, steps, (0.5, 0.25, 0.125))
+        for ranks, lr, warm, steps in [
+            (1, 0.05, 0, 45),
+            (16, 0.05, 0, 3),
+            (16, 0.8, 3, 3),
+            (16, 0.8, 0, 3),
+        ]
+    )
+    text = LargeBatchResult(runs, 1, (0, 1, 2), "gloo").table()
+    assert max(len(line) for line in text.splitlines()) <= 88
+    assert "16 ranks, lr x 16, warm-up" in text
+    assert " 512 " in text  # 16 ranks x 32: the global batch
+    assert "0.292" in text  # the mean of the three seeds
+    assert runs[1].global_batch == 512
+
+
+def test_more_ranks_at_the_same_batch_per_rank_take_fewer_steps_and_learn_less():
+    result = compare_global_batch(world_size=4, seeds=(0, 1, 2))
+    one, same_lr, scaled_warm, scaled = result.runs
+    samples = len(digits("train"))
+    # A DistributedSampler gives each rank ceil(samples / 4) of them.
+    assert one.steps == math.ceil(samples / 32)
+    assert same_lr.steps == scaled.steps == math.ceil(math.ceil(samples / 4) / 32)
+    assert (one.global_batch, same_lr.global_batch) == (32, 128)
+    assert (scaled_warm.lr, scaled_warm.warmup_steps) == (pytest.approx(0.2), 3)
+    for run in result.runs:
+        assert len(run.accuracies) == 3
+        assert all(0.0 <= a <= 1.0 for a in run.accuracies)
+    # Four times fewer steps at the same learning rate: far less learned.
+    assert one.accuracy > same_lr.accuracy + 0.2
+    # The linear scaling rule recovers part of it, with or without the warm-up.
+    assert scaled_warm.accuracy > same_lr.accuracy + 0.1
+    assert scaled.accuracy > same_lr.accuracy + 0.1
+    assert result.backend in ("gloo", "nccl")

@@ -1,0 +1,184 @@
+"""Where each rank was: at its timeout, ``workshop.launch`` asks every rank still
+running for its Python stack (faulthandler on SIGUSR1) and names the frames of the
+lesson's function, on every start method, leaving no file and no process behind.
+The ranks are pinned to gloo: where a rank waits does not depend on the backend."""
+
+from __future__ import annotations
+
+import faulthandler
+import inspect
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import gone
+
+from workshop import LaunchError, launch
+from workshop.ranks import stacks
+from workshop.ranks.stacks import (
+    READY,
+    Frame,
+    StackDumps,
+    format_frames,
+    parse_dump,
+    rank_frames,
+    short_path,
+)
+from workshop.ranks.start import SpawnedRank
+
+pytestmark = pytest.mark.usefixtures("no_leftover_children")
+
+
+def _stuck():
+    t = torch.ones(4)
+    print(f"rank {dist.get_rank()} started", flush=True)
+    if dist.get_rank() == 0:
+        time.sleep(3600)
+    dist.all_reduce(t)
+    return t
+
+
+def _line_of(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize("method", ["fork", "server", "spawn"])
+def test_the_timeout_report_says_where_each_rank_was(method, tmp_path, monkeypatch):
+    # The stack files go to a folder of this test's own, to see that none is left.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    timeout = 20 if method == "spawn" else 4  # a fresh interpreter imports torch
+    with pytest.raises(LaunchError, match="Where each rank was") as info:
+        launch(
+            _stuck,
+            world_size=2,
+            backend="gloo",
+            timeout=timeout,
+            start_method=method,
+            show="none",
+        )
+    message = str(info.value)
+    sleep, reduce = _line_of(_stuck, "time.sleep"), _line_of(_stuck, "all_reduce")
+    rank0, rank1 = message.split("  rank 1 last printed")
+    assert "rank 0 last printed: 'rank 0 started'" in rank0
+    assert f"test_stacks.py, line {sleep}, in _stuck: time.sleep(3600)" in rank0
+    assert f"test_stacks.py, line {reduce}, in _stuck: dist.all_reduce(t)" in rank1
+    assert "in all_reduce" in rank1  # the collective it waits in
+    assert "rank.py" not in message  # none of the launch's own frames
+    assert info.value.running_ranks == [0, 1]
+    assert not gone(info.value.result.pids, within=1)
+    assert os.listdir(tmp_path) == [], "the launch left its stack files"
+
+
+def test_a_launch_that_ends_leaves_no_stack_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = launch(dist.get_rank, world_size=2, backend="gloo", show="none")
+    assert result.returns == [0, 1]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_rank_that_has_not_registered_is_not_signalled(tmp_path, monkeypatch):
+    # Without faulthandler's handler, SIGUSR1 would end the process.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dumps = StackDumps()
+    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        handle = SpawnedRank(0, popen, -1, -1, -1)
+        assert dumps.collect([handle], wait=0.5) == {}
+        assert popen.poll() is None, "the process was signalled"
+    finally:
+        popen.kill()
+        popen.wait(10)
+        dumps.close()
+    assert os.listdir(tmp_path) == []
+
+
+def run_rank(body):  # stands in for workshop.ranks.rank.run_rank in a real dump
+    return body()
+
+
+def _waits(started: threading.Event, done: threading.Event) -> None:
+    started.set()
+    done.wait(30)
+
+
+def test_frames_of_a_real_dump_start_below_run_rank(tmp_path):
+    started, done = threading.Event(), threading.Event()
+    thread = threading.Thread(
+        target=run_rank, args=(lambda: _waits(started, done),), daemon=True
+    )
+    thread.start()
+    started.wait(30)
+    try:
+        with open(tmp_path / "dump.txt", "w+") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+            f.seek(0)
+            dump = f.read()
+    finally:
+        done.set()
+        thread.join(30)
+    assert len(parse_dump(dump)) >= 2  # this thread and the waiting one
+    frames = rank_frames(dump)
+    names = [f.name for f in frames]
+    assert names[0] == "<lambda>" and "_waits" in names
+    assert "run_rank" not in names
+    # threading's wait: a run of standard-library frames, kept as its innermost one
+    assert names[-1] == "wait" and names.count("wait") == 1
+    assert f"test_stacks.py, line {_line_of(_waits, 'done.wait')}, in _waits: " in (
+        "\n".join(format_frames(frames))
+    )
+
+
+def test_runs_of_library_frames_are_cut_to_the_call_and_the_last_six_kept():
+    torch_file = os.path.join(os.path.dirname(torch.__file__), "distributed", "x.py")
+    own = os.path.join(os.path.dirname(stacks.__file__), "rank.py")
+    user = "/somewhere/train.py"
+    frames = [Frame(own, 166, "run_rank")] + [
+        Frame(user, n, f"f{n}") for n in range(1, 8)
+    ]
+    frames += [Frame(torch_file, 9, "wrapper"), Frame(torch_file, 20, "all_reduce")]
+    text = "Thread 0x00007f0000000001 (most recent call first):\n" + "".join(
+        f'  File "{f.filename}", line {f.line} in {f.name}\n' for f in frames[::-1]
+    )
+    kept = rank_frames(text)
+    assert kept == [Frame(user, n, f"f{n}") for n in range(3, 8)] + [frames[-1]]
+    assert rank_frames(text, limit=2) == kept[-2:]
+    assert rank_frames(text.replace("run_rank", "elsewhere")) == []
+
+
+def test_paths_are_shown_without_this_machine_s_folders():
+    assert short_path(inspect.getfile(dist.all_reduce)) in (
+        "torch/distributed/distributed_c10d.py",
+        "torch/distributed/c10d_logger.py",
+    )
+    assert short_path("/nowhere/in/particular/train.py") == "train.py"
+    assert short_path("/tmp/ipykernel_1/123.py", {"/tmp/ipykernel_1/123.py": 7}) == (
+        "cell In[7]"
+    )
+    long = [Frame("/x/y.py", 1, "f" * 200)]
+    assert len(format_frames(long, width=88)[0]) == 88
+
+
+def test_the_ready_mark_follows_the_registration(tmp_path, monkeypatch):
+    # In a child, so that this process's own SIGUSR1 stays as it was.
+    path = tmp_path / "rank-0.txt"
+    code = (
+        "import os, signal, time\n"
+        "from workshop.ranks.stacks import register_stack_dump\n"
+        "def waiting_here():\n"
+        "    register_stack_dump()\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    time.sleep(0.5)\n"
+        "waiting_here()\n"
+    )
+    env = dict(os.environ, **{stacks.STACK_FILE_VAR: str(path)})
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    data = path.read_bytes()
+    assert data.startswith(READY)
+    assert "in waiting_here" in data[len(READY) :].decode()

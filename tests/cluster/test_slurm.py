@@ -799,3 +799,33 @@ def test_the_stop_script_ends_running_jobs_too(tmp_path, tmp_path_factory, actio
     finally:
         if action == "stop-daemons":  # what a bare stop-daemons leaves: clean it up
             slurm_watchdog.stop_cluster(folder, script)
+
+
+@needs_private_slurm
+@pytest.mark.parametrize(
+    ("script", "cpus", "ranks"),
+    [("slurm/train_ddp.sbatch", 1, 2), ("slurm/train_torchrun.sbatch", 2, 4)],
+)
+def test_the_training_scripts_span_both_nodes(
+    cluster, tmp_path, monkeypatch, script, cpus, ranks
+):
+    """On the two-node cluster a job of two nodes is a job of two nodes: srun (or one
+    torchrun per node) starts ranks on each, and they train together to the end."""
+    # Both "nodes" are this machine: on a GPU node their local rank 0s would share
+    # one GPU, which NCCL refuses. The job inherits this environment (sbatch's
+    # --export=ALL), so its ranks run on the CPU with gloo.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    job = submit(
+        script, "--epochs", "1", "--checkpoint", str(tmp_path / "train.pt"),
+        nodes=2, ntasks_per_node=1, gpus_per_node=0, options={"cpus-per-task": cpus},
+        output_dir=tmp_path,
+    )  # fmt: skip
+    status = job.wait(timeout=300, poll=0.5)
+    text = job.output()
+    assert status.state == "COMPLETED", text
+    assert f"{ranks} ranks on 2 node(s)" in text
+    assert f"({', '.join(cluster.hosts)})" in text or "127.0.0.[2-3]" in text, text
+    for rank in range(ranks):
+        node = rank * 2 // ranks  # ranks fill node 0 first
+        assert re.search(rf"rank {rank}: local rank \d on node {node} ", text), text
+    assert re.search(r"done: weight checksum -?\d+\.\d{6}", text)

@@ -27,7 +27,7 @@ from conftest import repo_env, run_module
 from workshop import env
 from workshop.__main__ import main
 from workshop.machine.doctor import WIDTH, Row, collect_rows, doctor, format_rows
-from workshop.machine.doctor_probes import version_line
+from workshop.machine.doctor_probes import slurm_unconfigured, version_line
 from workshop.ranks.launcher import choose_start_method
 
 # The module, beside its function doctor imported above: tests patch its globals.
@@ -258,6 +258,27 @@ def test_launchers_found_with_their_version_line(bin_dir):
     values = as_dict(collect_rows())
     assert values["Launchers", "mpirun"] == f"mpirun (Open MPI) 4.1.5 ({mpirun})"
     assert values["Launchers", "srun"] == f"slurm 23.02.7 ({srun})"
+
+
+def test_srun_without_a_cluster_is_said_in_plain_words(bin_dir):
+    # What Debian's srun 22.05 prints where slurm-wlm is installed but not configured.
+    fake_tool(
+        bin_dir,
+        "srun",
+        'echo "srun: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown '
+        'host" >&2; exit 1',
+    )
+    said = as_dict(collect_rows())["Launchers", "srun"]
+    assert said.startswith("Slurm is installed but no cluster is configured here")
+    assert "resolve_ctls" not in said and "local_slurm.sh" in said
+
+
+def test_other_srun_failures_are_shown_as_they_are():
+    assert slurm_unconfigured("srun: error: Invalid user for SlurmUser slurm") is None
+    said = slurm_unconfigured(
+        "sinfo: fatal: Could not establish a configuration source"
+    )
+    assert said is not None and said.startswith("Slurm is installed but no cluster")
 
 
 def test_version_line_skips_a_heading():

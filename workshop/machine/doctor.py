@@ -32,6 +32,7 @@ from .doctor_probes import (
     _run,
     nccl_version,
     nvidia_smi_gpus,
+    slurm_unconfigured,
     torch_build,
     torchvision_version,
     version_line,
@@ -141,6 +142,10 @@ def _launcher_items() -> Items:
             items.append((name, "not found"))
             continue
         ok, output = _run([path, "--version"], COMMAND_TIMEOUT_S)
+        if not ok and name == "srun":
+            # srun exits with "res_nsearch error: Unknown host" where Slurm is
+            # installed without a cluster: say that, in plain words.
+            output = slurm_unconfigured(output) or output
         items.append((name, f"{version_line(output)} ({path})" if ok else output))
     items.append(("torchrun", _torchrun()))
     return items

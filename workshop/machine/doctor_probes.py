@@ -84,6 +84,28 @@ def version_line(output: str) -> str:
     return lines[0] if lines else "(printed no version)"
 
 
+# What a Slurm client prints when no configuration is found: no slurm.conf, no
+# SLURM_CONF, and no DNS SRV record naming a controller ("configless" Slurm).
+_NO_SLURM_CONF = ("resolve_ctls_from_dns_srv", "Could not establish a configuration")
+
+
+def slurm_unconfigured(output: str) -> str | None:
+    """A plain sentence if ``output`` of a Slurm command says that Slurm is installed
+    but no cluster is configured here; else None.
+
+    Example:
+        >>> slurm_unconfigured("srun: error: resolve_ctls_from_dns_srv: ...")[:40]
+        'Slurm is installed but no cluster is con'
+    """
+    if not any(mark in output for mark in _NO_SLURM_CONF):
+        return None
+    return (
+        "Slurm is installed but no cluster is configured here (no slurm.conf, no "
+        "SLURM_CONF): submit from a cluster's login node, or start a private one "
+        "(scripts/local_slurm.sh; notebook 03 does it for you)"
+    )
+
+
 def torchvision_version() -> str:
     """torchvision's version with its build tag ("0.20.1+cu124"), without importing it.
 

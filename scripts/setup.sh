@@ -36,8 +36,9 @@ print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
 # runs as root on Debian or Ubuntu and they are missing; otherwise setup says what is
 # missing and goes on: the notebooks run without them, and on a cluster they are
 # the site's own (module load openmpi; Slurm is already there). shellcheck lints the
-# batch scripts in the tests.
-SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge shellcheck)
+# batch scripts in the tests. Chromium and its driver let tests/browser open the
+# notebooks in JupyterLab in a real (headless) browser, as a learner sees them.
+SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver)
 install_system_packages() {
     local missing=()
     command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
@@ -45,17 +46,21 @@ install_system_packages() {
         || missing+=(slurm-wlm)
     command -v munged >/dev/null 2>&1 || missing+=(munge)
     command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
     if [[ ${#missing[@]} -eq 0 ]]; then
         say "system packages: present (${SYSTEM_PACKAGES[*]})"
         return
     fi
     if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-        say "system packages missing: ${missing[*]}; the tests that run mpirun and a
-[setup]   local Slurm will say so and skip. To have them, ask an administrator for:
-[setup]   apt-get install ${missing[*]}   (on a cluster: module load openmpi)"
+        say "system packages missing: ${missing[*]}; the tests that run mpirun, a
+[setup]   local Slurm or a browser will say so and skip. To have them, ask an
+[setup]   administrator for: apt-get install ${missing[*]}
+[setup]   (on a cluster: module load openmpi)"
         return
     fi
-    say "installing ${missing[*]} with apt-get (mpirun, a local Slurm and shellcheck for the tests)"
+    say "installing ${missing[*]} with apt-get (mpirun, a local Slurm, shellcheck and a\
+ headless Chromium for the tests)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq || die "apt-get update failed; is the package mirror reachable?"
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \

@@ -73,7 +73,8 @@ from .draw.comm_diagrams import draw_rank_layout
 from .draw.diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .draw.p2p_diagram import draw_point_to_point
 from .draw.plots import plot_speedup, plot_throughput
-from .draw.ring_diagram import draw_ring_grid, draw_ring_step, ring_widget
+from .draw.ring_diagram import draw_ring_grid, draw_ring_step
+from .draw.ring_view import RingWidget, ring_widget
 from .draw.tensor_diagram import draw_tensor_parallel
 from .draw.timeline_diagram import draw_rank_timeline
 from .env import RankInfo, backend_name, rank_info, visible_gpu_count
@@ -134,6 +135,7 @@ __all__ = [
     "PackedImages",
     "Progress",
     "RankInfo",
+    "RingWidget",
     "RowParallelLinear",
     "RunResult",
     "SlurmCluster",

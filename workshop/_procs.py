@@ -1,11 +1,12 @@
 """Process plumbing shared by every start path: dying with the parent, signalling a
-rank's whole process group, telling whether a process is still there, and asking a
-forked child one question."""
+rank's whole process group, telling whether a process is still there, asking a
+forked child one question, and the interrupt that says what was stopped."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import sys
@@ -16,6 +17,46 @@ from collections.abc import Callable
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+
+
+def interrupted(message: str) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` to raise once an interrupted call (the kernel's stop
+    button, Ctrl-C) has stopped everything it started; ``message`` says what.
+
+    A notebook shows it as one line, ``KeyboardInterrupt: <message>``: IPython asks
+    an exception for ``_render_traceback_`` before drawing a traceback, and where
+    the call happened to be waiting when the button was pressed is no news to the
+    learner, while a page of the package's frames reads as a crash. Elsewhere it
+    is a plain ``KeyboardInterrupt``: ``except KeyboardInterrupt`` catches it, and
+    a script that does not ends as Ctrl-C ends it, with exit status 130 (Python
+    gives that status to an uncaught ``KeyboardInterrupt`` itself, not to a
+    subclass; hence the attribute on an instance rather than a class of our own).
+
+    Args:
+        message: what was interrupted and stopped, e.g.
+            ``"workshop.launch: interrupted; stopped rank(s) 0, 1"``.
+
+    Returns:
+        The exception, to ``raise ... from None`` (the interrupt it replaces only
+        says where the wait was).
+
+    Example:
+        >>> try:                                      # doctest: +SKIP
+        ...     wait_for_ranks()
+        ... except KeyboardInterrupt:
+        ...     stop_ranks()
+        ...     raise interrupted("workshop.launch: interrupted; stopped rank(s) 0")
+    """
+    exc = KeyboardInterrupt(message)
+    # In the instance's dict (KeyboardInterrupt has no such attribute to assign);
+    # a partial of a module function, not a lambda, so that the exception pickles.
+    exc.__dict__["_render_traceback_"] = functools.partial(_one_line, message)
+    return exc
+
+
+def _one_line(message: str) -> list[str]:
+    """What IPython shows for :func:`interrupted`'s exception: no frames."""
+    return f"KeyboardInterrupt: {message}".splitlines()
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -183,7 +183,9 @@ def test_a_reference_copy_too_small_to_time_is_refused_before_anything_starts():
 
 
 def test_the_sweep_outside_a_rank_says_how_to_run_it():
-    with pytest.raises(RuntimeError, match=r"runs inside a rank .*measure_allreduce"):
+    with pytest.raises(
+        RuntimeError, match=r"allreduce_sweep runs in every rank.*measure_allreduce"
+    ):
         allreduce_sweep([4096])
 
 
@@ -411,8 +413,19 @@ def test_table_and_summary_read_like_nccl_tests():
     peak = (1 << 20) / t * 1.5
     assert summary[2] == (
         f"peak busbw {peak / 1e9:.3f} GB/s = {peak / 1.048576e10:.1%} of the "
-        "reference, a cpu memory copy of 1 MiB (10.486 GB/s)"
+        "reference: cpu memory copy of 1 MiB at 10.486 GB/s"
     )
+    # Notebooks print these: every line fits 88 columns.
+    assert max(len(line) for line in lines + summary) <= 88
+
+
+def test_table_and_summary_fit_88_columns_for_large_messages_and_slow_links():
+    # 16 GiB on 64 ranks over a slow link: about 6 s an all-reduce, 10 digits sizes.
+    result = _synthetic(world_size=64, alpha=1e-3, beta=5e9, sizes=[1024, 1 << 34])
+    result.reference["what"] = "cuda device-to-device copy of 1 GiB"
+    text = result.table() + "\n" + result.summary()
+    assert "17179869184" in text and "4294967296" in text
+    assert max(len(line) for line in text.splitlines()) <= 88
 
 
 def test_summary_says_so_when_the_model_misses():
@@ -470,6 +483,28 @@ def test_plot_shows_measured_model_and_reference():
     assert texts_on(left) == []  # everything is in the legend and titles
     legend = [t.get_text() for t in right.get_legend().get_texts()]
     assert reference in legend
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_plots_legends_cover_no_measurement(ranks):
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    results = Path(__file__).resolve().parents[2] / "docs" / "results"
+    fig = plot_allreduce(load_allreduce(results / f"allreduce-gloo-N{ranks}.json"))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent()
+        points = [line.get_xydata() for line in ax.get_lines()]
+        points += [
+            c.get_offsets() for c in ax.collections if c.get_label() != "model ± 30%"
+        ]
+        for xy in points:
+            shown = ax.transData.transform(xy)
+            inside = [p for p in shown if box.contains(*p)]
+            assert inside == [], (ax.get_title(), len(inside))
     plt.close(fig)
 
 
@@ -535,8 +570,8 @@ def test_cli_starts_ranks_and_writes_json_csv_and_plot(tmp_path):
     text = run.stdout
     assert "all-reduce of float32 tensors, 4 KiB to 64 KiB, on 2 ranks" in text
     assert "backend gloo, 2 ranks (workshop), cpu" in text
-    assert "      size      count    type  reps    time us  algbw GB/s" in text
-    assert "ring model: alpha = " in text and "of the reference, a cpu memory" in text
+    assert "       size       count    type  reps    time us algbw GB/s" in text
+    assert "ring model: alpha = " in text and "of the reference: cpu memory" in text
     assert "wrote out/ar.json, out/ar.csv, out/ar.png" in text
     result = load_allreduce(tmp_path / "out" / "ar.json")
     assert result.sizes == [4096, 16384, 65536] and result.launcher == "workshop"

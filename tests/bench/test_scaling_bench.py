@@ -295,13 +295,14 @@ def test_cli_runs_end_to_end_with_alpha_and_beta_given(tmp_path):
     assert f"wrote {prefix}.png" in run.stdout
     assert (tmp_path / "cli.png").read_bytes().startswith(b"\x89PNG")
     out = run.stdout
+    flat = " ".join(out.split())  # the report's sentences wrap at 88 columns
     assert "measuring cnn at world sizes 1,2, weak scaling, one launch each" in out
     assert "  weak scaling, 2 ranks, 8 per rank: " in out
     assert "DDP scaling of cnn (94,762 parameters, 16px synthetic images), gloo" in out
-    assert "mode    ranks batch/rank  samples/s  speed-up  effic." in out
+    assert "mode   ranks batch/rank samples/s speed-up effic." in out
     # 2 ring steps of 10 us, and 379,048 bytes at 1 GB/s: 0.40 ms.
-    assert "weak, 2 ranks: predicted all-reduce 0.40 ms vs compute " in out
-    assert "alpha and beta: given (alpha 1e-05 s, beta 1e+09 B/s)" in out
+    assert "weak, 2 ranks: predicted all-reduce 0.40 ms vs compute " in flat
+    assert "alpha and beta: given (alpha 1e-05 s, beta 1e+09 B/s)" in flat
     assert f"wrote {prefix}.json" in out and f"wrote {prefix}.csv" in out
     assert "finished in " in out
     result = load_scaling(f"{prefix}.json")
@@ -438,7 +439,7 @@ def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
         "folder). They follow as that file would have held them: copy the lines "
         "between the markers to scale.json in a folder you can write"
     ) in shown.err
-    assert "mode    ranks batch/rank  samples/s" in shown.out  # the table, as ever
+    assert "mode   ranks batch/rank samples/s" in shown.out  # the table, as ever
     text = shown.out.split("----- scale.json -----\n")[1]
     text = text.split("\n----- end of scale.json -----")[0]
     kept = tmp_path / "kept.json"
@@ -510,3 +511,40 @@ def test_explain_flags_a_busy_machine_when_equal_work_took_unequal_time():
     ) in result.explain()
     result.rows[1] = row("strong", 0.031)
     assert not any(line.startswith("check:") for line in result.explain())
+
+
+def test_table_and_report_fit_88_columns_with_big_numbers_and_long_names():
+    from workshop.bench.scaling_results import ScalingRow
+
+    # 1,024 GPUs, a batch of 4,096 per rank, 2.5 million samples/s, 9.9 s steps.
+    rows = [
+        ScalingRow(mode, n, 4096, 4096 * n, 8, 2.5e6 * n / 1024, 9.9, 8.1, 1.8, 7.25,
+                   predicted_allreduce_seconds=1.5)
+        for mode in ("weak", "strong")
+        for n in (1, 1024)
+    ]  # fmt: skip
+    result = scaling_result(
+        rows,
+        model="resnet152-with-a-long-experiment-name-for-the-record",
+        parameters=60_192_808,
+        gradient_bytes=240_771_232,
+        alpha_beta_source="fitted in this run to all-reduces of 4 sizes at each "
+        "world size",
+        machine={"cpu_count": 128},
+        versions={"torch": "2.15.0+cu132"},
+    )
+    from workshop.bench.scaling_results import add_speedups
+
+    add_speedups(result.rows)
+    table, report = result.table(), result.report()
+    assert "2,500,000" in table and "9900.0" in table and "1024.00" in table
+    assert max(len(line) for line in (table + "\n" + report).splitlines()) <= 88
+    # The table's header: what each column is, with the unit above the times.
+    assert table.splitlines()[1].split() == [
+        "mode", "ranks", "batch/rank", "samples/s", "speed-up", "effic.",
+        "step", "compute", "comm", "pred.", "in", "flight",
+    ]  # fmt: skip
+    assert "ms per step" in table.splitlines()[0]
+    assert "all-reduce ms" in table.splitlines()[0]
+    # The report's sentences are whole once their wrapped lines are joined.
+    assert " ".join(report.split()).count("resnet152-with-a-long-experiment-name") == 1

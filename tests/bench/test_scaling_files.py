@@ -88,7 +88,7 @@ def test_several_files_make_one_table_against_the_smallest_world_size(job):
     assert strong4.efficiency == pytest.approx(0.625)
     # The 1-rank step fitted nothing; the others say where alpha and beta came from.
     assert merged.alpha_beta_source == "given"
-    assert "weak        4         32      2,133      2.00     50%" in merged.table()
+    assert "weak       4         32     2,133     2.00    50%" in merged.table()
     assert (
         "with 1 rank, each rank computes with 1 thread; with 4 ranks, with 1 "
         in (merged.explain()[-1])

@@ -79,9 +79,16 @@ def test_plot_draws_a_run_beside_a_users_table(result):
     assert list(ideal[f"ideal: {weak}"].get_ydata()) == [100.0, 400.0]
     assert list(ideal[f"ideal: {table}"].get_xdata()) == [2, 8]
     assert list(ideal[f"ideal: {table}"].get_ydata()) == [200.0, 800.0]
-    legend = [t.get_text() for t in ax_t.get_legend().get_texts()]
-    assert legend == [weak, strong, table, "ideal (linear from the first point)"]
-    assert ax_t.get_ylabel() == "samples per second (all ranks)"
+    # One legend under both panels; the table's efficiency is against 2 ranks.
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        weak,
+        strong,
+        f"{table} (efficiency vs 2 ranks)",
+        "ideal (linear from the first point)",
+    ]
+    assert ax_t.get_legend() is None and fig.axes[1].get_legend() is None
+    assert ax_t.get_ylabel() == "samples/s (all ranks)"
     assert ax_t.get_xlabel() == "ranks (processes or GPUs)"
     assert [t.get_text() for t in ax_t.get_xticklabels()] == ["1", "2", "4", "8"]
     assert ax_t.get_xscale() == ax_t.get_yscale() == "log"
@@ -102,7 +109,7 @@ def test_efficiency_panel_is_relative_to_each_series_smallest_count(result):
         pytest.approx([100, 95, 87.5])
     )
     assert list(_ideal(ax_e)["ideal"].get_ydata()) == [100, 100]
-    assert ax_e.get_ylabel() == "efficiency (of ideal scaling)"
+    assert ax_e.get_ylabel() == "efficiency (of ideal)"
     assert ax_e.get_title() == "Scaling efficiency"
     assert ax_e.get_ylim() == pytest.approx((0, 110))
 
@@ -192,3 +199,13 @@ def test_docstring_examples_run():
     import workshop.bench.scaling_plots
 
     assert doctest.testmod(workshop.bench.scaling_plots).failed == 0
+
+
+def test_the_plot_leaves_no_open_figure_so_a_cell_shows_it_once(result):
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    fig = plot_scaling(result, TABLE)
+    assert plt.get_fignums() == before  # closed in pyplot, still drawable
+    assert fig.axes[0].get_lines()
+    plt.close(fig)

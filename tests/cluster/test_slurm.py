@@ -200,6 +200,7 @@ def test_submit_runs_sbatch_from_the_repository_and_prints_it(
     _fake(tmp_path / "bin", "sbatch", f'pwd > {log}; printf "%s\\n" "$@" >> {log}\n'
           'echo "4242;cluster"\n')  # fmt: skip
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.chdir(ROOT / "notebooks")  # where a notebook's kernel runs
     job = submit(
         "slurm/train_ddp.sbatch", "--epochs", "2", **CPU_NODE,
         options={"cpus-per-task": 1}, output_dir=tmp_path / "out",
@@ -217,8 +218,28 @@ def test_submit_runs_sbatch_from_the_repository_and_prints_it(
     )
     assert job.script == ROOT / "slurm" / "train_ddp.sbatch"
     printed = capsys.readouterr().out
-    assert f"sbatch {' '.join(argv)}    (in {ROOT})" in printed
+    # The folder it ran in, from the notebook's; a path outside the checkout (and
+    # the home folder) as it is.
+    assert f"sbatch {' '.join(argv)}    (in ..)" in printed
     assert f"submitted job 4242; its output goes to {job.output_path}" in printed
+
+
+def test_submit_prints_paths_from_the_current_folder_not_this_machines(
+    tmp_path, monkeypatch, capsys
+):
+    _fake(tmp_path / "bin", "sbatch", 'echo "4243;cluster"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.chdir(ROOT / "notebooks")
+    job = submit("slurm/hello_ranks.sbatch", **CPU_NODE)  # output into runs/
+    printed = capsys.readouterr().out.splitlines()
+    assert job.output_path == ROOT / "runs" / "hello_ranks-4243.out"
+    assert printed == [
+        "sbatch --parsable --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
+        "--output=runs/hello_ranks-%j.out slurm/hello_ranks.sbatch    (in ..)",
+        "submitted job 4243; its output goes to ../runs/hello_ranks-4243.out",
+    ]
+    assert (Path("..") / "runs" / "hello_ranks-4243.out").resolve() == job.output_path
+    assert not [line for line in printed if str(ROOT) in line]
 
 
 def test_submit_errors_say_what_to_do(tmp_path, monkeypatch):
@@ -354,7 +375,7 @@ def test_a_wait_that_times_out_leaves_the_job_and_says_what_to_do(
     assert cancelled == []
 
 
-def test_an_interrupted_wait_cancels_the_job_then_re_raises(
+def test_an_interrupted_wait_cancels_the_job_then_says_so_in_two_lines(
     tmp_path, monkeypatch, capsys
 ):
     cancelled = _play(
@@ -367,12 +388,15 @@ def test_an_interrupted_wait_cancels_the_job_then_re_raises(
         raise KeyboardInterrupt  # what a kernel interrupt raises in a cell
 
     monkeypatch.setattr(slurm_module, "_sleep", interrupt)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(
+        KeyboardInterrupt, match=r"^interrupted; cancelled job 12 \(scancel 12\)\n"
+    ) as caught:
         _job(tmp_path).wait()
     assert cancelled == ["12"]
-    assert capsys.readouterr().out.splitlines() == [
-        "job 12: RUNNING on vm",
-        "interrupted: cancelling job 12 (scancel 12)",
+    assert capsys.readouterr().out.splitlines() == ["job 12: RUNNING on vm"]
+    # What a notebook shows in place of a traceback through the polling loop.
+    assert caught.value._render_traceback_() == [
+        "KeyboardInterrupt: interrupted; cancelled job 12 (scancel 12)",
         "job 12: CANCELLED, ended by signal 15, in 2 s",
     ]
 
@@ -555,6 +579,9 @@ def test_train_ddp_fails_then_resumes_when_submitted_again(cluster, tmp_path):
     # srun stopped rank 0 with SIGTERM when rank 1 died: its exit code, 143, is the
     # step's and so the script's.
     assert (status.state, status.exit_code) == ("FAILED", 143), text
+    # The script's own checkpoint (the one --checkpoint replaces), relative to
+    # the folder the job runs in: no path of this machine in the output.
+    assert "checkpoint runs/checkpoints/train-ddp.pt; requeued 0 times" in text
     assert _started("srun", 0) in text
     assert "epoch 0: eval accuracy" in text and "rank 1 dies in epoch 1" in text
     # The same job again: it resumes from the checkpoint of epoch 0.
@@ -595,8 +622,13 @@ def test_the_scaling_job_writes_results_that_load_and_plot(cluster, tmp_path):
     status = job.wait(timeout=300, poll=0.5)
     text = job.output()
     assert status.state == "COMPLETED", text
-    results = Path(re.search(r"results in (\S+)", text).group(1))
-    assert results == ROOT / "runs" / f"scaling-{job.job_id}"
+    # Paths relative to the folder the job ran in (the repository), the same on
+    # every machine: none of this one's in the output.
+    shown = Path(re.search(r"results in (\S+)", text).group(1))
+    assert shown == Path("runs") / f"scaling-{job.job_id}"
+    assert f"wrote {shown}/scaling-1rank.json" in text
+    assert str(ROOT) not in text, text
+    results = ROOT / shown
     try:
         one, two = (load_scaling(results / f"{name}.json") for name in
                     ("scaling-1rank", "scaling-1node"))  # fmt: skip
@@ -668,10 +700,12 @@ def test_a_timeout_leaves_the_job_and_an_interrupt_cancels_it(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(slurm_module, "_sleep", interrupt)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(
+        KeyboardInterrupt, match=rf"^interrupted; cancelled job {job.job_id} "
+    ) as caught:
         job.wait()
     assert job.state() == "CANCELLED"
-    assert f"interrupted: cancelling job {job.job_id}" in capsys.readouterr().out
+    assert str(caught.value).splitlines()[1].startswith(f"job {job.job_id}: ")
     left = _left_behind(cluster.folder, "MARKER-workshop", within=15, daemons=False)
     assert left == [], "the cancelled job's processes are still there"
     assert "CANCELLED AT" in job.output()

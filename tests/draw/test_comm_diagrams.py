@@ -24,6 +24,7 @@ import workshop.draw.timeline_diagram
 from workshop.draw.collective_diagram import draw_collective
 from workshop.draw.comm_diagrams import OP_COLOURS, draw_rank_layout
 from workshop.draw.p2p_diagram import draw_point_to_point
+from workshop.draw.projector import projector_fit
 from workshop.draw.timeline_diagram import draw_rank_timeline
 from workshop.gallery import example_collectives, example_events, example_phases
 
@@ -72,7 +73,10 @@ def test_each_slot_names_its_rank_local_rank_and_node_rank(nodes, per_node):
     )
     fig.canvas.draw()  # readable: no two labels on top of each other
     assert overlaps(ax.texts) == []
-    assert min(t.get_fontsize() for t in ax.texts) >= 13
+    fit = projector_fit(fig)
+    if nodes * per_node <= 8:  # 8 slots across, on one row, fit the projector
+        assert fit.fits, fit.problems
+    assert fit.smallest_label_px >= 12  # and more still read, further down
 
 
 def test_a_cpu_layout_says_cpu():
@@ -162,9 +166,24 @@ def test_no_point_to_point_calls_is_explained():
 
 def _cells(ax) -> list[str]:
     """The values printed in cells, left to right then top to bottom."""
-    cells = [t for t in ax.texts if t.get_text() not in {"before", "after", "→"}]
+    cells = [
+        t
+        for t in ax.texts
+        if t.get_text() not in {"before", "after", "→"}
+        and not t.get_text().startswith("rank ")
+    ]
     cells.sort(key=lambda t: (round(t.get_position()[1], 3), t.get_position()[0]))
     return [t.get_text() for t in cells]
+
+
+def _rank_labels(ax) -> list[str]:
+    return [t for t in texts_on(ax) if t.startswith("rank ")]
+
+
+def _after(ax) -> list[Rectangle]:
+    """The cells right of the arrow: every rank's tensor after the call."""
+    (arrow_x, *_) = {t.get_position()[0] for t in ax.texts if t.get_text() == "→"}
+    return [p for p in ax.patches if isinstance(p, Rectangle) and p.get_x() > arrow_x]
 
 
 def test_an_all_reduce_shows_each_ranks_value_before_and_the_sum_after():
@@ -174,25 +193,27 @@ def test_an_all_reduce_shows_each_ranks_value_before_and_the_sum_after():
     assert ax.get_title() == (
         "all_reduce (sum) on 4 ranks\nevery rank gets the sum of every rank's tensor"
     )
-    assert [t.get_text() for t in ax.get_yticklabels()] == [
-        f"rank {r}" for r in range(4)
-    ]
+    assert _rank_labels(ax) == [f"rank {r}" for r in range(4)]
     assert _cells(ax) == ["0", "6", "1", "6", "2", "6", "3", "6"]
     # After: white cells, a reduction over all ranks, as the legend says.
-    after = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_x() > 1]
+    after = _after(ax)
+    assert len(after) == 4
     assert {matplotlib.colors.to_hex(p.get_facecolor()) for p in after} == {"#ffffff"}
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert legend[-1] == "sum over all ranks"
+    assert legend == [f"rank {r}'s data" for r in range(4)] + ["sum over all ranks"]
+    fig.canvas.draw()
+    assert overlaps(ax.texts) == []
 
 
 def test_a_broadcast_names_its_root_and_colours_every_copy_as_the_roots():
     calls = [lane[0] for lane in example_events()]
     ax = draw_collective(calls).axes[0]
     assert ax.get_title().splitlines()[0] == "broadcast from root 1 on 4 ranks"
-    assert [t.get_text() for t in ax.get_yticklabels()][1] == "rank 1 (root)"
+    assert _rank_labels(ax)[1] == "rank 1 (root)"
     assert _cells(ax)[:6] == ["0", "0", "0", "10", "20", "30"]
     assert _cells(ax).count("30") == 5  # the root's before, and every rank's after
-    after = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_x() > 3]
+    after = _after(ax)
+    assert len(after) == 4 * 3
     root_colour = matplotlib.colors.to_hex(after[3].get_facecolor())
     assert {matplotlib.colors.to_hex(p.get_facecolor()) for p in after} == {root_colour}
 
@@ -210,7 +231,10 @@ def test_every_collective_prints_every_value_it_has(op):
         for v in flat(c[side])
     )
     if op in {"scatter", "gather"}:  # non-roots have no list: said once per rank
-        assert printed.pop("—  (only the root\nhas a list)") == 3
+        said = [
+            t for t in printed if " ".join(t.split()) == "— (only the root has a list)"
+        ]
+        assert [printed.pop(t) for t in said] == [3]
         expected.pop("None")
     assert printed == expected
 
@@ -258,6 +282,121 @@ def test_a_collective_needs_one_calls_events():
         ValueError, match=r"different calls \(\['all_reduce', 'send'\]\)"
     ):
         draw_collective([Call(0, "all_reduce"), Call(1, "send")])
+
+
+def _calls(op: str, n: int, value=float) -> list[dict]:
+    """One call of ``op`` on ``n`` ranks, as the tracer records it (rank r holds
+    ``value(10 r + i)`` in its tensor i)."""
+    lists = [[[value(10 * r + i)] for i in range(n)] for r in range(n)]
+    total = [sum(lists[j][i][0] for j in range(n)) for i in range(n)]
+    fields = {
+        "broadcast": lambda r: dict(root=0, before=lists[r][0], after=lists[0][0]),
+        "scatter": lambda r: dict(
+            root=0, before=lists[0] if r == 0 else None, after=lists[0][r]
+        ),
+        "gather": lambda r: dict(
+            root=0, before=lists[r][0], after=[x[0] for x in lists] if r == 0 else None
+        ),
+        "all_gather": lambda r: dict(before=lists[r][0], after=[x[0] for x in lists]),
+        "reduce": lambda r: dict(
+            root=0, before=lists[r][0], after=[total[0]] if r == 0 else lists[r][0]
+        ),
+        "all_reduce": lambda r: dict(before=lists[r][0], after=[total[0]]),
+        "reduce_scatter": lambda r: dict(before=lists[r], after=[total[r]]),
+        "all_to_all": lambda r: dict(
+            before=lists[r], after=[lists[i][r] for i in range(n)]
+        ),
+    }[op]
+    return [
+        dict(rank=r, op=op, world_size=n, reduce_op="sum", shapes=[(1,)], **fields(r))
+        for r in range(n)
+    ]
+
+
+_OPS = [
+    "broadcast",
+    "scatter",
+    "gather",
+    "all_gather",
+    "reduce",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("op", _OPS)
+def test_a_collective_fits_the_projector_before_and_after_of_every_rank(op, world_size):
+    fig = draw_collective(_calls(op, world_size))
+    fit = projector_fit(fig)
+    assert fit.fits, fit.problems
+    ax = fig.axes[0]
+    assert len(_rank_labels(ax)) == world_size
+    assert texts_on(ax).count("→") == world_size  # a row per rank, before -> after
+    fig.canvas.draw()
+    assert overlaps(ax.texts) == []
+
+
+@pytest.mark.parametrize("op", ["all_to_all", "scatter", "all_gather"])
+def test_eight_ranks_still_fit_with_every_value_printed(op):
+    calls = _calls(op, 8)
+    fig = draw_collective(calls)
+    fit = projector_fit(fig)
+    assert fit.fits, fit.problems
+    printed = Counter(_cells(fig.axes[0]))
+    values = Counter(
+        f"{v:.4g}"
+        for c in calls
+        for side in ("before", "after")
+        for v in flat(c[side])
+        if v is not None
+    )
+    assert printed >= values
+    # The palette has seven colours: rank 7's is rank 0's, and the legend says so.
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == ("rank 0's data" if op == "scatter" else "ranks 0, 7's data")
+
+
+def test_values_too_wide_for_the_screen_show_their_shape_instead():
+    # 8 ranks x 8 long numbers each side: the widest rows give way to their shape.
+    calls = _calls("all_to_all", 8, value=lambda v: v / 3 + 1000)
+    fig = draw_collective(calls)
+    fit = projector_fit(fig)
+    assert fit.fits, fit.problems
+    shapes = [t for t in texts_on(fig.axes[0]) if t.startswith("8 values")]
+    assert shapes and all(t.endswith("shape (1,)") for t in shapes)
+
+
+def test_point_to_point_fits_the_projector():
+    ping_pong = [
+        [Call(0, "send", peer=1, before=[1.0]), Call(0, "recv", peer=1, start=2.0)],
+        [
+            Call(1, "recv", peer=0, after=[1.0]),
+            Call(1, "send", peer=0, before=[10.0], start=1.0),
+        ],
+    ]
+    figures = [draw_point_to_point(ping_pong), draw_point_to_point(_mixed())]
+    for n in (2, 3, 4):  # pass_right: each rank isends to the next
+        lanes = [[] for _ in range(n)]
+        for r in range(n):
+            lanes[r].append(
+                Call(
+                    r,
+                    "isend",
+                    peer=(r + 1) % n,
+                    before=[10.0 * r],
+                    start=float(r),
+                    blocking=False,
+                )
+            )
+            lanes[(r + 1) % n].append(
+                Call((r + 1) % n, "irecv", peer=r, start=float(r), blocking=False)
+            )
+        figures.append(draw_point_to_point(lanes))
+    for fig in figures:
+        fit = projector_fit(fig)
+        assert fit.fits, fit.problems
 
 
 # --- timeline ------------------------------------------------------------------------

@@ -288,3 +288,10 @@ def test_diagrams_import_neither_torch_nor_the_launcher():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_long_schedule_keeps_its_colours_and_drops_labels_that_do_not_fit():
+    ax = draw_schedule(pipeline_schedule(4, 16)).axes[0]
+    assert len(ax.patches) == 2 * 4 * 16  # every cell still drawn
+    assert len(ax.texts) == 0  # 38 steps: "F15" at 12 points is wider than a cell
+    assert ax.get_title().endswith(f"= {bubble_fraction(4, 16):.0%}")

@@ -39,3 +39,23 @@ def test_speedup_plot_has_the_ideal_line():
         r"counts \[1, 2, 4\]",
     ):
         plot_speedup([1, 2, 4], {"small": [1.0, 1.1]})
+
+
+def test_the_docstring_examples_run():
+    import doctest
+
+    import workshop.draw.plots
+
+    assert doctest.testmod(workshop.draw.plots).failed == 0
+
+
+def test_the_plots_are_closed_in_pyplot_so_a_cell_shows_each_once():
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    figs = [
+        plot_throughput({"SmallCNN": [(16, 400.0), (64, 900.0)]}),
+        plot_speedup([1, 2], {"SmallCNN": [1.0, 1.8]}),
+    ]
+    assert plt.get_fignums() == before
+    assert all(fig.axes[0].get_lines() for fig in figs)

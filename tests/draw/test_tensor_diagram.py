@@ -18,6 +18,7 @@ from matplotlib.patches import Rectangle
 import workshop.draw.tensor_diagram
 from workshop.comm.tracing import TraceEvent
 from workshop.draw.comm_diagrams import PALETTE
+from workshop.draw.projector import projector_fit
 from workshop.draw.tensor_diagram import draw_tensor_parallel
 
 
@@ -80,8 +81,8 @@ def test_it_fits_a_projector_with_large_labels_and_none_on_another(
 ):
     events = [[_all_reduce(r, 0), _all_reduce(r, 1)] for r in range(world_size)]
     fig = draw_tensor_parallel(world_size, d_model, d_hidden, events, batch=8)
-    width, height = fig.get_size_inches() * fig.dpi
-    assert width <= 1280 and height <= 720
+    fit = projector_fit(fig)
+    assert fit.fits, fit.problems
     ax = fig.axes[0]
     fig.canvas.draw()
     assert overlaps(ax.texts) == []
@@ -96,8 +97,14 @@ def test_it_fits_a_projector_with_large_labels_and_none_on_another(
 
 def test_without_a_trace_the_all_reduces_are_named_by_their_shape():
     texts = texts_on(draw_tensor_parallel(2, 16, 64, batch=8).axes[0])
-    assert "forward: all_reduce\nof the partial Y\n8 \u00d7 16 numbers" in texts
-    assert "backward: all_reduce\nof the gradient of X\n8 \u00d7 16 numbers" in texts
+    assert (
+        "g = reduce_from_ranks: forward\nall_reduce of the partial Y\n"
+        "8 \u00d7 16 numbers"
+    ) in texts
+    assert (
+        "f = copy_to_ranks: backward\nall_reduce of the gradient of X\n"
+        "8 \u00d7 16 numbers"
+    ) in texts
     assert "f" in texts and "g" in texts
     assert "batch \u00d7 16\nsame on\nevery rank" in texts_on(
         draw_tensor_parallel(2, 16, 64).axes[0]
@@ -111,12 +118,12 @@ def test_a_trace_labels_each_all_reduce_with_its_recorded_bytes():
     texts = texts_on(draw_tensor_parallel(4, 16, 64, lanes).axes[0])
     # 4 ranks: a ring sends 2(N-1)/N = 1.5 times the tensor from each rank.
     assert (
-        "forward: all_reduce\nof the partial Y\ntraced: 512 bytes (8 \u00d7 16)\n"
-        "ring: 768 bytes sent per rank"
+        "g = reduce_from_ranks: forward\nall_reduce of the partial Y\n"
+        "traced: 512 bytes (8 \u00d7 16)\nring: 768 bytes sent per rank"
     ) in texts
     assert (
-        "backward: all_reduce\nof the gradient of X\ntraced: 256 bytes (4 \u00d7 16)\n"
-        "ring: 384 bytes sent per rank"
+        "f = copy_to_ranks: backward\nall_reduce of the gradient of X\n"
+        "traced: 256 bytes (4 \u00d7 16)\nring: 384 bytes sent per rank"
     ) in texts
 
 

@@ -85,7 +85,39 @@ def test_reference_answers_pass_and_wrong_ones_get_a_hint(name, capsys):
     assert capsys.readouterr().out == f"Right: {name}\n"
     assert judge(name, WRONG[name]) is False
     out = capsys.readouterr().out
-    assert out.startswith(f"Not yet: {name} wants ") and "\nHint: " in out
+    assert out.startswith(f"Not yet: {name}.\n") and "\nHint: " in out
+    assert "\nIt wants " in out
+    assert max(len(line) for line in out.splitlines()) <= 88  # a notebook column
+    # A function: the first case it gets wrong, and the right value.
+    if name in WHY_WRONG:
+        assert WHY_WRONG[name] in out
+
+
+# What the verdict says of WRONG's functions: the first failing case, as a unit test
+# would show it, so the learner can debug rather than guess.
+WHY_WRONG = {
+    "01.bubble": "bubble(2, 1) returned 1; it should be 0.5.",
+    "02.bytes": "ring_bytes(25557032, 4, 8) returned 102228128; it should be 178899224",
+    "02.ring": "on 2 ranks, rank 0 returned [",
+    "03.placement": "placement(3, 4) returned (3, 0); it should be (0, 3).",
+    "03.ring_time": "ring_time(100000000, 16, 5e-06, 12500000000) returned 0.00815; it",
+    "04.row_split": "on 2 ranks, rank 0's output is off by up to",
+    "04.server_bytes": "server_bytes(8, 4000000) returned 32000000; it should be 6",
+}
+
+
+def test_a_whole_number_of_micro_batches_as_a_float_is_told_apart(capsys):
+    assert judge("01.accumulate", 8.0) is False
+    assert "accumulate= takes a whole number of micro-batches (an int), not 8.0" in (
+        capsys.readouterr().out
+    )
+
+
+def test_an_answer_that_is_not_a_function_says_so(capsys):
+    assert judge("01.bubble", 0.2) is False
+    assert (
+        "bubble should be a function, but it is float 0.2." in capsys.readouterr().out
+    )
 
 
 def test_reference_answers_agree_with_the_package():
@@ -98,7 +130,10 @@ def test_reference_answers_agree_with_the_package():
 
 def test_a_raising_answer_and_an_unknown_name(capsys):
     assert judge("01.bubble", lambda s, m: 1 / 0) is False
-    assert "Not yet: 01.bubble raised ZeroDivisionError" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "Not yet: 01.bubble.\nIt raised ZeroDivisionError: division by zero."
+    )
     with pytest.raises(
         KeyError,
         match=r"no exercise named '01.nope'; the exercises "

@@ -69,6 +69,25 @@ def test_the_table_fits_88_columns_and_shows_every_run():
     assert runs[1].global_batch == 512
 
 
+def test_the_table_fits_88_columns_with_many_ranks_and_seeds():
+    seeds = tuple(range(12))
+    accuracies = tuple(0.5 + 0.01 * s for s in seeds)
+    runs = tuple(
+        BatchRun(ranks, 32, lr, warm, steps, accuracies)
+        for ranks, lr, warm, steps in [
+            (1, 0.05, 0, 45),
+            (1024, 0.05, 0, 1),
+            (1024, 51.2, 3, 1),
+            (1024, 51.2, 0, 1),
+        ]
+    )
+    text = LargeBatchResult(runs, 1, seeds, "nccl").table()
+    assert max(len(line) for line in text.splitlines()) <= 88
+    assert "1024 ranks, lr x 1024, warm-up" in text and "32768" in text
+    # Every seed's accuracy is shown, for every run.
+    assert text.count("0.61") == 4
+
+
 def test_more_ranks_at_the_same_batch_per_rank_take_fewer_steps_and_learn_less():
     result = compare_global_batch(world_size=4, seeds=(0, 1, 2))
     one, same_lr, scaled_warm, scaled = result.runs

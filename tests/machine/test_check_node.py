@@ -7,10 +7,13 @@ SKIPPED with the reason where no GPU is visible, PASS where one is."""
 
 from __future__ import annotations
 
+import _thread
 import io
 import json
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -194,6 +197,40 @@ def test_exit_status_is_1_when_a_step_fails(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "  doctor: a probe failed\n    -> read the rows" in out
     assert main(["check", "--skip", "doctor", *others]) == 0
+
+
+def test_an_interrupt_stops_the_step_and_names_it_in_one_line(tmp_path, monkeypatch):
+    # A step that runs a real command, as every step does; the stop button is
+    # pressed while it runs.
+    pid_file = tmp_path / "pid"
+    code = (
+        "import os, time; "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    )
+
+    def step(ctx):
+        _run([sys.executable, "-c", code], timeout=60.0)
+        raise AssertionError("the command was not interrupted")
+
+    def interrupt_when_it_runs() -> None:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        _thread.interrupt_main()  # what the kernel's stop button does: SIGINT
+
+    monkeypatch.setitem(check_steps.STEP_FUNCTIONS, "launch", step)
+    threading.Thread(target=interrupt_when_it_runs, daemon=True).start()
+    others = [s for s in STEPS if s != "launch"]
+    with pytest.raises(
+        KeyboardInterrupt,
+        match=r"^workshop check: interrupted in step launch; everything it started "
+        r"was stopped$",
+    ) as caught:
+        check_node(others, file=io.StringIO())
+    assert caught.value._render_traceback_() == [f"KeyboardInterrupt: {caught.value}"]
+    assert gone([int(pid_file.read_text())]) == []
 
 
 # --- steps: missing tools, parsing, processes -----------------------------------------

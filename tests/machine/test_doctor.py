@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import repo_env, run_module
+from conftest import ROOT, repo_env, run_module
 
 from workshop import env
 from workshop.__main__ import main
 from workshop.machine.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.machine.doctor_probes import slurm_unconfigured, version_line
 from workshop.ranks.launcher import choose_start_method
+from workshop.ranks.streams import display_path
 
 # The module, beside its function doctor imported above: tests patch its globals.
 doctor_module = importlib.import_module("workshop.machine.doctor")
@@ -105,7 +106,7 @@ def test_rows_are_plain_data_in_section_order(clean_env):
 def test_python_and_torch_rows_show_the_real_versions(clean_env):
     rows = as_dict(collect_rows())
     assert rows["Python", "version"].startswith(platform.python_version() + " (")
-    assert rows["Python", "executable"] == sys.executable
+    assert rows["Python", "executable"] == display_path(sys.executable)
     if torch.version.cuda:
         build = f"CUDA {torch.version.cuda} build"
     elif getattr(torch.version, "hip", None):
@@ -256,8 +257,38 @@ def test_launchers_found_with_their_version_line(bin_dir):
     )
     srun = fake_tool(bin_dir, "srun", 'test "$1" = "--version" && echo "slurm 23.02.7"')
     values = as_dict(collect_rows())
-    assert values["Launchers", "mpirun"] == f"mpirun (Open MPI) 4.1.5 ({mpirun})"
-    assert values["Launchers", "srun"] == f"slurm 23.02.7 ({srun})"
+    shown = display_path(mpirun), display_path(srun)
+    assert values["Launchers", "mpirun"] == f"mpirun (Open MPI) 4.1.5 ({shown[0]})"
+    assert values["Launchers", "srun"] == f"slurm 23.02.7 ({shown[1]})"
+
+
+def test_paths_are_shown_from_the_current_folder_and_home_as_tilde(
+    bin_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the fake tools are in ~/bin
+    fake_tool(bin_dir, "srun", 'test "$1" = "--version" && echo "slurm 23.02.7"')
+    monkeypatch.chdir(ROOT / "notebooks")  # where a notebook's kernel runs
+    values = as_dict(collect_rows())
+    assert values["Launchers", "srun"] == "slurm 23.02.7 (~/bin/srun)"
+    # The interpreter: relative to notebooks/ where it is in this checkout (a
+    # .venv), ~/... in the home folder, else as it is; the same file either way.
+    executable = values["Python", "executable"]
+    where = os.path.abspath(os.path.expanduser(executable))  # abspath normalises
+    assert where == os.path.abspath(sys.executable)
+    if Path(sys.executable).absolute().is_relative_to(ROOT):
+        assert not Path(executable).is_absolute()
+
+
+def test_the_report_shows_no_path_of_the_checkout_or_the_home_folder(
+    clean_env, monkeypatch
+):
+    monkeypatch.chdir(ROOT / "notebooks")
+    out = io.StringIO()
+    doctor(file=out)
+    text = out.getvalue()
+    home = os.path.expanduser("~")
+    found = re.findall(r"(?:^|[\s(:])(/\S+)", text, flags=re.M)
+    assert not [p for p in found if p.startswith((f"{ROOT}/", f"{home}/"))], text
 
 
 def test_srun_without_a_cluster_is_said_in_plain_words(bin_dir):

@@ -123,6 +123,26 @@ def test_steps_and_phases_are_recorded_in_order():
     assert rows[2].split()[0] == "second" and rows[2].split()[2] == "3"
 
 
+def test_the_table_fits_88_columns_with_long_phase_names_and_gpus():
+    from workshop.machine.monitor_plot import Sample
+
+    mon = Monitor(interval=0.05)  # filled by hand: what a long recording holds
+    long = "decode the JPEG files in the training loop, eight workers, pinned memory"
+    mon.phases = [(long, 0.0, 5000.0), ("decoded ahead", 5000.0, 9000.0)]
+    mon.steps = [float(t) for t in range(10, 9000, 10)]
+    mon.samples = [
+        Sample(float(t), 99.0, 50.0, 300.0, 0.0, 0.0, (97.0,) * 8, (70.0,) * 8)
+        for t in range(1, 9000)
+    ]
+    mon._end = 9000.0
+    rows = mon.table().splitlines()
+    assert max(map(len, rows)) <= 88
+    assert rows[0].endswith("GPU %")
+    assert rows[1].startswith("decode the JPEG files") and "..." in rows[1]
+    assert rows[1].split()[-6:] == ["5000.0", "500", "10000.0", "99", "50", "97"]
+    assert rows[2].startswith("decoded ahead ")
+
+
 def test_train_marks_every_step_through_progress():
     data = torch.utils.data.TensorDataset(
         torch.randn(64, 1, 16, 16), torch.randint(10, (64,))

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 
 import pytest
 
+from workshop.draw.projector import projector_fit
 from workshop.machine.monitor_plot import (
     PANELS,
     Sample,
@@ -45,10 +46,17 @@ def _lines(ax) -> dict[str, list[float]]:
 
 
 def _fits_a_projector(fig) -> None:
-    width, height = fig.get_size_inches()
-    assert width <= 11.5 and height <= 4.4
+    fit = projector_fit(fig)  # whole in a 1280x720 JupyterLab, labels >= 12 px
+    assert fit.fits, fit.problems
+    # No legend over the data: each sits above the highest value drawn.
+    fig.canvas.draw()
     for ax in fig.axes:
-        assert ax.title.get_fontsize() >= 9 and ax.xaxis.label.get_fontsize() >= 9
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        top = max(max(line.get_ydata(), default=0) for line in ax.get_lines())
+        _, top_px = ax.transData.transform((0, top))
+        assert legend.get_window_extent().y0 > top_px, ax.get_title(loc="left")
 
 
 def test_without_gpu_values_the_gpu_panels_are_left_out_and_said_so():

@@ -139,7 +139,11 @@ def test_bad_arguments_are_refused_with_the_fix():
         async_parameter_server(lr=-0.1)
     with pytest.raises(ValueError, match=r"slow_rank_seconds must be 0 or more"):
         async_parameter_server(slow_rank_seconds=-1)
-    with pytest.raises(RuntimeError, match=r"there is none here; run it with launch"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"no process group is initialised in this process; start it with "
+        r"workshop\.launch\(parameter_server",
+    ):
         parameter_server()
     with pytest.raises(ValueError, match=r"workers must hold whole numbers.*\(0,\)"):
         traffic_per_step(workers=(0,))

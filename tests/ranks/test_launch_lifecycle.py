@@ -52,8 +52,8 @@ def test_interrupt_stops_every_rank_and_the_kernel_goes_on(script, method):
         + f"""
     try:
         workshop.launch(hang, world_size={n}, show="lines", **GLOO)
-    except KeyboardInterrupt:
-        print("caught KeyboardInterrupt", flush=True)
+    except KeyboardInterrupt as e:
+        print("caught", type(e).__name__, e, e._render_traceback_(), flush=True)
     r = workshop.launch(dist.get_rank, world_size=2, show="none", **GLOO)
     print("after", r.returns, flush=True)
     """
@@ -61,12 +61,17 @@ def test_interrupt_stops_every_rank_and_the_kernel_goes_on(script, method):
     pids = _rank_pids(s, n)
     t0 = time.monotonic()
     s.popen.send_signal(signal.SIGINT)
-    s.wait_for("caught KeyboardInterrupt", timeout=30)
+    caught = s.wait_for("caught KeyboardInterrupt", timeout=30)
     assert time.monotonic() - t0 < 5, "ranks took too long to stop"
     assert not gone(pids, within=1)
-    assert "workshop.launch: interrupted; stopped rank(s) " + ", ".join(
+    # A KeyboardInterrupt proper that carries what was stopped, and one line for
+    # IPython to show in its place of a traceback.
+    message = "workshop.launch: interrupted; stopped rank(s) " + ", ".join(
         map(str, range(n))
-    ) in "".join(s.lines)
+    )
+    assert caught.strip() == (
+        f"caught KeyboardInterrupt {message} ['KeyboardInterrupt: {message}']"
+    )
     s.wait_for("after [0, 1]", timeout=90)  # the kernel is still usable
     assert s.finish() and s.popen.returncode == 0
 

@@ -147,3 +147,18 @@ def test_history_shows_no_times_unless_asked():
         loss=[1.23456, 0.5], accuracy=[0.5, 0.875], eval_accuracy=[0.6, 0.9], steps=46
     )
     assert History().final_loss is None
+
+
+def test_history_table_fits_88_columns_with_big_numbers():
+    history = History(
+        loss=[12345.678] * 120,
+        accuracy=[0.5] * 120,
+        eval_accuracy=[0.6] * 120,
+        samples_per_second=[12_345_678.9] * 120,
+        seconds=[98_765.4] * 120,
+        steps=10**9,
+    )
+    rows = history.table(times=True).splitlines()
+    assert rows[-1].split() == ["120", "12345.678", "0.500", "0.600", "12345679",
+                                "98765.40"]  # fmt: skip
+    assert max(map(len, rows)) <= 88

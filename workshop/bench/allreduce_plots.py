@@ -7,24 +7,28 @@ the bus bandwidth against the reference memory copy.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_allreduce"]
 
 _FONT = {
-    "font.size": 15,
-    "axes.titlesize": 17,
-    "axes.labelsize": 16,
-    "legend.fontsize": 13,
-    "xtick.labelsize": 13,
-    "ytick.labelsize": 14,
+    "font.size": 13,
+    "axes.titlesize": 13,
+    "axes.labelsize": 13,
+    "legend.fontsize": 11,
+    "xtick.labelsize": 12,
+    "ytick.labelsize": 12,
 }
 _BLUE, _ORANGE, _GREEN, _SKY = COLOURS[0], COLOURS[1], COLOURS[2], COLOURS[5]
 
 
-def plot_allreduce(result: Any, title: str = ""):
+def plot_allreduce(result: Any, title: str = "") -> Figure:
     """Time and busbw against message size, with the fitted ring model.
 
     Left: every repetition's time (dots) and each size's median, against the ring
@@ -61,12 +65,15 @@ def plot_allreduce(result: Any, title: str = ""):
     reference = result.reference_bandwidth / 1e9
     device = result.machine.get("gpu") or result.device
     with plt.rc_context(_FONT):
-        fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6.2), layout="constrained")
+        # Side by side: whole on a 1280x720 projector (workshop.draw.projector).
+        fig, (left, right) = plt.subplots(
+            1, 2, figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained"
+        )
         for size, times in zip(result.sizes, result.seconds, strict=True):
             left.scatter(
                 [size] * len(times),
                 np.array(times) * 1e3,
-                s=9,
+                s=7,
                 color=_SKY,
                 alpha=0.25,
                 lw=0,
@@ -85,7 +92,7 @@ def plot_allreduce(result: Any, title: str = ""):
             grid,
             model * 1e3,
             color=_ORANGE,
-            lw=3,
+            lw=2.5,
             label=f"ring model: $\\alpha$ = {fit.alpha * 1e6:.0f} µs, "
             f"$\\beta$ = {fit.beta / 1e9:.2f} GB/s",
         )
@@ -93,7 +100,7 @@ def plot_allreduce(result: Any, title: str = ""):
             sizes,
             np.array(result.medians) * 1e3,
             "o",
-            ms=10,
+            ms=7,
             color=_BLUE,
             label="measured (median)",
         )
@@ -105,8 +112,8 @@ def plot_allreduce(result: Any, title: str = ""):
             sizes,
             np.array(result.busbw) / 1e9,
             "o-",
-            lw=2.5,
-            ms=10,
+            lw=2.2,
+            ms=7,
             color=_BLUE,
             label="measured busbw (median)",
         )
@@ -130,6 +137,12 @@ def plot_allreduce(result: Any, title: str = ""):
         peak = result.peak_busbw / 1e9
         right.set_title(f"busbw: peak {peak:.2f} GB/s = {peak / reference:.0%} of copy")
         step = max(1, len(result.sizes) // 8)
+        # Room for each legend outside the data, on the log axis: above the times
+        # (which rise to the right), below the busbw (which rises from the left).
+        low, high = left.get_ylim()
+        left.set_ylim(low, high * (high / low) ** 0.6)
+        low, high = right.get_ylim()
+        right.set_ylim(low / (high / low) ** 0.5, high)
         for ax, corner in ((left, "upper left"), (right, "lower right")):
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_locator(FixedLocator(result.sizes[::step]))
@@ -138,10 +151,11 @@ def plot_allreduce(result: Any, title: str = ""):
             ax.tick_params(axis="x", labelrotation=35)
             ax.set_xlabel("message size")
             ax.grid(True, which="major", alpha=0.4)
-            ax.legend(loc=corner)
+            ax.legend(loc=corner, framealpha=0.9)
         fig.suptitle(
             title
             or f"All-reduce of float32 on {result.world_size} ranks, "
             f"{result.backend} on {device}"
         )
+    plt.close(fig)  # shown once, as the cell's value
     return fig

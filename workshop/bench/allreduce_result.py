@@ -13,6 +13,7 @@ import csv
 import json
 import re
 import statistics
+import textwrap
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -253,11 +254,12 @@ class AllreduceResult:
 
     def table(self) -> str:
         """The nccl-tests style table: one line per size; time in microseconds,
-        bandwidths in GB/s, the fitted model's time and its error."""
+        bandwidths in GB/s, the fitted model's time and its error. Lines are at most
+        88 characters long for messages up to 16 GiB and times up to 10 s."""
         fit = self._fit_or_none()
         lines = [
-            f"{'size':>10} {'count':>10} {'type':>7} {'reps':>5} {'time us':>10} "
-            f"{'algbw GB/s':>11} {'busbw GB/s':>11} {'model us':>10} {'error':>7}"
+            f"{'size':>11} {'count':>11} {'type':>7} {'reps':>5} {'time us':>10} "
+            f"{'algbw GB/s':>10} {'busbw GB/s':>10} {'model us':>10} {'error':>6}"
         ]
         rows = zip(
             self.sizes, self.seconds, self.medians, self.algbw, self.busbw, strict=True
@@ -266,10 +268,10 @@ class AllreduceResult:
             model = f"{fit.predict(size) * 1e6:>10.1f}" if fit else f"{'-':>10}"
             # (+ 0.0 turns a rounded -0.0 into 0.0, printed "+0%", not "-0%")
             error = round(fit.predict(size) / t - 1, 3) + 0.0 if fit else None
-            error = f"{error:>+7.0%}" if fit else f"{'-':>7}"
+            error = f"{error:>+6.0%}" if fit else f"{'-':>6}"
             lines.append(
-                f"{size:>10} {size // DTYPE_BYTES:>10} {self.dtype:>7} "
-                f"{len(times):>5} {t * 1e6:>10.1f} {a / 1e9:>11.3f} {b / 1e9:>11.3f} "
+                f"{size:>11} {size // DTYPE_BYTES:>11} {self.dtype:>7} "
+                f"{len(times):>5} {t * 1e6:>10.1f} {a / 1e9:>10.3f} {b / 1e9:>10.3f} "
                 f"{model} {error}"
             )
         return "\n".join(lines)
@@ -295,10 +297,15 @@ class AllreduceResult:
                 f"{fit.max_rel_error:.1%} at {human_size(worst)}\n"
             )
         ref = self.reference_bandwidth
-        return model + (
+        text = model + (
             f"peak busbw {self.peak_busbw / 1e9:.3f} GB/s = "
-            f"{self.peak_busbw / ref:.1%} of the reference, a "
-            f"{self.reference['what']} ({ref / 1e9:.3f} GB/s)"
+            f"{self.peak_busbw / ref:.1%} of the reference: {self.reference['what']} "
+            f"at {ref / 1e9:.3f} GB/s"
+        )
+        # At most 88 characters a line, as every table and text a notebook prints.
+        return "\n".join(
+            textwrap.fill(line, 88, subsequent_indent="  ", break_on_hyphens=False)
+            for line in text.splitlines()
         )
 
 

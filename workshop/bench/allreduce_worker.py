@@ -291,14 +291,13 @@ def allreduce_sweep(
     import torch.distributed as dist
 
     from ..env import backend_name, rank_info
-    from ..ranks.worker import rank_device
+    from ..ranks.worker import group_place, rank_device
 
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "allreduce_sweep runs inside a rank of a process group; call "
-            "measure_allreduce(world_size) or launch(allreduce_sweep, world_size=2), "
-            "or call it within `with workshop.process_group():` under torchrun"
-        )
+    group_place(
+        "allreduce_sweep",
+        "measure_allreduce(world_size) or "
+        "workshop.launch(allreduce_sweep, world_size=2)",
+    )
     sizes = message_sizes() if sizes is None else sizes
     sizes = check_sweep(sizes, repeats, warmup, min_time)
     check_reference(reference_bytes)

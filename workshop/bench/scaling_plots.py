@@ -17,9 +17,13 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS, FONT
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_scaling", "relative_efficiency", "scaling_series"]
 
@@ -177,7 +181,7 @@ def plot_scaling(
     title: str = "",
     xlabel: str = "ranks (processes or GPUs)",
     log: bool = True,
-):
+) -> Figure:
     """Throughput and efficiency against ranks, each with its ideal line.
 
     Left: samples per second (all ranks together), each series with a dashed line of
@@ -231,30 +235,33 @@ def plot_scaling(
     ranks_drawn = sorted({n for points in series.values() for n, _ in points})
 
     with plt.rc_context(FONT):
-        fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(15, 6), layout="constrained")
+        # Side by side, one legend under both: whole on a 1280x720 projector
+        # (workshop.draw.projector), with nothing drawn over the lines.
+        fig, (ax_t, ax_e) = plt.subplots(
+            1, 2, figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained"
+        )
+        handles, labels = [], []
         for i, (label, points) in enumerate(series.items()):
             style = {
                 "color": COLOURS[i % len(COLOURS)],
                 "marker": _MARKERS[i % len(_MARKERS)],
-                "lw": 2.5,
-                "ms": 9,
+                "lw": 2.2,
+                "ms": 7,
             }
             ranks, rates = zip(*points, strict=True)
-            ax_t.plot(ranks, rates, label=label, **style)
+            (line,) = ax_t.plot(ranks, rates, label=label, **style)
             (n0, x0), last = points[0], ranks[-1]
             (ideal,) = ax_t.plot(
-                [n0, last], [x0, x0 * last / n0], ls="--", lw=1.8,
+                [n0, last], [x0, x0 * last / n0], ls="--", lw=1.6,
                 color=style["color"], alpha=0.8, label="_ideal",
             )  # fmt: skip
             ideal.set_gid(f"ideal: {label}")
             efficiency = [100 * e for _, e in relative_efficiency(points)]
-            ax_e.plot(
-                ranks,
-                efficiency,
-                label=label if n0 == 1 else f"{label} (vs {n0} ranks)",
-                **style,
-            )
-        ax_e.axhline(100, ls="--", lw=2, color="0.35", label="ideal", gid="ideal")
+            relative = "" if n0 == 1 else f" (vs {n0} ranks)"
+            ax_e.plot(ranks, efficiency, label=label + relative, **style)
+            handles.append(line)
+            labels.append(label + ("" if n0 == 1 else f" (efficiency vs {n0} ranks)"))
+        ax_e.axhline(100, ls="--", lw=1.8, color="0.35", label="ideal", gid="ideal")
         for ax in (ax_t, ax_e):
             if log:
                 ax.set_xscale("log", base=2)
@@ -273,17 +280,23 @@ def plot_scaling(
             ax_t.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         elif log:
             ax_t.yaxis.set_minor_formatter(NullFormatter())
-        ax_t.set_ylabel("samples per second (all ranks)")
+        ax_t.set_ylabel("samples/s (all ranks)")
         ax_t.set_title("Throughput")
-        handles, labels = ax_t.get_legend_handles_labels()
-        handles.append(Line2D([], [], ls="--", lw=1.8, color="0.35"))
+        handles.append(Line2D([], [], ls="--", lw=1.6, color="0.35"))
         labels.append("ideal (linear from the first point)")
-        ax_t.legend(handles, labels)
+        longest = max(len(text) for text in labels)
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncols=3 if longest <= 30 else 2 if longest <= 56 else 1,
+            frameon=False,
+        )
         top = max(max(line.get_ydata()) for line in ax_e.get_lines())
         ax_e.set_ylim(0, max(110, 1.1 * top))
         ax_e.yaxis.set_major_formatter(PercentFormatter())
-        ax_e.set_ylabel("efficiency (of ideal scaling)")
+        ax_e.set_ylabel("efficiency (of ideal)")
         ax_e.set_title("Scaling efficiency")
-        ax_e.legend()
         fig.suptitle(title or "Scaling: throughput and efficiency against ranks")
+    plt.close(fig)  # shown once, as the cell's value; no figure left open
     return fig

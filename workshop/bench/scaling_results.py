@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -223,24 +224,20 @@ class ScalingResult:
         )
 
     def table(self) -> str:
-        """The rows as a fixed-width table (milliseconds per step)."""
-        lines = [
-            f"{'mode':<7}{'ranks':>6}{'batch/rank':>11}{'samples/s':>11}"
-            f"{'speed-up':>10}{'effic.':>8}{'step ms':>9}{'compute':>9}{'comm':>8}"
-            f"{'all-reduce pred.':>18}{'in flight':>11}"
-        ]
+        """The rows as a fixed-width table at most 88 characters wide, the times in
+        ms per step under two grouping headings: ``print(result.table())``."""
+        names = [f"{n:>{w}}" for n, w in _TABLE_COLUMNS]  # all right-aligned but mode
+        lines = [f"{'':49}{'ms per step':^22}{'all-reduce ms':>17}", "".join(names)]
+        lines[1] = f"{'mode':<6}" + lines[1][6:]
         for r in self.rows:
-            predicted = (
-                "-"
-                if r.predicted_allreduce_seconds is None
-                else f"{r.predicted_allreduce_seconds * 1e3:.2f}"
-            )
+            p = r.predicted_allreduce_seconds
             lines.append(
-                f"{r.mode:<7}{r.world_size:>6}{r.batch_per_rank:>11}"
-                f"{r.samples_per_second:>11,.0f}{_fmt(r.speedup, '.2f'):>10}"
-                f"{_fmt(r.efficiency, '.0%'):>8}{r.step_seconds * 1e3:>9.2f}"
-                f"{r.compute_seconds * 1e3:>9.2f}{r.comm_seconds * 1e3:>8.2f}"
-                f"{predicted:>18}{r.allreduce_seconds * 1e3:>11.2f}"
+                f"{r.mode:<6}{r.world_size:>6}{r.batch_per_rank:>11}"
+                f"{r.samples_per_second:>10,.0f}{_fmt(r.speedup, '.2f'):>9}"
+                f"{_fmt(r.efficiency, '.0%'):>7}{r.step_seconds * 1e3:>7.1f}"
+                f"{r.compute_seconds * 1e3:>8.1f}{r.comm_seconds * 1e3:>7.1f}"
+                f"{_fmt(None if p is None else p * 1e3, '.1f'):>7}"
+                f"{r.allreduce_seconds * 1e3:>10.1f}"
             )
         return "\n".join(lines)
 
@@ -351,7 +348,13 @@ class ScalingResult:
             f"{m.get('cpu_count')} cores, torch {v.get('torch')}; {self.steps} timed "
             f"steps after {self.warmup} warm-up, per world size and mode"
         )
-        return "\n".join([head, "", self.table(), "", *self.explain()])
+        # Each sentence wrapped at 88 columns: a notebook's output, a batch job's
+        # log and a projector all show that much without wrapping it mid-word.
+        wrapped = [
+            textwrap.fill(line, _WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+            for line in [head, *self.explain()]
+        ]
+        return "\n".join([wrapped[0], "", self.table(), "", *wrapped[1:]])
 
     def save(self, prefix: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``prefix.json`` (everything) and ``prefix.csv`` (a row per world
@@ -380,6 +383,12 @@ class ScalingResult:
             v.get("torch"), json.dumps(r.step_times), json.dumps(r.compute_times),
         ]  # fmt: skip
 
+
+_WIDTH = 88  # characters of a printed line
+# The table's columns: (heading, width); times in ms, grouped by a heading above.
+_TABLE_COLUMNS = [("mode", 6), ("ranks", 6), ("batch/rank", 11), ("samples/s", 10),
+                  ("speed-up", 9), ("effic.", 7), ("step", 7), ("compute", 8),
+                  ("comm", 7), ("pred.", 7), ("in flight", 10)]  # fmt: skip
 
 _CSV_COLUMNS = [
     "mode", "ranks", "throughput", "speedup", "efficiency", "batch_per_rank",

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._procs import interrupted
 from ..ranks.streams import Pipes, display_command, rewrite_line
 from .reaper import descendants
 
@@ -218,21 +219,22 @@ def run_all(
         if show:
             print(f"{prefix}$ {display_command(command, shown, folder)}", flush=True)
     run = Run(commands, envs, folder, prefixes, show, float(grace))
-    interrupted = False
     try:
-        run.start()
-        run.outcome = run.pump(run.started + timeout)
-    except KeyboardInterrupt:
-        interrupted = True
-        raise
-    finally:
         try:
-            if run.outcome != "done":  # timeout, a failed node, or an exception
-                run.stop()
+            run.start()
+            run.outcome = run.pump(run.started + timeout)
         finally:
-            run.close()
-            if interrupted:
-                print("interrupted: every process was stopped", file=sys.stderr)
+            try:
+                if run.outcome != "done":  # timeout, a failed node, or an exception
+                    run.stop()
+            finally:
+                run.close()
+    except KeyboardInterrupt:  # the stop button; everything is stopped by now
+        # One line in the cell instead of a traceback through the keeper's pipes.
+        raise interrupted(
+            f"interrupted; stopped {short_names(commands)} and every process "
+            f"{'it' if len(commands) == 1 else 'they'} started"
+        ) from None
     return run
 
 

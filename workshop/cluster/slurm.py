@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._procs import interrupted
+from ..ranks.streams import display_path
 from .slurm_cluster import SlurmCluster, conf_problem, slurm_cluster
 from .slurm_options import (
     find_script,
@@ -153,7 +155,7 @@ class SlurmJob:
             self.job_id,
             "UNKNOWN",
             f"scontrol no longer knows job {self.job_id} and sacct cannot tell: "
-            f"{why}; its output may still be in {self.output_path}",
+            f"{why}; its output may still be in {display_path(self.output_path)}",
             source="forgotten",
         )
 
@@ -186,7 +188,8 @@ class SlurmJob:
             TimeoutError: still pending or running after ``timeout`` seconds; the job
                 keeps running, and the message says how to wait longer or cancel.
             KeyboardInterrupt: the kernel was interrupted: the job is cancelled
-                first (so no allocation is left running), then this is re-raised.
+                first (so no allocation is left running); a notebook shows two
+                lines, the scancel and the job's last state.
 
         Example:
             >>> job.wait(timeout=120)                   # doctest: +SKIP
@@ -202,7 +205,7 @@ class SlurmJob:
                 if show and (status.state, status.reason) != shown:
                     more = ""
                     if status.finished and status.state != "COMPLETED":
-                        more = f"; output in {self.output_path}"
+                        more = f"; output in {display_path(self.output_path)}"
                     print(status.line() + more, flush=True)
                     shown = (status.state, status.reason)
                 if status.finished:
@@ -216,12 +219,14 @@ class SlurmJob:
                         f"(scancel {self.job_id})"
                     )
                 _sleep(min(poll, left))
-        except KeyboardInterrupt:
-            print(f"interrupted: cancelling job {self.job_id} (scancel {self.job_id})")
+        except KeyboardInterrupt:  # the stop button: leave no allocation running
             self.cancel()
             final = self._settle(15)
-            print(final.line(), flush=True)
-            raise
+            # Two lines in the cell instead of a traceback through the polling loop.
+            raise interrupted(
+                f"interrupted; cancelled job {self.job_id} (scancel {self.job_id})"
+                f"\n{final.line()}"
+            ) from None
 
     def _settle(self, timeout: float) -> JobStatus:
         """The status once the job ended, or the last one after ``timeout``."""
@@ -329,7 +334,9 @@ def submit(
         pattern = folder.resolve() / f"{path.stem}-%j.out"
         command.append(f"--output={relative(pattern, workdir)}")
     command += [relative(path, workdir), *map(str, args)]
-    print(f"{shlex.join(command)}    (in {workdir})", flush=True)
+    # Paths as the learner would type them (../runs/... from notebooks/), which
+    # are also the same on every machine.
+    print(f"{shlex.join(command)}    (in {display_path(workdir)})", flush=True)
     try:
         done = subprocess.run(
             command, cwd=workdir, capture_output=True, text=True, timeout=60
@@ -355,7 +362,10 @@ def submit(
         output = Path(str(pattern).replace("%j", job_id))
     else:
         output = _stdout_of(job_id, workdir)
-    print(f"submitted job {job_id}; its output goes to {output}", flush=True)
+    print(
+        f"submitted job {job_id}; its output goes to {display_path(output)}",
+        flush=True,
+    )
     return SlurmJob(job_id, path, output, command)
 
 

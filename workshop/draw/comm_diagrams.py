@@ -13,13 +13,16 @@ picture can be redrawn from a saved file.
 * :func:`workshop.draw.p2p_diagram.draw_point_to_point`: an arrow per message sent.
 * :func:`workshop.draw.collective_diagram.draw_collective`: every rank's tensor before
   and after one collective call.
-* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring` and drawn
-  in :mod:`workshop.draw.ring_diagram`.
+* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring`, drawn
+  in :mod:`workshop.draw.ring_diagram`, and put behind a slider in
+  :mod:`workshop.draw.ring_view`.
 * :func:`workshop.draw.timeline_diagram.draw_rank_timeline`: a lane per rank, a bar per
   call, with compute phases.
 
-This module also holds what they share: the colours of each op and how a recorded
-event is read.
+This module also holds what they share: the colours of each op, how a recorded
+event is read, and a canvas laid out in the pixels of the PNG a notebook shows, so
+that a picture is sized for the projector (:mod:`workshop.draw.projector`) as it is
+drawn.
 
 Figures are closed in pyplot once drawn, so a cell that ends with one shows it once.
 """
@@ -123,9 +126,13 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
     node_h, node_gap = slot + 2 * pad + 0.55, 0.5
     width = per_row * (node_w + node_gap) - node_gap
     height = rows * (node_h + node_gap) - node_gap
+    # Inches per data unit: 0.9, less where 8 slots across would pass the
+    # projector's 1,100 px; the type shrinks with the slots, down to 13 px.
+    inch = min(0.9, 10.4 / width)
+    shrink = inch / 0.9
     with plt.rc_context(FONT):
         fig, ax = plt.subplots(
-            figsize=(max(0.9 * width, 7), 0.9 * height + 1.2), layout="constrained"
+            figsize=(max(inch * width, 7), inch * height + 1.2), layout="constrained"
         )
         for node in range(nodes):
             x0 = (node % per_row) * (node_w + node_gap)
@@ -146,7 +153,7 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
                 x0 + pad,
                 y0 + node_h - 0.3,
                 f"node {node}",
-                fontsize=17,
+                fontsize=17 * shrink,
                 fontweight="bold",
                 va="center",
             )
@@ -165,11 +172,17 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
                 )
                 ink, cx = _ink(colour), sx + slot / 2
                 device = f"GPU {local}" if gpus else f"CPU {local}"
+                small = max(9.5, 13 * shrink)  # 13 px at the least
                 rows_of_text = (
-                    (0.82, f"rank {node * ranks_per_node + local}", 17, "bold"),
-                    (0.57, device, 13, "normal"),
-                    (0.36, f"local_rank {local}", 13, "normal"),
-                    (0.16, f"node_rank {node}", 13, "normal"),
+                    (
+                        0.82,
+                        f"rank {node * ranks_per_node + local}",
+                        17 * shrink,
+                        "bold",
+                    ),
+                    (0.57, device, small, "normal"),
+                    (0.36, f"local_rank {local}", small, "normal"),
+                    (0.16, f"node_rank {node}", small, "normal"),
                 )
                 for frac, text, size, weight in rows_of_text:
                     ax.text(
@@ -193,6 +206,66 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
         )
     plt.close(fig)
     return fig
+
+
+# --- drawing in pixels ---------------------------------------------------------------
+
+# The diagrams below are laid out in the pixels of the inline backend's PNG (100 dpi),
+# so that what fits the projector (workshop.draw.projector) is decided while drawing.
+DPI = 100
+LABEL_PT = 10  # 13.9 px: the smallest type these diagrams use (the projector's 12 px)
+_RENDERER: list[Any] = []
+
+
+def points(px: float) -> float:
+    """A font size in points for text ``px`` pixels high at 100 dpi."""
+    return px * 72 / DPI
+
+
+def text_px(label: str, size: float, bold: bool = False) -> tuple[float, float]:
+    """(width, height) in pixels of ``label`` at ``size`` points, drawn at 100 dpi."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    if not _RENDERER:
+        _RENDERER.append(RendererAgg(10, 10, DPI))
+    font = FontProperties(size=size, weight="bold" if bold else "normal")
+    lines = label.split("\n")
+    width = max(
+        _RENDERER[0].get_text_width_height_descent(line, font, ismath=False)[0]
+        for line in lines
+    )
+    return width, len(lines) * size * DPI / 72 * 1.2
+
+
+def bottom_legend(fig: Any, handles: list, across: int, size: float) -> None:
+    """The legend of ``handles`` centred under the picture, ``across`` entries a row,
+    with no frame (the picture's own boxes are framed; the legend must not look like
+    one of them)."""
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        frameon=False,
+        ncols=across,
+        fontsize=size,
+        borderaxespad=0.2,
+    )
+
+
+def canvas(width: float, height: float, top: float = 0, bottom: float = 0) -> Any:
+    """A figure ``width`` x ``top + height + bottom`` pixels, and its axes: the middle
+    ``height`` px, in pixels from its top left (x right, y down), axis off.
+
+    ``top`` leaves room for the axes' title, ``bottom`` for a figure legend.
+    """
+    plt = _pyplot()
+    total = top + height + bottom
+    fig = plt.figure(figsize=(width / DPI, total / DPI), dpi=DPI)
+    ax = fig.add_axes((0, bottom / total, 1, height / total))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+    return fig, ax
 
 
 # --- private helpers -----------------------------------------------------------------

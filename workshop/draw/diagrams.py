@@ -40,18 +40,27 @@ _UNKNOWN = "#999999"
 # Label text that reads on each fill: white on the dark ones, black elsewhere.
 _WHITE_TEXT = {"forward", "reduce"}
 _IDLE_EDGE = "0.55"
+_CENTRE = {"ha": "center", "va": "center"}
 
-FONT = {
-    "font.size": 16,
-    "axes.titlesize": 18,
-    "axes.labelsize": 17,
-    "xtick.labelsize": 15,
-    "ytick.labelsize": 15,
-    "legend.fontsize": 15,
-}
+# fmt: off
+FONT = {"font.size": 16, "axes.titlesize": 18, "axes.labelsize": 17,
+        "xtick.labelsize": 15, "ytick.labelsize": 15, "legend.fontsize": 15}
+# The lane diagrams' type: 12 points is 16.7 px at the inline backend's 100 dpi, well
+# above the projector's 12 px floor (workshop.draw.projector), and it leaves room.
+FIT_FONT = {"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13,
+            "xtick.labelsize": 12, "ytick.labelsize": 12, "legend.fontsize": 12}
+# fmt: on
 _LABEL_SIZES = (16, 14, 12)  # tried in turn until a label fits; 12 still reads
+# A cell's output area on a 1280x720 projector is 1085 x 456 px, 10.85 x 4.56 inches
+# at the inline backend's 100 dpi (workshop.draw.projector, whose test checks every
+# figure); figures are drawn a little inside it: a tight bounding box adds pixels.
+WIDTH_IN, HEIGHT_IN = 10.6, 4.4
 # Inches of a figure's width taken by lane labels and margins, not by the plot.
-_MARGIN_IN = 3.0
+_MARGIN_IN = 2.6
+# A lane's height in inches: at most 1 (few lanes make no wall of colour), at least
+# 0.3 (a bar and a one-line label); past MAX_LANES the figure grows too tall.
+_LANE_IN = (0.3, 1.0)
+MAX_LANES = 10  #: lanes draw_timeline shows whole (8 under a two-line title)
 
 
 def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
@@ -87,26 +96,21 @@ def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
     chunks = list(_field(record, "chunk_sizes"))
     parallel = bool(_field(record, "parallel"))
     span = max(e["end"] for e in events) * 1e3
-    with plt.rc_context(FONT):
+    with plt.rc_context(FIT_FONT):
         fig, ax = plt.subplots(
-            figsize=(14, 1.3 * len(devices) + 3.2), layout="constrained"
+            figsize=lane_figsize(len(devices), 2, 2), layout="constrained"
         )
         # Longest first, so a sliver drawn at its minimum width stays on top.
         for e in sorted(events, key=lambda e: e["start"] - e["end"]):
             width = max((e["end"] - e["start"]) * 1e3, span * 0.004)
-            ax.barh(
-                e["device"],
-                width,
-                left=e["start"] * 1e3,
-                height=0.6,
-                color=PHASE_COLOURS.get(e["phase"], _UNKNOWN),
-                edgecolor="black",
-                linewidth=0.8,
-            )
+            _bar(ax, e["device"], e["start"] * 1e3, width, e["phase"])
         labels = []
+        two_lines = lane_height(len(devices), 2, 2) >= 0.5
         for i, name in enumerate(devices):
             samples = f"{chunks[i]} samples" if i < len(chunks) else "no samples"
-            labels.append(f"device {i} ({name})\n{samples}")
+            labels.append(
+                f"device {i} ({name})" + ("\n" if two_lines else ", ") + samples
+            )
         _lanes(ax, labels, "device")
         ax.set_xlim(0, span * 1.02)
         ax.set_xlabel("time since the step began (ms)")
@@ -134,7 +138,9 @@ def draw_timeline(
 
     Each bar is one piece of work, coloured by phase and labelled with its
     micro-batch where the bar is wide enough for the number at 12 points or more.
-    Each lane says how much of the whole time it was idle.
+    Each lane says how much of the whole time it was idle. Lanes share the height a
+    1280x720 projector shows, up to :data:`MAX_LANES` (one-line labels past 6);
+    beyond that each keeps 0.3 inch and the figure grows taller than the screen.
 
     Args:
         events: events with ``device``, ``phase``, ``start``, ``end`` (seconds) and
@@ -170,25 +176,18 @@ def draw_timeline(
         )
     t0 = min(e["start"] for e in events)
     span = (max(e["end"] for e in events) - t0) * 1e3
-    width_in = 14
-    with plt.rc_context(FONT):
+    with plt.rc_context(FIT_FONT):
         fig, ax = plt.subplots(
-            figsize=(width_in, 1.3 * len(lanes) + 3.2), layout="constrained"
+            figsize=lane_figsize(len(lanes), 1, 1), layout="constrained"
         )
-        points_per_ms = (width_in - _MARGIN_IN) * 72 / (span * 1.02)
+        points_per_ms = (WIDTH_IN - _MARGIN_IN) * 72 / (span * 1.02)
+        # A bar is 0.6 of its lane high; a label no taller than the bar.
+        bar_points = 0.6 * 72 * lane_height(len(lanes), 1, 1)
         for e in events:
             left, width = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
-            ax.barh(
-                e["device"],
-                width,
-                left=left,
-                height=0.6,
-                color=PHASE_COLOURS.get(e["phase"], _UNKNOWN),
-                edgecolor="black",
-                linewidth=0.8,
-            )
+            _bar(ax, e["device"], left, width, e["phase"])
             label = "" if e["micro_batch"] is None else str(e["micro_batch"])
-            size = fitting_size(label, width * points_per_ms) if label else None
+            size = fitting_size(label, width * points_per_ms, bar_points)
             if size:
                 ax.text(
                     left + width / 2,
@@ -204,7 +203,8 @@ def draw_timeline(
             busy = _busy_ms([e for e in events if e["device"] == i])
             idle = 1 - busy / span if span else 0.0
             head = f"device {i} ({name})" if name else f"device {i}"
-            names.append(f"{head}\nidle {idle:.0%}")
+            two_lines = lane_height(len(lanes), 1, 1) >= 0.5
+            names.append(f"{head}" + ("\n" if two_lines else ", ") + f"idle {idle:.0%}")
         _lanes(ax, names, "device")
         ax.set_xlim(0, span * 1.02)
         ax.set_xlabel("time (ms)")
@@ -212,7 +212,7 @@ def draw_timeline(
         phases = [p for p in PHASE_COLOURS if any(e["phase"] == p for e in events)]
         handles = [patch(PHASE_COLOURS[p], p) for p in phases]
         handles.append(patch("white", "idle (waiting)", edge=_IDLE_EDGE))
-        fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+        fig.legend(handles=handles, loc="outside lower center", ncols=6, frameon=False)
     plt.close(fig)
     return fig
 
@@ -220,8 +220,10 @@ def draw_timeline(
 def draw_schedule(schedule: Sequence[Any], title: str | None = None) -> Figure:
     """Draw an idealised pipeline schedule: a row per stage, a column per time step.
 
-    Cells hold ``F<m>`` (forward of micro-batch m) or ``B<m>`` (its backward); empty
-    cells are bubbles, where a stage waits. The title gives their share of all cells.
+    Cells hold ``F<m>`` (forward of micro-batch m) or ``B<m>`` (its backward) where
+    that fits at 12 points (up to about 20 time steps; longer schedules keep only the
+    colours); empty cells are bubbles, where a stage waits. The title gives their
+    share of all cells.
 
     Args:
         schedule: ``(step, stage, micro_batch, phase)`` rows, e.g.
@@ -255,32 +257,22 @@ def draw_schedule(schedule: Sequence[Any], title: str | None = None) -> Figure:
     micro_batches = max(s[2] for s in slots) + 1
     total = steps * stages
     idle = total - len(slots)
-    width_in = min(max(0.65 * steps + _MARGIN_IN, 9.0), 16.0)
+    width_in = min(max(0.6 * steps + _MARGIN_IN, 7.0), WIDTH_IN)
     cell_points = (width_in - _MARGIN_IN) * 72 / steps
-    with plt.rc_context(FONT):
+    with plt.rc_context(FIT_FONT):
         fig, ax = plt.subplots(
-            figsize=(width_in, 0.9 * stages + 3.0), layout="constrained"
+            figsize=(width_in, lane_figsize(stages, 2, 1, 0.7)[1]),
+            layout="constrained",
         )
         for step, stage, mb, phase in slots:
-            ax.barh(
-                stage,
-                1,
-                left=step,
-                height=1,
-                color=PHASE_COLOURS.get(phase, _UNKNOWN),
-                edgecolor="black",
-                linewidth=1,
-            )
+            _bar(ax, stage, step, 1, phase, height=1, linewidth=1)
             label = f"{phase[:1].upper()}{mb}"
-            ax.text(
-                step + 0.5,
-                stage,
-                label,
-                ha="center",
-                va="center",
-                fontsize=fitting_size(label, cell_points) or _LABEL_SIZES[-1],
-                color="white" if phase in _WHITE_TEXT else "black",
-            )
+            # A cell too narrow for its label at 12 points keeps just its colour.
+            if size := fitting_size(label, cell_points):
+                colour = "white" if phase in _WHITE_TEXT else "black"
+                ax.text(
+                    step + 0.5, stage, label, **_CENTRE, fontsize=size, color=colour
+                )
         # Cell borders as grid lines, so empty cells (bubbles) read as cells.
         ax.set_xticks([i + 0.5 for i in range(steps)])
         every = 1 if steps <= 24 else 2
@@ -366,6 +358,30 @@ def _lanes(ax: Any, labels: Sequence[str], ylabel: str, grid: bool = True) -> No
             ax.axhline(i + 0.5, color="0.85", linewidth=1)
 
 
+def lane_height(
+    lanes: int, title_lines: int, legend_rows: int, most: float = _LANE_IN[1]
+) -> float:
+    """Inches per lane of a lane diagram: as much as the projector's height leaves
+    after the title, the time axis and the legend, between 0.3 and ``most``."""
+    fixed = 0.28 * title_lines + 0.62 + 0.27 * legend_rows
+    return min(most, max(_LANE_IN[0], (HEIGHT_IN - fixed) / max(lanes, 1)))
+
+
+def lane_figsize(lanes: int, *layout: Any) -> tuple[float, float]:
+    """(width, height) in inches of a lane diagram (``layout``: title lines, legend
+    rows and the most inches a lane, as for :func:`lane_height`): whole on a 1280x720
+    projector up to :data:`MAX_LANES` lanes; taller past that."""
+    fixed = 0.28 * layout[0] + 0.62 + 0.27 * layout[1]
+    return WIDTH_IN, fixed + lanes * lane_height(lanes, *layout)
+
+
+def _bar(ax: Any, lane: int, left: float, width: float, phase: str, **style) -> None:
+    """A bar in ``lane`` coloured by its phase, outlined in black."""
+    style = {"height": 0.6, "linewidth": 0.8, **style}
+    colour = PHASE_COLOURS.get(phase, _UNKNOWN)
+    ax.barh(lane, width, left=left, color=colour, edgecolor="black", **style)
+
+
 def patch(colour: str, label: str, edge: str = "black") -> Any:
     from matplotlib.patches import Patch
 
@@ -387,9 +403,14 @@ def _busy_ms(events: Sequence[dict[str, Any]]) -> float:
     return busy * 1e3
 
 
-def fitting_size(label: str, room_points: float) -> int | None:
-    """Largest label size whose text fits in ``room_points``; None if none fits."""
-    for size in _LABEL_SIZES:
+def fitting_size(
+    label: str, room_points: float, height_points: float = 99.0
+) -> int | None:
+    """Largest label size whose text fits in ``room_points`` wide and
+    ``height_points`` high; None if none fits (or the label is empty)."""
+    if not label:
+        return None
+    for size in (s for s in _LABEL_SIZES if s <= height_points):
         # Digits and capitals are about 0.62 em wide; 4 points keep it off the edges.
         if 0.62 * size * len(label) + 4 <= room_points:
             return size

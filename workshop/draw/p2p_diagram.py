@@ -72,10 +72,14 @@ def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
         m["apex"] = -0.5 * m["rad"] * (m["dst"] - m["src"]) * step
     top = max([radius] + [m["apex"] + 0.8 for m in messages]) + 0.3
     bottom = min([-radius] + [m["apex"] - 0.8 for m in messages]) - 0.3
-    inch = min(0.85, 15 / (world * step))  # inches per data unit
+    # Inches per data unit: 4 ranks span the projector's 1,100 px (and 8 still
+    # fit it, smaller); the two-line title and the legend take about 1.5 in.
+    inch = min(0.7, 10 / (world * step), 2.75 / (top - bottom))
+    # "rank r" in bold is about 4 em wide: as large as its circle holds.
+    name_pt = max(9.5, min(15, 2 * radius * inch * 72 * 0.95 / 4.0))
     with plt.rc_context(FONT):
         fig, ax = plt.subplots(
-            figsize=(max(world * step * inch + 1, 8), (top - bottom) * inch + 2.4),
+            figsize=(max(world * step * inch + 0.4, 7.4), (top - bottom) * inch + 1.5),
             layout="constrained",
         )
         circles = []
@@ -89,7 +93,7 @@ def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
                 0,
                 f"rank {r}",
                 **CENTRE,
-                fontsize=15,
+                fontsize=name_pt,
                 fontweight="bold",
                 color=_ink(colour),
                 zorder=4,

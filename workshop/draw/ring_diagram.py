@@ -1,39 +1,60 @@
 """The ring all-reduce drawn from its steps (:mod:`workshop.comm.ring`): one step at a
-time, as a grid of all steps, or behind an ipywidgets slider.
+time, or all steps side by side; :mod:`workshop.draw.ring_view` puts the steps behind
+an ipywidgets slider.
 
 With N ranks, each holding a vector cut into N chunks, the ring takes 2(N-1) steps:
 N-1 of reduce-scatter (each rank passes one chunk to the next, which adds it to its
 own) and N-1 of all-gather (the finished chunks travel round). Every rank sends
 2(N-1)/N of the data in all, whatever N is: why the ring suits bandwidth.
+
+Every picture fits a projector (:mod:`workshop.draw.projector`) for 2 to 4 ranks; a
+step stays under 400 px tall so that the widget's slider fits on screen with it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..comm.ring import RingStep, ring_allreduce_steps  # noqa: F401  (the doctests')
-from .comm_diagrams import CENTRE, PALETTE, _ink, num
-from .diagrams import FONT, _pyplot, patch
+from .comm_diagrams import (
+    CENTRE,
+    DPI,
+    PALETTE,
+    _ink,
+    bottom_legend,
+    canvas,
+    num,
+    text_px,
+)
+from .diagrams import _pyplot, patch
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["draw_ring_grid", "draw_ring_step", "ring_widget"]
+__all__ = ["draw_ring_grid", "draw_ring_step"]
+
+# Sizes in pixels of the inline backend's PNG (see workshop.draw.projector).
+_MAX_W = 1075  # the projector's 1100 px, less the tight bounding box's padding
+_STEP_H = 380  # a step, so that it and the widget's slider fit 456 px
+_TITLE_PT, _TEXT_PT, _SMALL_PT = 13, 11, 10  # 18, 15 and 14 px
+_PHASES = ("both", "reduce-scatter", "all-gather")
+_BOLD = "summed over all ranks"
 
 
 def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
-    """Draw step ``k`` of a ring all-reduce: ranks in a circle, chunks as strips.
+    """Draw step ``k`` of a ring all-reduce: ranks in a ring, chunks as strips.
 
     Each arrow goes from a rank to the next and names the chunk it carries; each
     rank's strip shows its chunks after the step (a colour per chunk), the one it
-    just received framed, fully reduced chunks in bold.
+    just received framed, fully reduced chunks in bold. It fits the projector up to
+    6 ranks (under 400 px tall up to 4); from 7 it is wider, and shrunk.
 
     Args:
         steps: what :func:`ring_allreduce_steps` returned.
-        k: which step, 0 to ``len(steps) - 1``.
+        k: which step, 0 to ``len(steps) - 1`` (the title counts from 1).
 
     Returns:
         The matplotlib Figure.
@@ -52,131 +73,30 @@ def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
             f"{len(steps) - 1}"
         )
     plt = _pyplot()
-    with plt.rc_context(FONT):
-        x_reach, y_low, y_high = _ring_size(steps[k])[2]
-        inch = min(0.8, 13 / (2 * x_reach))  # inches per data unit
-        fig, ax = plt.subplots(
-            figsize=(max(2 * x_reach * inch + 1, 9), (y_high - y_low) * inch + 3),
-            layout="constrained",
-        )
-        _ring_on(ax, steps, k, scale=1.0)
-        fig.suptitle(
-            f"Ring all-reduce of {len(steps[k].after)} ranks (bold: summed over all)",
-            fontsize=20,
-        )
-        _chunk_legend(fig, len(steps[k].after))
-    plt.close(fig)
-    return fig
-
-
-def draw_ring_grid(steps: Sequence[RingStep]) -> Figure:
-    """Draw all 2(N-1) steps of a ring all-reduce in a grid, for where there are no
-    widgets: reduce-scatter steps in the top row, all-gather steps below.
-
-    Args:
-        steps: what :func:`ring_allreduce_steps` returned.
-
-    Returns:
-        The matplotlib Figure, one axes per step.
-
-    Example:
-        >>> len(draw_ring_grid(ring_allreduce_steps([[1, 2], [3, 4]])).axes)
-        2
-    """
-    plt = _pyplot()
-    cols = max(1, len(steps) // 2)
-    n = len(steps[0].after)
-    with plt.rc_context(FONT):
-        panel = 5.2 + 0.4 * n
-        fig, axes = plt.subplots(
-            2,
-            cols,
-            figsize=(panel * cols, 2 * panel + 0.8),
-            layout="constrained",
-            squeeze=False,
-        )
-        for k, ax in enumerate(axes.flat):
-            _ring_on(ax, steps, k, scale=0.8)
-        fig.suptitle(
-            f"Ring all-reduce of {n} ranks: reduce-scatter (top), then all-gather "
-            "(bold: summed over all ranks)",
-            fontsize=20,
-        )
-        _chunk_legend(fig, n)
-    plt.close(fig)
-    return fig
-
-
-def ring_widget(steps: Sequence[RingStep]) -> Any:
-    """An interactive view of a ring all-reduce: a slider (and play button) per step.
-
-    Falls back to :func:`draw_ring_grid` where ipywidgets cannot be imported.
-
-    Args:
-        steps: what :func:`ring_allreduce_steps` returned.
-
-    Returns:
-        An ipywidgets ``VBox`` (controls above an ``Output`` showing
-        :func:`draw_ring_step`), or the grid's Figure without ipywidgets.
-
-    Example:
-        >>> steps = ring_allreduce_steps([[r] * 4 for r in range(4)])
-        >>> ring_widget(steps)  # doctest: +SKIP
-    """
-    try:
-        import ipywidgets as widgets
-        from IPython.display import Image, display
-    except ImportError:
-        return draw_ring_grid(steps)
-    cache: dict[int, bytes] = {}
-    out = widgets.Output()
-    slider = widgets.IntSlider(
-        value=0,
-        min=0,
-        max=len(steps) - 1,
-        description="step",
-        continuous_update=False,
-    )
-    play = widgets.Play(value=0, min=0, max=len(steps) - 1, interval=1500)
-    widgets.jslink((play, "value"), (slider, "value"))
-
-    def show(change: Any = None) -> None:
-        k = slider.value
-        if k not in cache:  # a PNG shows with or without an inline backend
-            cache[k] = _png(draw_ring_step(steps, k))
-        out.clear_output(wait=True)
-        with out:
-            display(Image(cache[k]))
-
-    slider.observe(show, names="value")
-    show()
-    return widgets.VBox([widgets.HBox([play, slider]), out])
-
-
-def _ring_on(ax: Axes, steps: Sequence[RingStep], k: int, scale: float) -> None:
-    """Draw step k of the ring into ax; scale shrinks the type for a grid."""
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     step = steps[k]
     n = len(step.after)
-    cell = 0.9
-    width, radius, (x_reach, y_low, y_high) = _ring_size(step)
+    cell_w, cell_h = _cell_width(steps, _TEXT_PT, 30), 28
+    strip = sum(len(c) for c in step.after[0]) * cell_w + (n - 1) * 4
+    unit_h = 48  # "rank r" over its strip
+    rad = -0.5 if n == 2 else -0.3  # how far each arc bends out
+    centres, mids, (left, top, right, low) = _ring_layout(n, strip, unit_h, rad)
+    # As wide as the title and the legend's one row, where the screen allows.
+    title_w = text_px(f"each rank adds what it receives; bold: {_BOLD}", _TITLE_PT)[0]
+    wide = min(_MAX_W, max(right - left, _legend_rows(n, 1e9)[2], title_w))
+    left, right = left - (wide - right + left) / 2, left + (wide + right - left) / 2
+    across, bottom, _ = _legend_rows(n, right - left)
+    fig, ax = canvas(right - left, low - top, 52, bottom)
+    ax.set_xlim(left, right)
+    ax.set_ylim(low, top)
     boxes = []
-    for r in range(n):
-        angle = math.pi / 2 - 2 * math.pi * r / n
-        cx, cy = radius * math.cos(angle), radius * math.sin(angle)
-        x = cx - width / 2
-        ax.text(
-            cx,
-            cy + 0.75,
-            f"rank {r}",
-            **CENTRE,
-            fontsize=17 * scale,
-            fontweight="bold",
-        )
-        box = Rectangle((x - 0.1, cy - 0.5), width + 0.2, 1.6, visible=False)
+    for r, (cx, cy) in enumerate(centres):
+        ax.text(cx, cy - 13, f"rank {r}", **CENTRE, fontsize=_TEXT_PT, weight="bold")
+        box = Rectangle((cx - strip / 2 - 4, cy - 26), strip + 8, 54, visible=False)
         ax.add_patch(box)
         boxes.append(box)
+        x = cx - strip / 2
         received = step.sends[(r - 1) % n]
         for c, values in enumerate(step.after[r]):
             colour = PALETTE[c % len(PALETTE)]
@@ -184,41 +104,34 @@ def _ring_on(ax: Axes, steps: Sequence[RingStep], k: int, scale: float) -> None:
             for v in values:
                 ax.add_patch(
                     Rectangle(
-                        (x, cy - 0.4),
-                        cell,
-                        0.8,
+                        (x, cy + 2),
+                        cell_w,
+                        cell_h,
                         facecolor=colour,
-                        edgecolor="black",
-                        linewidth=0.8,
+                        ec="black",
+                        lw=0.8,
                     )
                 )
-                done = step.counts[r][c] == n
                 ax.text(
-                    x + cell / 2,
-                    cy,
+                    x + cell_w / 2,
+                    cy + 2 + cell_h / 2,
                     num(v),
                     **CENTRE,
-                    fontsize=15 * scale,
+                    fontsize=_TEXT_PT,
                     color=_ink(colour),
-                    fontweight="bold" if done else "normal",
+                    weight="bold" if step.counts[r][c] == n else "normal",
                 )
-                x += cell
+                x += cell_w
             if c == received:
                 ax.add_patch(
                     Rectangle(
-                        (start, cy - 0.4),
-                        x - start,
-                        0.8,
-                        fill=False,
-                        edgecolor="black",
-                        linewidth=4,
+                        (start, cy + 2), x - start, cell_h, fill=False, linewidth=3.5
                     )
                 )
-            x += 0.15
+            x += 4
     for r in range(n):
         dst = (r + 1) % n
-        (x1, y1), (x2, y2) = (b.get_center() for b in (boxes[r], boxes[dst]))
-        rad = -0.35
+        (x1, y1), (x2, y2) = centres[r], centres[dst]
         ax.add_patch(
             FancyArrowPatch(
                 (x1, y1),
@@ -227,72 +140,278 @@ def _ring_on(ax: Axes, steps: Sequence[RingStep], k: int, scale: float) -> None:
                 patchB=boxes[dst],
                 connectionstyle=f"arc3,rad={rad}",
                 arrowstyle="-|>",
-                mutation_scale=26 * scale,
-                linewidth=2.5,
+                mutation_scale=20,
+                linewidth=2,
                 color="0.25",
             )
         )
-        mx = (x1 + x2) / 2 + 0.5 * rad * (y2 - y1)
-        my = (y1 + y2) / 2 - 0.5 * rad * (x2 - x1)
+        mx, my = mids[r]
         chunk = step.sends[r]
+        colour = PALETTE[chunk % len(PALETTE)]
         ax.text(
             mx,
             my,
             f"chunk {chunk}",
             **CENTRE,
-            fontsize=14 * scale,
-            bbox=dict(
-                boxstyle="round,pad=0.25",
-                facecolor=PALETTE[chunk % len(PALETTE)],
-                edgecolor="black",
-            ),
-            color=_ink(PALETTE[chunk % len(PALETTE)]),
+            fontsize=_SMALL_PT,
+            color=_ink(colour),
+            bbox=dict(boxstyle="round,pad=0.25", facecolor=colour, edgecolor="black"),
         )
-    ax.set_xlim(-x_reach, x_reach)
-    ax.set_ylim(y_low, y_high)
-    ax.set_aspect("equal")
-    ax.axis("off")
+    ax.set_title(
+        f"{_step_name(steps, k)}\neach rank {_verb(step)} what it receives; "
+        f"bold: {_BOLD}",
+        fontsize=_TITLE_PT,
+        pad=6,
+    )
+    _chunk_legend(fig, n, across)
+    plt.close(fig)
+    return fig
+
+
+def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
+    """Draw the steps of a ring all-reduce side by side, for where there are no
+    widgets: after each step, a table of every rank's chunks (ranks as rows).
+
+    Each arrow goes down a column, from a rank to the next, with the chunk it sends
+    (the last rank's leaves at the bottom and comes round to rank 0 at the top); the
+    chunk each rank just received is framed, fully reduced chunks are bold.
+
+    Args:
+        steps: what :func:`ring_allreduce_steps` returned.
+        phase: ``"both"`` (every step: fits the projector up to 4 ranks),
+            ``"reduce-scatter"`` or ``"all-gather"`` (one phase's N-1 steps: up to
+            6 ranks).
+
+    Returns:
+        The matplotlib Figure (one axes).
+
+    Raises:
+        ValueError: an unknown ``phase``.
+
+    Example:
+        >>> fig = draw_ring_grid(ring_allreduce_steps([[1, 2], [3, 4]]))
+        >>> [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("step")]
+        ['step 1', 'step 2']
+    """
+    if phase not in _PHASES:
+        raise ValueError(
+            f"phase={phase!r} is not one of {', '.join(map(repr, _PHASES))}; "
+            'e.g. draw_ring_grid(steps, phase="reduce-scatter")'
+        )
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    n = len(steps[0].after)
+    shown = [k for k, s in enumerate(steps) if phase in ("both", s.phase)]
+    cell_w, cell_h, pitch = _cell_width(steps, _TEXT_PT, 36), 24, 38
+    table_w = sum(len(c) for c in steps[0].after[0]) * cell_w
+    label_w, gap = text_px(f"rank {n - 1}", _TEXT_PT)[0] + 10, 22
+    # A slot per step: its table, or more, so that a phase's name fits over its steps.
+    heading = max(text_px(_heading(s), _TEXT_PT, bold=True)[0] for s in steps)
+    slot = max(table_w + gap, (heading + gap) / (n - 1))
+    # All the steps in one row where they fit; else a row per phase, else wrap.
+    per_row = len(shown)
+    if label_w + per_row * slot > _MAX_W:
+        per_row = n - 1 if phase == "both" else per_row
+    while per_row > 1 and label_w + per_row * slot > _MAX_W:
+        per_row -= 1
+    rows = math.ceil(len(shown) / per_row)
+    head = 24 + 20 + 14  # the phase over its steps, "step k", the incoming arrow
+    table_h = head + n * pitch + 4
+    title = (
+        f"Ring all-reduce of {n} ranks, step by step: arrows carry a chunk to the "
+        "next rank\n(the last rank's comes round to rank 0); bold: summed over all "
+        "ranks"
+    )
+    content = label_w + per_row * slot
+    width = min(
+        _MAX_W, max(content, text_px(title, _TEXT_PT)[0], _legend_rows(n, 1e9)[2])
+    )
+    left = max(0, (width - content) / 2) + label_w  # the first slot's left
+    across, bottom, _ = _legend_rows(n, width)
+    fig, ax = canvas(width, rows * table_h, 30, bottom)
+    for i, k in enumerate(shown):
+        row, col = divmod(i, per_row)
+        x_slot, y0 = left + col * slot, row * table_h + head
+        x0 = x_slot + (slot - gap - table_w) / 2
+        step = steps[k]
+        if col == 0:
+            for r in range(n):
+                y = y0 + r * pitch + cell_h / 2
+                ax.text(
+                    x0 - 8,
+                    y,
+                    f"rank {r}",
+                    ha="right",
+                    va="center",
+                    fontsize=_TEXT_PT,
+                )
+        if col == 0 or steps[shown[i - 1]].phase != step.phase:
+            run = [
+                j for j in shown[i : i + per_row - col] if steps[j].phase == step.phase
+            ]
+            span = len(run) * slot - gap
+            ax.text(
+                x_slot + span / 2,
+                y0 - 46,
+                _heading(step),
+                **CENTRE,
+                fontsize=_TEXT_PT,
+                weight="bold",
+            )
+            ax.plot([x_slot, x_slot + span], [y0 - 34, y0 - 34], color="0.3", lw=1.5)
+        ax.text(x0 + table_w / 2, y0 - 22, f"step {k + 1}", **CENTRE, fontsize=_TEXT_PT)
+        for r in range(n):
+            x, y = x0, y0 + r * pitch
+            received = step.sends[(r - 1) % n]
+            for c, values in enumerate(step.after[r]):
+                colour = PALETTE[c % len(PALETTE)]
+                w = len(values) * cell_w
+                ax.add_patch(
+                    Rectangle((x, y), w, cell_h, facecolor=colour, ec="black", lw=0.8)
+                )
+                ax.text(
+                    x + w / 2,
+                    y + cell_h / 2,
+                    " ".join(num(v) for v in values),
+                    **CENTRE,
+                    fontsize=_TEXT_PT,
+                    color=_ink(colour),
+                    weight="bold" if step.counts[r][c] == n else "normal",
+                )
+                if c == received:
+                    ax.add_patch(Rectangle((x, y), w, cell_h, fill=False, lw=3))
+                x += w
+        for r, c in enumerate(step.sends):  # rank r sends chunk c to rank r + 1
+            x = x0 + _chunk_x(steps[0].after[0], c, cell_w)
+            y_from = y0 + r * pitch + cell_h - 2  # from under the value sent
+            if r < n - 1:
+                _down(ax, x, y_from, y0 + (r + 1) * pitch + 1)
+            else:  # round the ring: out at the bottom, in again at the top
+                _down(ax, x, y_from, y_from + 16)
+                _down(ax, x, y0 - 15, y0 + 1)
+    ax.set_title(title, fontsize=_TEXT_PT, pad=4)
+    _chunk_legend(fig, n, across)
+    plt.close(fig)
+    return fig
+
+
+def _step_name(steps: Sequence[RingStep], k: int) -> str:
     half = len(steps) // 2
     within = k + 1 if k < half else k + 1 - half
-    verb = "adds" if step.phase == "reduce-scatter" else "copies"
-    ax.set_title(
-        f"step {k + 1} of {len(steps)}: {step.phase} {within} of {half}\n"
-        f"each rank {verb} what it receives",
-        fontsize=18 * scale,
+    return f"step {k + 1} of {len(steps)}: {steps[k].phase} {within} of {half}"
+
+
+def _heading(step: RingStep) -> str:
+    return f"{step.phase}: each rank {_verb(step)}"
+
+
+def _verb(step: RingStep) -> str:
+    return "adds" if step.phase == "reduce-scatter" else "copies"
+
+
+def _cell_width(steps: Sequence[RingStep], size: float, least: float) -> float:
+    """A cell wide enough for every value any step shows."""
+    values = {num(v) for s in steps for chunks in s.after for c in chunks for v in c}
+    return max([least] + [text_px(v, size)[0] + 14 for v in values])
+
+
+def _chunk_x(chunks: list[list[float]], c: int, cell_w: float) -> float:
+    """The middle of chunk c in a row of cells."""
+    start = sum(len(chunk) for chunk in chunks[:c]) * cell_w
+    return start + len(chunks[c]) * cell_w / 2
+
+
+def _down(ax: Axes, x: float, y_from: float, y_to: float) -> None:
+    """A short arrow down a column, white-edged so it shows on any colour."""
+    from matplotlib import patheffects
+    from matplotlib.patches import FancyArrowPatch
+
+    arrow = FancyArrowPatch(
+        (x, y_from),
+        (x, y_to),
+        arrowstyle="-|>",
+        mutation_scale=14,
+        lw=2,
+        color="black",
+        zorder=5,
+        shrinkA=0,
+        shrinkB=0,
     )
+    arrow.set_path_effects([patheffects.withStroke(linewidth=4, foreground="white")])
+    ax.add_patch(arrow)
 
 
-def _ring_size(step: RingStep) -> tuple[float, float, tuple[float, float, float]]:
-    """A ring's strip width, radius and (x reach, y bottom, y top) in data units."""
-    n = len(step.after)
-    width = sum(len(c) for c in step.after[0]) * 0.9 + (n - 1) * 0.15
-    radius = max(2.6, 0.75 * width + 0.9) if n > 2 else width / 2 + 1.5
-    x_reach = max((radius if n > 2 else 0) + width / 2, 0.35 * radius + 1.2) + 0.3
-    low = -radius - 0.8
-    if n % 2:  # no rank at the bottom: the arc between the lowest two is lowest
-        low = -radius * (math.cos(math.pi / n) + 0.35 * math.sin(math.pi / n)) - 0.6
-    return width, radius, (x_reach, low, radius + 1.3)
+def _on_ring(r: int, n: int, rx: float, ry: float) -> tuple[float, float]:
+    """Rank r's place: rank 0 at the top, then clockwise (two ranks: side by side)."""
+    angle = math.pi * (1 - r) if n == 2 else math.pi / 2 - 2 * math.pi * r / n
+    return rx * math.cos(angle), -ry * math.sin(angle)
 
 
-def _chunk_legend(fig: Figure, n: int) -> None:
+def _ring_layout(n: int, strip: float, unit_h: float, rad: float) -> tuple:
+    """Where each rank's strip and each arc's label go, and the bounds of it all
+    ((left, top, right, bottom), in pixels, y down): on an ellipse as flat as keeps
+    a step under 400 px tall, and as wide as keeps the ranks apart."""
+    label_w, label_h = text_px("chunk 00", _SMALL_PT)[0] + 12, 26
+    best: tuple = ()
+    for ry in range(300, 40, -5):  # the roundest ring that fits, else the least over
+        rx = strip / 2 + 110.0 if n == 2 else strip + 120.0
+        while rx < 2000 and n > 2:  # no two ranks' strips on top of each other
+            places = [_on_ring(r, n, rx, ry) for r in range(n)]
+            if all(
+                abs(a[0] - b[0]) >= strip + 40 or abs(a[1] - b[1]) >= unit_h + 30
+                for i, a in enumerate(places)
+                for b in places[i + 1 :]
+            ):
+                break
+            rx += 10
+        centres = [_on_ring(r, n, rx, ry) for r in range(n)]
+        mids = []
+        for r in range(n):
+            (x1, y1), (x2, y2) = centres[r], centres[(r + 1) % n]
+            # The arc's middle (y points down here, so the bend's sign flips).
+            mids.append(
+                (
+                    (x1 + x2) / 2 - 0.5 * rad * (y2 - y1),
+                    (y1 + y2) / 2 + 0.5 * rad * (x2 - x1),
+                )
+            )
+        xs = [x + d for x, _ in centres for d in (-strip / 2, strip / 2)]
+        xs += [x + d for x, _ in mids for d in (-label_w / 2, label_w / 2)]
+        ys = [y + d for _, y in centres for d in (-26, 34)]
+        ys += [y + d for _, y in mids for d in (-label_h / 2, label_h / 2)]
+        bounds = (min(xs), min(ys), max(xs), max(ys))
+        over = max(
+            (bounds[3] - bounds[1]) / (_STEP_H - 52 - 33 - 8),
+            (bounds[2] - bounds[0]) / (_MAX_W - 16),
+        )
+        if not best or over < best[0] or over <= 1:
+            best = (over, centres, mids, bounds)
+        if over <= 1:
+            break
+    _, centres, mids, bounds = best
+    left, top, right, low = bounds
+    return centres, mids, (left - 8, top - 4, right + 8, low + 4)
+
+
+def _legend_rows(n: int, width: float) -> tuple[int, float, float]:
+    """The chunk legend's columns in ``width``, the pixels its rows take under a
+    figure, and the width of it on one row."""
+    em = _TEXT_PT * DPI / 72
+    entries = [f"chunk {c}" for c in range(n)] + ["just received"]
+    widths = [text_px(e, _TEXT_PT)[0] + 4.8 * em for e in entries]
+    # (no spacing after the last column)
+    one_row = sum(widths) - 2 * em
+    across = len(entries) if one_row <= width else int(width // max(widths))
+    across = max(1, across)
+    return across, math.ceil(len(entries) / across) * 27 + 6, one_row
+
+
+def _chunk_legend(fig: Figure, n: int, across: int) -> None:
     from matplotlib.patches import Patch
 
     handles = [patch(PALETTE[c % len(PALETTE)], f"chunk {c}") for c in range(n)]
     handles.append(
         Patch(facecolor="white", edgecolor="black", linewidth=3, label="just received")
     )
-    across = max(1, int(fig.get_figwidth() // 2.1))
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        frameon=False,
-        ncols=min(n + 1, across),
-    )
-
-
-def _png(fig: Figure) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
-    return buffer.getvalue()
+    bottom_legend(fig, handles, across, _TEXT_PT)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm.costmodel import bus_factor
 from .comm_diagrams import _TIMES, CENTRE, OP_COLOURS, PALETTE, _event, _ink
-from .diagrams import FONT, _pyplot, patch
+from .diagrams import FONT, HEIGHT_IN, WIDTH_IN, _pyplot, patch
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -30,8 +30,10 @@ __all__ = ["draw_tensor_parallel"]
 
 _REDUCE = OP_COLOURS["all_reduce"]
 _REPLICATED = "0.88"  # grey: the same on every rank
-_LONG, _SHORT = 3.4, 1.7  # the sides of a matrix in data units (figure: 16 x 9)
+_LONG, _SHORT = 3.0, 1.5  # the sides of a matrix in data units (14.6 wide)
 _MID = 4.8  # height of the row of boxes
+_WIDTH_IN = WIDTH_IN - 0.2  # the drawing's width in inches
+_NOTE_TOP = 3.2  # where the notes under f and g begin, below every matrix
 _MAX_RANKS = 6  # a colour per rank, none the all-reduce's vermillion
 
 
@@ -57,7 +59,8 @@ def draw_tensor_parallel(
         batch: optional, the input's rows, shown in the shapes when given.
 
     Returns:
-        The matplotlib Figure, 1280 x 720 pixels at 100 dpi.
+        The matplotlib Figure, whole on a 1280x720 projector (see
+        :mod:`workshop.draw.projector`); the legend names each rank's colour.
 
     Raises:
         ValueError: a size out of range, ``d_hidden`` not divisible by
@@ -73,48 +76,57 @@ def draw_tensor_parallel(
     plt = _pyplot()
     rows = "batch" if batch is None else str(batch)
     with plt.rc_context(FONT):
-        fig, ax = plt.subplots(figsize=(12.8, 7.2), dpi=100)
-        fig.subplots_adjust(left=0.01, right=0.99, bottom=0.01, top=0.9)
-        ax.set_xlim(0, 16)
-        ax.set_ylim(0, 9)
+        # Whole on a 1280x720 projector (workshop.draw.projector).
+        fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN), dpi=100)
+        fig.subplots_adjust(left=0.005, right=0.995, bottom=0.005, top=0.86)
         ax.set_aspect("equal")
         ax.axis("off")
-        _box(ax, 0.2, 1.5, "X", f"{rows} {_TIMES} {d_model}\nsame on\nevery rank")
-        _node(ax, 2.55, "f")
-        w1 = _matrix(ax, 3.4, d_model, d_hidden, world_size, "columns")
-        _box(ax, w1 + 0.35, 1.9, "GELU", "each rank,\nits slice:\nno talking")
-        w2 = _matrix(ax, w1 + 2.6, d_hidden, d_model, world_size, "rows")
-        _node(ax, w2 + 0.75, "g")
+        _box(ax, 0.1, 1.5, "X", f"{rows} {_TIMES} {d_model}\nsame on\nevery rank")
+        _node(ax, 2.3, "f")
+        w1 = _matrix(ax, 3.0, d_model, d_hidden, world_size, "columns")
+        _box(ax, w1 + 0.3, 1.7, "GELU", "each rank,\nits slice:\nno talking")
+        w2 = _matrix(ax, w1 + 2.3, d_hidden, d_model, world_size, "rows")
+        _node(ax, w2 + 0.7, "g")
         _box(
             ax,
-            w2 + 1.6,
-            2.3,
+            w2 + 1.45,
+            2.1,
             "Y",
             f"{rows} {_TIMES} {d_model}\nsum of the\nranks' parts\n+ b2",
         )
-        for x0, x1 in ((1.7, 2.25), (2.85, 3.4), (w2 + 0.15, w2 + 0.45)):
+        for x0, x1 in ((1.6, 2.0), (2.6, 3.0), (w2 + 0.05, w2 + 0.4)):
             _arrow(ax, x0, x1)
-        _arrow(ax, w2 + 1.05, w2 + 1.6)
-        _arrow(ax, w1 + 0.05, w1 + 0.35)
-        _arrow(ax, w1 + 2.25, w1 + 2.6)
+        _arrow(ax, w2 + 1.0, w2 + 1.45)
+        _arrow(ax, w1 + 0.02, w1 + 0.3)
+        _arrow(ax, w1 + 2.0, w1 + 2.3)
         one = f"{rows} {_TIMES} {d_model} numbers"
         forward, backward = _byte_labels(traced, one, world_size)
-        _note(ax, w2 + 0.75, f"forward: all_reduce\nof the partial Y\n{forward}")
-        _note(ax, 2.55, f"backward: all_reduce\nof the gradient of X\n{backward}")
-        ax.text(
-            8.0,
-            0.3,
-            "f: copy_to_ranks (identity forward, all_reduce backward)    "
-            "g: reduce_from_ranks (all_reduce forward, identity backward)",
-            **CENTRE,
-            fontsize=12,
-            color="0.25",
+        # The notes say what f and g are, under each: where the ranks talk.
+        # Each note starts left of its node and runs right.
+        g_note = (
+            f"g = reduce_from_ranks: forward\nall_reduce of the partial Y\n{forward}"
         )
+        f_note = (
+            f"f = copy_to_ranks: backward\nall_reduce of the gradient of X\n{backward}"
+        )
+        _note(ax, w2 + 0.7, g_note, -0.45)
+        _note(ax, 2.3, f_note, -2.2)
+        # The data units' size on the page: as wide as the drawing needs with g's
+        # note (at about 0.62 em a character) inside it; as tall as what is drawn
+        # above the matrices and the notes below need at that scale.
+        note_in = max(map(len, g_note.splitlines())) * 0.62 * 12 / 72
+        right = max(w2 + 3.6, (w2 + 0.25) / (1 - note_in / _WIDTH_IN))
+        per_in = right / _WIDTH_IN  # data units per inch
+        lines = max(f_note.count("\n"), g_note.count("\n")) + 1
+        # (One of W1, W2 has d_hidden rows or more: it stands _LONG tall.)
+        top = _MID + _LONG / 2 + 0.1 + 44 / 72 * per_in
+        ax.set_xlim(0, right)
+        ax.set_ylim(_NOTE_TOP - (lines * 14.5 / 72 + 0.05) * per_in, top)
         ax.set_title(
             f"Tensor parallelism of an MLP on {world_size} ranks: W1 cut by columns, "
-            f"W2 by rows\none all_reduce forward, one backward; {d_hidden} hidden "
-            f"features, {d_hidden // world_size} per rank",
-            fontsize=17,
+            "W2 by rows",
+            fontsize=14,
+            pad=30,
         )
         handles = [
             patch(PALETTE[r % len(PALETTE)], f"rank {r}") for r in range(world_size)
@@ -122,11 +134,12 @@ def draw_tensor_parallel(
         handles.append(patch(_REDUCE, "all_reduce"))
         ax.legend(
             handles=handles,
-            loc="upper center",
+            loc="lower center",
             bbox_to_anchor=(0.5, 1.0),
-            ncols=min(len(handles), 9),
+            ncols=len(handles),
             frameon=False,
-            fontsize=13,
+            fontsize=12,
+            borderaxespad=0.2,
         )
     plt.close(fig)
     return fig
@@ -236,16 +249,20 @@ def _matrix(
         slice_ = f"{n_rows} {_TIMES} {n_cols // world_size} each"
     else:
         slice_ = f"{n_rows // world_size} {_TIMES} {n_cols} each"
-    ax.text(
-        x0 + width / 2,
-        y0 + height + 0.25,
+    # Above the matrix (the notes take the room below): its slices' size, and
+    # over that its name and cut, clear of the grey boxes beside it.
+    at = (x0 + width / 2, max(y0 + height, _MID + 1.0) + 0.1)
+    ax.text(*at, slice_, ha="center", va="bottom", fontsize=12)
+    ax.annotate(
         f"{name} ({shape})\ncut by {cut}",
+        at,
+        xytext=(0, 16),
+        textcoords="offset points",
         ha="center",
         va="bottom",
-        fontsize=14,
+        fontsize=13,
         fontweight="bold",
     )
-    ax.text(x0 + width / 2, y0 - 0.2, slice_, ha="center", va="top", fontsize=13)
     return x0 + width
 
 
@@ -253,7 +270,7 @@ def _box(ax: Axes, x0: float, width: float, name: str, text: str) -> None:
     """A box that is the same on every rank (grey), named in bold."""
     from matplotlib.patches import FancyBboxPatch
 
-    height = 2.3
+    height = 2.2
     ax.add_patch(
         FancyBboxPatch(
             (x0, _MID - height / 2),
@@ -265,7 +282,7 @@ def _box(ax: Axes, x0: float, width: float, name: str, text: str) -> None:
             linewidth=1.5,
         )
     )
-    ax.text(x0 + width / 2, _MID + 0.75, name, **CENTRE, fontsize=16, fontweight="bold")
+    ax.text(x0 + width / 2, _MID + 0.7, name, **CENTRE, fontsize=14, fontweight="bold")
     ax.text(x0 + width / 2, _MID - 0.3, text, **CENTRE, fontsize=12)
 
 
@@ -286,17 +303,18 @@ def _arrow(ax: Axes, x0: float, x1: float) -> None:
     )
 
 
-def _note(ax: Axes, x: float, text: str) -> None:
-    """A label under an all-reduce node, joined to it by a line."""
-    top = 2.45
+def _note(ax: Axes, x: float, text: str, left: float | None = None) -> None:
+    """A label under an all-reduce node, joined to it by a line: centred under it,
+    or starting ``left`` from it and running right."""
+    top = _NOTE_TOP
     ax.plot([x, x], [top + 0.05, _MID - 0.3], color=_REDUCE, lw=1.5)
     ax.text(
-        x,
+        x if left is None else x + left,
         top,
         text,
-        ha="center",
+        ha="center" if left is None else "left",
         va="top",
-        fontsize=13,
+        fontsize=12,
         color=_REDUCE,
         fontweight="bold",
     )

@@ -17,7 +17,17 @@ from .comm_diagrams import (
     _event,
     _ink,
 )
-from .diagrams import FONT, _lanes, _pyplot, fitting_size, patch
+from .diagrams import (
+    _MARGIN_IN,
+    FIT_FONT,
+    WIDTH_IN,
+    _lanes,
+    _pyplot,
+    fitting_size,
+    lane_figsize,
+    lane_height,
+    patch,
+)
 
 __all__ = ["draw_rank_timeline"]
 
@@ -70,8 +80,7 @@ def draw_rank_timeline(
     lanes = max([len(events_by_rank)] + [x["rank"] + 1 for x in calls + work])
     t0 = min(x["start"] for x in calls + work)
     span = max((max(x["end"] for x in calls + work) - t0) * 1e3, 1e-6)
-    width_in = 14
-    pts_per_ms = (width_in - 3.0) * 72 / (span * 1.02)
+    pts_per_ms = (WIDTH_IN - _MARGIN_IN) * 72 / (span * 1.02)
     greys = {name: None for name in (w["name"] for w in work)}
     greys = {name: _PHASE_GREYS[i % 3] for i, name in enumerate(greys)}
     rows = [
@@ -85,10 +94,12 @@ def draw_rank_timeline(
     ]
     rows += [(w, greys[w["name"]], w["name"], -0.2) for w in work]
     height = 0.36 if work else 0.6
-    with plt.rc_context(FONT):
-        fig, ax = plt.subplots(
-            figsize=(width_in, 1.4 * lanes + 3.0), layout="constrained"
-        )
+    # With compute above communication a lane holds two rows of bars: give it up
+    # to 1.2 inches; the title has two lines then.
+    shape = (lanes, 2 if work else 1, 1, 1.2 if work else 1.0)
+    bar_points = height * 72 * lane_height(*shape)
+    with plt.rc_context(FIT_FONT):
+        fig, ax = plt.subplots(figsize=lane_figsize(*shape), layout="constrained")
         # The bar that ends last in each row may put a label that does not fit in
         # it just to its right, where nothing else is drawn. Any other label too
         # wide for its bar goes in the strip between its row and the lane's edge
@@ -114,7 +125,7 @@ def draw_rank_timeline(
                 linewidth=0.8,
                 hatch="//" if x.get("blocking") is False else None,
             )
-            size = fitting_size(label, width * pts_per_ms)
+            size = fitting_size(label, width * pts_per_ms, bar_points)
             if size:
                 ax.text(
                     left + width / 2,
@@ -153,6 +164,8 @@ def draw_rank_timeline(
                     right, left + width + gap + _OUTSIDE_EM * len(label) / pts_per_ms
                 )
         _lanes(ax, [f"rank {r}" for r in range(lanes)], "rank")
+        if strip_end:  # room under the last lane for labels written below its bars
+            ax.set_ylim(lanes - 0.35, -0.5)
         ax.set_xlim(0, right)
         ax.set_xlabel("time since the first call (ms)")
         ax.set_title(
@@ -177,7 +190,12 @@ def draw_rank_timeline(
                     label="non-blocking call",
                 )
             )
-        fig.legend(handles=handles, loc="outside lower center", ncols=4, frameon=False)
+        fig.legend(
+            handles=handles,
+            loc="outside lower center",
+            ncols=len(handles) if len(handles) <= 7 else 5,
+            frameon=False,
+        )
     plt.close(fig)
     return fig
 

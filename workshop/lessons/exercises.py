@@ -8,6 +8,7 @@ exercise on pipeline bubbles), so the answers are tested with the package.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,8 @@ class Exercise:
     """An exercise: how to judge an answer, and a hint for a wrong one."""
 
     question: str
-    judge: Callable[[Any], bool]
+    # True when right; False, or a line saying what was wrong, when not.
+    judge: Callable[[Any], bool | str]
     hint: str
 
 
@@ -35,17 +37,53 @@ def _close(expected: float, tolerance: float = 0.01) -> Callable[[Any], bool]:
     return judge
 
 
-def _bubble_function(answer: Any) -> bool:
+def _first_wrong_case(
+    answer: Any,
+    name: str,
+    cases: list[tuple[Any, ...]],
+    expected: Callable[..., Any],
+    same: Callable[[Any, Any], bool] | None = None,
+) -> bool | str:
+    """True when ``answer(*case)`` agrees with ``expected(*case)`` for every case;
+    otherwise a line showing the first case that does not, the learner's value beside
+    the right one: what a unit test would show, so a wrong function can be debugged."""
     if not callable(answer):
-        return False
+        return (
+            f"{name} should be a function, but it is {type(answer).__name__} {answer!r}"
+        )
+    same = same or (
+        lambda got, want: (
+            isinstance(got, (int, float))
+            and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15)
+        )
+    )
+    for case in cases:
+        got, want = answer(*case), expected(*case)
+        if not same(got, want):
+            args = ", ".join(_show(v) for v in case)
+            return f"{name}({args}) returned {_show(got)}; it should be {_show(want)}"
+    return True
+
+
+def _show(value: Any) -> str:
+    # 4000.0 as 4000 and 1.25e10 as 1.25e+10: numbers as a learner would write them.
+    if isinstance(value, float):
+        return (
+            str(int(value))
+            if value.is_integer() and abs(value) < 1e15
+            else f"{value:.6g}"
+        )
+    return repr(value)
+
+
+def _bubble_function(answer: Any) -> bool | str:
     cases = [(1, 1), (2, 1), (2, 4), (4, 8), (8, 32), (3, 3)]
-    return all(
-        math.isclose(answer(s, m), (s - 1) / (m + s - 1), rel_tol=1e-9, abs_tol=1e-12)
-        for s, m in cases
+    return _first_wrong_case(
+        answer, "bubble", cases, lambda s, m: (s - 1) / (m + s - 1)
     )
 
 
-def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool:
+def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool | str:
     # Runs inside each rank: the learner's ring against torch's own all_reduce.
     import torch
     import torch.distributed as dist
@@ -55,34 +93,53 @@ def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool:
     expected = mine.clone()
     dist.all_reduce(expected)
     got = ring(mine.clone())
-    return bool(got is not None and torch.allclose(got, expected, atol=1e-5))
+    if isinstance(got, torch.Tensor) and torch.allclose(got, expected, atol=1e-5):
+        return True
+    shown = got[:3].tolist() if isinstance(got, torch.Tensor) else got
+    return (
+        f"on {dist.get_world_size()} ranks, rank {dist.get_rank()} returned "
+        f"{shown} (first values) where the sum over the ranks is "
+        f"{[round(v, 4) for v in expected[:3].tolist()]}"
+    )
 
 
 def _passes_on_ranks(
-    check: Callable[..., bool], answer: Any, cases: tuple[tuple[int, ...], ...]
-) -> bool:
-    """Whether ``check(answer, *args)`` holds on every rank, for each case
-    ``(world_size, *args)``: the learner's function runs on real ranks."""
+    check: Callable[..., bool | str],
+    answer: Any,
+    cases: tuple[tuple[int, ...], ...],
+) -> bool | str:
+    """True when ``check(answer, *args)`` is True on every rank, for each case
+    ``(world_size, *args)``: the learner's function runs on real ranks. Otherwise
+    the first rank's reason."""
     if not callable(answer):
-        return False
+        return f"the answer should be a function, but it is {type(answer).__name__}"
     from ..ranks.launcher import launch
 
     for world_size, *args in cases:
         result = launch(
-            check, answer, *args, world_size=world_size, timeout=60, show="none"
+            check, answer, *args, world_size=world_size, timeout=30, show="none"
         )
-        if not all(result.returns):
-            return False
+        for verdict in result.returns:
+            if verdict is not True:
+                return verdict  # the first rank's reason
     return True
 
 
-def _ring_all_reduce_function(answer: Any) -> bool:
+def _accumulate(answer: Any) -> bool | str:
+    # accumulate= counts backward passes: 8.0 is the right number in the wrong type,
+    # which train() would refuse, so say that rather than only "not yet".
+    if isinstance(answer, float) and answer.is_integer():
+        return (
+            f"accumulate= takes a whole number of micro-batches (an int), not {answer}"
+        )
+    return isinstance(answer, int) and not isinstance(answer, bool) and answer == 8
+
+
+def _ring_all_reduce_function(answer: Any) -> bool | str:
     return _passes_on_ranks(_matches_all_reduce, answer, ((2, 6), (3, 7), (4, 16)))
 
 
-def _bytes_function(answer: Any) -> bool:
-    if not callable(answer):
-        return False
+def _bytes_function(answer: Any) -> bool | str:
     cases = [
         (1000, 4, 2),
         (25_557_032, 4, 8),
@@ -90,9 +147,8 @@ def _bytes_function(answer: Any) -> bool:
         (10, 2, 1),
         (7, 4, 3),
     ]
-    return all(
-        math.isclose(answer(p, b, n), bus_factor(n) * p * b, rel_tol=1e-9)
-        for p, b, n in cases
+    return _first_wrong_case(
+        answer, "ring_bytes", cases, lambda p, b, n: bus_factor(n) * p * b
     )
 
 
@@ -126,19 +182,18 @@ def _resume_function(answer: Any) -> bool:
         return torch.equal(other.weight, model.weight) and momentum is not None
 
 
-def _placement_function(answer: Any) -> bool:
-    if not callable(answer):
-        return False
+def _placement_function(answer: Any) -> bool | str:
     cases = [(0, 4), (3, 4), (4, 4), (7, 4), (13, 8), (5, 1), (0, 1), (11, 2)]
-    return all(
-        tuple(answer(rank, per_node)) == divmod(rank, per_node)
-        for rank, per_node in cases
+    return _first_wrong_case(
+        answer,
+        "placement",
+        cases,
+        divmod,
+        lambda got, want: isinstance(got, (tuple, list)) and tuple(got) == want,
     )
 
 
-def _ring_time_function(answer: Any) -> bool:
-    if not callable(answer):
-        return False
+def _ring_time_function(answer: Any) -> bool | str:
     cases = [
         (100e6, 2, 5e-6, 12.5e9),
         (100e6, 16, 5e-6, 12.5e9),
@@ -146,18 +201,12 @@ def _ring_time_function(answer: Any) -> bool:
         (1e9, 8, 0.0, 25e9),
         (1000, 1, 1e-6, 1e9),
     ]
-    return all(
-        math.isclose(
-            answer(size, n, alpha, beta),
-            ring_allreduce_time(size, n, alpha, beta),
-            rel_tol=1e-9,
-            abs_tol=1e-15,
-        )
-        for size, n, alpha, beta in cases
-    )
+    return _first_wrong_case(answer, "ring_time", cases, ring_allreduce_time)
 
 
-def _matches_row_split(row_parallel: Callable[..., Any], batch: int, d_in: int) -> bool:
+def _matches_row_split(
+    row_parallel: Callable[..., Any], batch: int, d_in: int
+) -> bool | str:
     # Runs inside each rank: the learner's row-split layer against the unsplit one.
     import torch
     import torch.distributed as dist
@@ -171,29 +220,37 @@ def _matches_row_split(row_parallel: Callable[..., Any], batch: int, d_in: int) 
     k = d_in // world_size
     mine = slice(rank * k, (rank + 1) * k)
     got = row_parallel(x[:, mine].clone(), weight[:, mine].clone(), bias.clone())
-    return bool(
-        isinstance(got, torch.Tensor)
-        and got.shape == expected.shape
-        and torch.allclose(got, expected, atol=1e-5)
-    )
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        shape = (
+            tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        )
+        return (
+            f"on {world_size} ranks, rank {rank} returned {shape}, not a tensor of "
+            f"shape {tuple(expected.shape)}"
+        )
+    if not torch.allclose(got, expected, atol=1e-5):
+        worst = (got - expected).abs().max().item()
+        return (
+            f"on {world_size} ranks, rank {rank}'s output is off by up to {worst:.3g} "
+            "from x @ weight.T + bias"
+        )
+    return True
 
 
-def _row_split_function(answer: Any) -> bool:
+def _row_split_function(answer: Any) -> bool | str:
     # (world_size, batch, d_in): 8 input features cut in 2 and in 4
     return _passes_on_ranks(_matches_row_split, answer, ((2, 4, 8), (4, 4, 8)))
 
 
-def _server_bytes_function(answer: Any) -> bool:
-    if not callable(answer):
-        return False
+def _server_bytes_function(answer: Any) -> bool | str:
     cases = [(8, 4e6), (2, 1000), (1, 4), (64, 25_557_032 * 4)]
-    return all(math.isclose(answer(w, b), 2 * w * b, rel_tol=1e-9) for w, b in cases)
+    return _first_wrong_case(answer, "server_bytes", cases, lambda w, b: 2 * w * b)
 
 
 EXERCISES: dict[str, Exercise] = {
     "01.dp": Exercise(
-        "DataParallel on 4 GPUs gets a batch of 256: (samples per GPU, copies of the "
-        "weights during the forward pass)",
+        "(samples per GPU, copies of the weights during the forward pass) when "
+        "DataParallel on 4 GPUs gets a batch of 256",
         lambda a: tuple(a) == (64, 4) if isinstance(a, (tuple, list)) else False,
         "scatter splits the batch evenly; replicate puts one copy of the model on "
         "every device",
@@ -207,7 +264,7 @@ EXERCISES: dict[str, Exercise] = {
     ),
     "01.accumulate": Exercise(
         "accumulate= for micro-batches of 16 to give the gradient of a batch of 128",
-        lambda a: isinstance(a, int) and not isinstance(a, bool) and a == 8,
+        _accumulate,
         "each optimizer step should have seen 128 samples in total",
     ),
     "02.ring": Exercise(
@@ -304,14 +361,30 @@ def judge(name: str, answer: Any) -> bool:
         )
     exercise = EXERCISES[name]
     try:
-        right = bool(exercise.judge(answer))
+        verdict = exercise.judge(answer)
     except Exception as exc:  # a learner's function may raise: that is an answer too
-        print(f"Not yet: {name} raised {type(exc).__name__}: {exc}")
-        print(f"Hint: {exercise.hint}")
-        return False
-    if right:
+        verdict = f"It raised {type(exc).__name__}: {exc}"
+    if verdict is True:
         print(f"Right: {name}")
-    else:
-        print(f"Not yet: {name} wants {exercise.question}.")
-        print(f"Hint: {exercise.hint}")
-    return right
+        return True
+    lines = [f"Not yet: {name}."]
+    if isinstance(verdict, str):
+        lines.append(_sentence(verdict))
+    lines += [
+        _sentence(f"It wants {exercise.question}"),
+        _sentence(f"Hint: {exercise.hint}"),
+    ]
+    # Wrapped so the verdict reads whole in a narrow notebook column; a message of
+    # several lines (a launch's timeout report) keeps its own lines.
+    print(
+        "\n".join(
+            textwrap.fill(part, 88, subsequent_indent="  ") if len(part) > 88 else part
+            for line in lines
+            for part in line.splitlines()
+        )
+    )
+    return False
+
+
+def _sentence(text: str) -> str:
+    return text if text.rstrip().endswith((".", "?", "!")) else text + "."

@@ -189,16 +189,23 @@ class LargeBatchResult:
             f"{n} ranks, lr x {n}, warm-up",
             f"{n} ranks, lr x {n}",
         )
+        wide = max(25, *(len(name) + 1 for name in names))  # 128 ranks, lr x 128
         lines = [
-            f"{'setting':<25}{'ranks':>5}{'batch':>7}{'lr':>6}{'warm-up':>8}"
+            f"{'setting':<{wide}}{'ranks':>5}{'batch':>7}{'lr':>6}{'warm-up':>8}"
             f"{'steps':>6}{'accuracy':>9}  each seed"
         ]
         for name, run in zip(names, self.runs, strict=False):
             seeds = " ".join(f"{a:.2f}" for a in run.accuracies)
-            lines.append(
-                f"{name:<25}{run.ranks:>5}{run.global_batch:>7}{run.lr:>6.3g}"
-                f"{run.warmup_steps:>8}{run.steps:>6}{run.accuracy:>9.3f}  {seeds}"
+            line = (
+                f"{name:<{wide}}{run.ranks:>5}{run.global_batch:>7}{run.lr:>6.3g}"
+                f"{run.warmup_steps:>8}{run.steps:>6}{run.accuracy:>9.3f}"
             )
+            # Many seeds go on lines of their own, under the setting, at 88 columns.
+            if len(line) + 2 + len(seeds) <= 88:
+                lines.append(f"{line}  {seeds}")
+            else:
+                lines += [line, *textwrap.wrap(seeds, 88, initial_indent="    ",
+                                               subsequent_indent="    ")]  # fmt: skip
         note = (
             f"batch: samples per step, all ranks together. SmallCNN on the digits, "
             f"{self.epochs} epoch(s), SGD with momentum 0.9, backend {self.backend}; "

@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._procs import interrupted
+
 __all__ = ["STEPS", "CheckReport", "StepResult", "TrainSettings", "check_node"]
 
 PASS, FAILED, SKIPPED = "PASS", "FAILED", "SKIPPED"
@@ -239,7 +241,8 @@ def check_node(
 
     Raises:
         ValueError: an unknown step in ``skip``, or a timeout not above 0.
-        KeyboardInterrupt: Ctrl-C, after every process of the check was stopped.
+        KeyboardInterrupt: Ctrl-C or the stop button, after every process of the
+            check was stopped; a notebook shows one line naming the step.
 
     Example:
         >>> report = check_node(quick=True)                     # doctest: +SKIP
@@ -275,7 +278,15 @@ def check_node(
             result = StepResult(name, SKIPPED, summary=left_out[name])
         else:
             t0 = time.monotonic()
-            result = STEP_FUNCTIONS[name](ctx)
+            try:
+                result = STEP_FUNCTIONS[name](ctx)
+            except KeyboardInterrupt:
+                # Each step runs its commands under run_command, which stopped
+                # them; one line in the cell instead of the steps' frames.
+                raise interrupted(
+                    f"workshop check: interrupted in step {name}; everything it "
+                    "started was stopped"
+                ) from None
             result.seconds = time.monotonic() - t0
         report.steps.append(result)
         ctx.say(f"{result.status} ({result.seconds:.1f} s): {result.summary}")

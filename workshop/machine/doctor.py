@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from .. import env
+from ..ranks.streams import display_path
 from .doctor_probes import (
     Items,
     _run,
@@ -65,7 +66,7 @@ def _python_items() -> Items:
             "version",
             f"{platform.python_version()} ({platform.python_implementation()})",
         ),
-        ("executable", sys.executable),
+        ("executable", display_path(sys.executable)),
         ("platform", f"{platform.system()} {platform.machine()}"),
     ]
 
@@ -146,7 +147,8 @@ def _launcher_items() -> Items:
             # srun exits with "res_nsearch error: Unknown host" where Slurm is
             # installed without a cluster: say that, in plain words.
             output = slurm_unconfigured(output) or output
-        items.append((name, f"{version_line(output)} ({path})" if ok else output))
+        where = display_path(path)
+        items.append((name, f"{version_line(output)} ({where})" if ok else output))
     items.append(("torchrun", _torchrun()))
     return items
 
@@ -155,10 +157,10 @@ def _torchrun() -> str:
     """Where ``torchrun`` is; a kernel's environment is often not on PATH."""
     path = shutil.which("torchrun")
     if path:
-        return path
+        return display_path(path)
     beside = Path(sys.executable).with_name("torchrun")
     if beside.exists():
-        return f"not on PATH, but beside this Python: {beside}"
+        return f"not on PATH, but beside this Python: {display_path(beside)}"
     return "not found"
 
 
@@ -297,6 +299,8 @@ def doctor(file: TextIO | None = None) -> list[Row]:
     Python, torch and its build, GPUs (without initialising CUDA here), CPU cores,
     the process-group backends, ``mpirun``/``srun``, the Slurm allocation, and the
     world size, backend and start method that ``workshop.launch`` picks by default.
+    Paths are shown from the current folder (``../.venv/bin/python`` from
+    ``notebooks/``), with ``~`` for the home folder; system ones as they are.
 
     Args:
         file: where to print; ``sys.stdout`` when omitted.

@@ -228,7 +228,8 @@ class Monitor:
         machine and of this process (with its children), and mean GPU % if any.
 
         Returns:
-            A text table, one row per phase (the whole recording without phases).
+            A text table, one row per phase (the whole recording without phases),
+            at most 88 characters wide: a phase name too long for that is cut.
 
         Example:
             >>> print(mon.table())  # doctest: +SKIP
@@ -255,6 +256,13 @@ class Monitor:
                 row.append(_mean([_avg(s.gpu_percent) for s in inside]))
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        # At most 88 columns: a long phase name is cut, its end marked "...".
+        over = sum(widths) + 2 * (len(widths) - 1) - 88
+        if over > 0:
+            widths[0] -= over
+            for r in rows:
+                if len(r[0]) > widths[0]:
+                    r[0] = r[0][: widths[0] - 3] + "..."
         return "\n".join(
             "  ".join(
                 c.ljust(w) if i == 0 else c.rjust(w)

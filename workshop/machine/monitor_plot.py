@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
+
 __all__ = [
     "COLUMNS",
     "PANELS",
@@ -35,7 +37,16 @@ PANELS = {
     "io": "disk reads and network, MB/s",
 }
 _COLOURS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9"]
-_FONT = {"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 9}
+_FONT = {"font.size": 10, "axes.titlesize": 10.5, "legend.fontsize": 9.5}
+_LEGEND = {"frameon": False, "handlelength": 1.5, "columnspacing": 1.0}
+# The lines drawn from each sample: (panel, Sample field, colour, label).
+_LINES = [
+    ("cpu", "cpu_percent", "0.35", "whole machine"),
+    ("cpu", "process_cpu_percent", _COLOURS[0], "this process + children"),
+    ("memory", "memory_gib", _COLOURS[2], "in use"),
+    ("io", "disk_read_mb_s", _COLOURS[3], "disk read"),
+    ("io", "network_mb_s", _COLOURS[4], "network in+out"),
+]
 # Past this many steps, one line per step in every panel is a grey wall.
 _MAX_STEP_LINES = 150
 
@@ -113,7 +124,8 @@ def plot_monitor(
         title: the figure's title.
 
     Returns:
-        The matplotlib Figure (11.5 x 4.4 inches: whole on a 1280x720 screen).
+        The matplotlib Figure, whole on a 1280x720 projector (see
+        :mod:`workshop.draw.projector`).
 
     Raises:
         ValueError: no samples, samples or steps out of time order, or a phase that
@@ -139,7 +151,7 @@ def plot_monitor(
         fig, grid = plt.subplots(
             2,
             len(names) // 2,
-            figsize=(11.5, 4.4),
+            figsize=(WIDTH_IN, HEIGHT_IN),
             sharex=True,
             layout="constrained",
             squeeze=False,
@@ -162,49 +174,25 @@ def plot_monitor(
                     alpha=0.6,
                 )
         _draw_steps(axes["steps"], steps, phases)
-        cpu = axes["cpu"]
-        cpu.plot(
-            t,
-            [s.cpu_percent for s in samples],
-            color="0.35",
-            lw=1.8,
-            label="whole machine",
-        )
-        cpu.plot(
-            t,
-            [s.process_cpu_percent for s in samples],
-            color=_COLOURS[0],
-            lw=1.8,
-            label="this process + children",
-        )
-        cpu.set_ylim(0, 105)
-        cpu.legend(loc="lower right")
-        mem = axes["memory"]
-        mem.plot(
-            t,
-            [s.memory_gib for s in samples],
-            color=_COLOURS[2],
-            lw=1.8,
-            label="in use",
-        )
-        mem.set_ylim(0, max(s.memory_gib for s in samples) * 1.15 or 1)
+        for panel, name, colour, label in _LINES:
+            axes[panel].plot(
+                t,
+                [getattr(s, name) for s in samples],
+                color=colour,
+                lw=1.8,
+                label=label,
+            )
+        # Each legend above the data: the axes reach past the data's top (CPU to
+        # 135 %, ticks to 100 %) so that no line runs under a legend. Three
+        # panels a row (with GPUs) leave room for one name a row only.
+        rows = 2 if gpus else 1
+        axes["cpu"].set_ylim(0, 135 if rows == 1 else 170)
+        axes["cpu"].set_yticks([0, 50, 100])
+        axes["memory"].set_ylim(0, max(s.memory_gib for s in samples) * 1.15 or 1)
         io = axes["io"]
-        io.plot(
-            t,
-            [s.disk_read_mb_s for s in samples],
-            color=_COLOURS[3],
-            lw=1.8,
-            label="disk read",
-        )
-        io.plot(
-            t,
-            [s.network_mb_s for s in samples],
-            color=_COLOURS[4],
-            lw=1.8,
-            label="network in+out",
-        )
-        io.set_ylim(bottom=0)
-        io.legend(loc="upper right")
+        io.set_ylim(0, (1.45 if rows == 1 else 1.9) * max(io.get_ylim()[1], 1e-3))
+        for panel in ("cpu", "io"):
+            axes[panel].legend(loc="upper right", ncols=3 - rows, **_LEGEND)
         if gpus:
             _draw_gpus(axes["gpu"], axes["gpu_memory"], samples, gpus)
         for ax in grid[-1]:
@@ -328,11 +316,15 @@ def _draw_gpus(util_ax, mem_ax, samples: Sequence[Sample], gpus: int) -> None:
             lw=1.8,
             label=label,
         )
-    util_ax.set_ylim(0, 105)
     memory = [v for s in samples for v in s.gpu_memory_gib if not math.isnan(v)]
     mem_ax.set_ylim(0, max(memory, default=1.0) * 1.15 or 1)
     if 1 < gpus <= 8:
-        util_ax.legend(loc="lower right", ncols=min(gpus, 4))
+        # A row of names above 100 %, as in the CPU panel (two rows past 4 GPUs).
+        util_ax.set_ylim(0, 135 if gpus <= 4 else 160)
+        util_ax.set_yticks([0, 50, 100])
+        util_ax.legend(loc="upper right", ncols=min(gpus, 4), **_LEGEND)
+    else:
+        util_ax.set_ylim(0, 105)
 
 
 #: The CSV header of :func:`save_samples`: the fields of :class:`Sample`.

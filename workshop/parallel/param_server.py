@@ -30,7 +30,7 @@ from typing import Any
 
 from ..comm.traffic import bytes_per_step
 from ..ranks.launcher import launch
-from ..ranks.worker import rank_device
+from ..ranks.worker import group_place, rank_device
 
 __all__ = [
     "SAMPLES_PER_WORKER",
@@ -67,14 +67,9 @@ def _check(steps: int, lr: float, width: int, slow_rank_seconds: float = 0.0) ->
 
 def _group(name: str, least: int) -> tuple[int, int]:
     """(rank, world_size) of the default group, checked for ``name``."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise RuntimeError(
-            f"{name} runs in every rank of a process group, and there is none here; "
-            f"run it with launch({name}, world_size={max(least, 2)})"
-        )
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = group_place(
+        name, f"workshop.launch({name}, world_size={max(least, 2)})"
+    )
     if world_size < least:
         raise ValueError(
             f"{name} needs world_size >= {least} (rank 0 the server, ranks 1.. the "

@@ -18,7 +18,7 @@ import copy
 import time
 from typing import Any
 
-from ..ranks.worker import rank_device
+from ..ranks.worker import group_place, rank_device
 from .pipeline_schedules import (
     SCHEDULES,
     gpipe_order,
@@ -118,12 +118,7 @@ def run_pipeline(
     _check_settings(schedule, micro_batches, batch, width, stage_seconds)
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "run_pipeline runs inside every rank of a process group, and there is "
-            "none here; start it with workshop.launch(run_pipeline, world_size=2)"
-        )
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = group_place("run_pipeline")
     if world_size < 2:
         raise ValueError(
             f"a pipeline needs 2 or more stages, one per rank, but world_size="

@@ -26,6 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..ranks.worker import group_place
+
 __all__ = [
     "ACTIVATIONS",
     "ColumnParallelLinear",
@@ -49,13 +51,7 @@ ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 
 def _group() -> tuple[int, int]:
     """(rank, world_size) of the default group; a clear error outside ranks."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "tensor parallelism talks to the other ranks, but no process group is "
-            "initialised in this process; run it inside a function started by "
-            "workshop.launch(fn, world_size=N) (or under torchrun)"
-        )
-    return dist.get_rank(), dist.get_world_size()
+    return group_place("tensor parallelism", "workshop.launch(fn, world_size=N)")
 
 
 class CopyToRanks(torch.autograd.Function):

@@ -23,11 +23,10 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..comm.costmodel import bus_factor
-from ..ranks.worker import rank_device
+from ..ranks.worker import group_place, rank_device
 from .tensor import (
     ACTIVATIONS,
     ColumnParallelLinear,
@@ -54,12 +53,7 @@ RELATIVE_TOLERANCE = 1e-5
 
 def _place(who: str) -> tuple[int, int]:
     """(rank, world_size) of this rank, or an error that says where to run ``who``."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            f"{who} runs in every rank: start it with "
-            f"workshop.launch({who}, world_size=N), not in this process"
-        )
-    return dist.get_rank(), dist.get_world_size()
+    return group_place(who)
 
 
 def _check_sizes(who: str, **sizes: int) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..ranks.worker import rank_device
+from ..ranks.worker import group_place, rank_device
 
 __all__ = [
     "LR",
@@ -212,12 +212,7 @@ def _check_sizes(caller: str, **values: Any) -> None:
 
 
 def _need_group(caller: str) -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            f"{caller} runs in every rank, inside a process group, but none is "
-            f"initialised here; start it with workshop.launch({caller}, ..., "
-            "world_size=2)"
-        )
+    group_place(caller, f"workshop.launch({caller}, ..., world_size=2)")
 
 
 def _cuda_start(device: torch.device) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import cloudpickle
 
-from .._procs import answer_in_child
+from .._procs import answer_in_child, interrupted
 from ..env import choose_backend, visible_gpu_count
 from . import sweep
 from .checks import (
@@ -232,6 +232,7 @@ def launch(
             too), with the fix in the message.
         RuntimeError: called inside a rank, whose process group exists already.
         KeyboardInterrupt: the kernel was interrupted; every rank was stopped first.
+            A notebook shows it as one line that names the ranks stopped.
 
     Example:
         >>> def hello():
@@ -300,33 +301,32 @@ def launch(
     running: list[int] = []
     stopped: list[int] | None = None
     try:
-        with warnings.catch_warnings():
-            # Python warns that forking a threaded process may deadlock the child; the
-            # rank only replaces its stdio and then runs fresh code, and CUDA (the
-            # real danger) is checked above.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            run.start(
-                None if method == "fork" else job_bytes,
-                rendezvous.port,
-                [rendezvous.fd],
-            )
-        rendezvous.serve()  # only now: no rank is forked while its thread runs
         try:
-            run.wait()
-        except TimeoutError:
-            run.read_stacks()  # where each rank was, before they are stopped
-            running = run.stop()
-        except KeyboardInterrupt:
-            interrupted = run.stop(grace=1.0)
-            print(
-                "workshop.launch: interrupted; stopped rank(s) "
-                f"{', '.join(map(str, interrupted)) or 'none (all had ended)'}",
-                file=sys.stderr,
-            )
-            raise
-        else:
-            if run.failed():
-                stopped = run.stop()
+            with warnings.catch_warnings():
+                # Python warns that forking a threaded process may deadlock the
+                # child; the rank only replaces its stdio and then runs fresh code,
+                # and CUDA (the real danger) is checked above.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                run.start(
+                    None if method == "fork" else job_bytes,
+                    rendezvous.port,
+                    [rendezvous.fd],
+                )
+            rendezvous.serve()  # only now: no rank is forked while its thread runs
+            try:
+                run.wait()
+            except TimeoutError:
+                run.read_stacks()  # where each rank was, before they are stopped
+                running = run.stop()
+            else:
+                if run.failed():
+                    stopped = run.stop()
+        except KeyboardInterrupt:  # the stop button, whenever it was pressed
+            ranks = ", ".join(map(str, run.stop(grace=1.0))) or "none (all had ended)"
+            # One line in the cell instead of a traceback through the launcher.
+            raise interrupted(
+                f"workshop.launch: interrupted; stopped rank(s) {ranks}"
+            ) from None
     finally:
         run.close()
         rendezvous.close()

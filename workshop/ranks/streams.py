@@ -1,5 +1,6 @@
-"""What a command run from a notebook cell prints: its pipes read on threads, and
-torchrun's own log lines made readable and the same from run to run."""
+"""What a command run from a notebook cell prints: its pipes read on threads,
+torchrun's own log lines made readable and the same from run to run, and paths
+shown as a learner would type them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,55 @@ def python_paths(python: str = sys.executable) -> tuple[str, ...]:
 
 
 _PYTHONS = python_paths()
+# This checkout of the workshop (None where the package is installed, not cloned):
+# from notebooks/, the paths inside it are shown as ../runs/..., not /home/....
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not os.path.isfile(os.path.join(_CHECKOUT, "pyproject.toml")):
+    _CHECKOUT = None
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def display_path(
+    path: str | os.PathLike[str],
+    start: str | os.PathLike[str] | None = None,
+    checkout: str | None = _CHECKOUT,
+) -> str:
+    """``path`` as printed for a learner: relative to ``start`` where it lies inside
+    it or inside the workshop's checkout (with ``start``), else ``~/...`` inside the
+    home folder, else unchanged (``/usr/bin/mpirun`` says where a tool comes from).
+
+    Printed paths then mean the same on every learner's machine and in the outputs
+    stored with the notebooks, and can be pasted into the next cell.
+
+    Args:
+        path: the path; a relative one is returned as it is.
+        start: the folder it is shown from; the current folder when omitted.
+        checkout: the workshop's clone (found beside this package; None if it
+            is installed): its paths are shown relative to ``start`` too.
+
+    Returns:
+        The path to print.
+
+    Example:
+        >>> display_path("/work/ws/runs/job-12.out", start="/work/ws/notebooks",
+        ...              checkout="/work/ws")
+        '../runs/job-12.out'
+    """
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    target = os.path.normpath(text)
+    here = os.path.abspath(start if start is not None else os.getcwd())
+    for root in (here, checkout):
+        if root and _inside(target, root) and _inside(here, root):
+            return os.path.relpath(target, here)
+    home = os.path.expanduser("~")
+    if home not in ("~", os.sep) and _inside(target, home):
+        return "~" + target[len(home.rstrip(os.sep)) :]
+    return text
 
 
 def rewrite_line(line: str, pythons: Iterable[str] = _PYTHONS) -> str | None:

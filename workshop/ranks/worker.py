@@ -30,7 +30,38 @@ from ..env import (
 )
 from ..features import torch_release
 
-__all__ = ["process_group", "rank_device"]
+__all__ = ["group_place", "process_group", "rank_device"]
+
+
+def group_place(who: str, how: str | None = None) -> tuple[int, int]:
+    """(rank, world_size) of this rank's default process group, or a clear error
+    where ``who`` was called outside the ranks (in the notebook's own process, say).
+
+    Args:
+        who: the function that needs the group, named in the error.
+        how: how to start it, for the error; ``workshop.launch(who, world_size=2)``
+            by default.
+
+    Returns:
+        ``(rank, world_size)``.
+
+    Raises:
+        RuntimeError: no process group is initialised in this process.
+
+    Example:
+        >>> group_place("run_pipeline")  # doctest: +SKIP
+        (0, 2)
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        how = how or f"workshop.launch({who}, world_size=2)"
+        raise RuntimeError(
+            f"{who} runs in every rank of a process group, and no process group is "
+            f"initialised in this process; start it with {how} (under torchrun: "
+            "inside `with workshop.process_group():`)"
+        )
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _configure_threads(info: RankInfo) -> None:

@@ -1,0 +1,383 @@
+"""docs/instructor.md and docs/glossary.md against the project they describe.
+
+Every notebook section they cite ("02 §5", "03 §6 *Slurm: batch jobs*") is a heading
+of that notebook; every link, `make` target, file path, ``workshop.<name>``,
+``python -m workshop`` command and exercise name exists; the glossary has a heading
+for each term the notebooks rely on, listed by anchor at its top; the schedules'
+times follow each other and add up to the totals their headings state; and the
+guide's snippet that prints the quiz answers runs and prints them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+import workshop
+from workshop.lessons.exercises import EXERCISES
+from workshop.lessons.quiz import QUIZZES
+
+DOCS = ROOT / "docs"
+GUIDE = DOCS / "instructor.md"
+GLOSSARY = DOCS / "glossary.md"
+PAGES = (GUIDE, GLOSSARY)
+
+# Terms the notebooks and the other docs link to: their anchors must exist.
+REQUIRED_TERMS = (
+    "rank",
+    "local-rank",
+    "world-size",
+    "node-rank",
+    "backend",
+    "process-group",
+    "collective",
+    "rendezvous",
+    "bucket",
+    "bus-bandwidth",
+    "bubble",
+    "shard",
+    "all-reduce",
+    "ring-all-reduce",
+    "ddp",
+    "nccl",
+    "gloo",
+    "torchrun",
+    "slurm-job",
+    "slurm-job-step",
+    "slurm-task",
+    "micro-batch",
+    "tensor-parallelism",
+    "pipeline-parallelism",
+    "zero",
+    "fsdp",
+    "parameter-server",
+    "straggler",
+    "staging",
+)
+
+# "02 §5", "02 §7 to §9", "05 §1, §3 and §5": a notebook and one or more sections.
+_SECTION = r"§\d+(?:\.\d+)?"
+SECTION_REF = re.compile(
+    rf"(?<![\d:.])(0[1-9]) ({_SECTION}(?:(?:, and |, | and | to ){_SECTION})*)"
+)
+# "03 §6 *Slurm: batch jobs*" or "03 *Quiz*": a section named by its heading.
+TITLED_REF = re.compile(r"(?<![\d:.])(0[1-9])(?: §(\d+(?:\.\d+)?))? \*([^*\n]+)\*")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+# A fenced block, also indented inside a list item.
+FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
+WORKSHOP_NAME = re.compile(r"\bworkshop((?:\.[A-Za-z_]\w*)+)")
+PROJECT_PATH = re.compile(
+    r"(?<![\w/.$-])((?:slurm|scripts|workshop|docs|notebooks|tests)/[\w.-]+"
+    r"(?:/[\w.-]+)*)"
+)
+MAKE_TARGET = re.compile(r"\bmake\s+([a-z][\w-]*)")
+MODULE_COMMAND = re.compile(r"python -m workshop ([a-z]+)")
+EXERCISE = re.compile(r"\b0\d\.[a-z_]+\b")
+
+
+def _text(page: Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def _code(text: str) -> list[str]:
+    """The inline code spans and fenced blocks of a markdown text."""
+    blocks = FENCE.findall(text)
+    rest = FENCE.sub("", text)
+    return blocks + CODE_SPAN.findall(rest)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _md_anchors(page: Path) -> list[str]:
+    text = FENCE.sub("", _text(page))
+    return [_slug(m) for m in re.findall(r"^#{1,6} (.+)$", text, re.M)]
+
+
+def _notebook(number: str) -> Path:
+    found = sorted((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
+    assert found, f"no notebook {number}_*.ipynb in notebooks/"
+    return found[0]
+
+
+def _headings(number: str) -> list[str]:
+    """The markdown headings of notebook ``number``, without their #s."""
+    cells = json.loads(_notebook(number).read_text(encoding="utf-8"))["cells"]
+    heads = []
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            source = "".join(cell["source"])
+            heads += re.findall(r"^#{1,6} (.+?)\s*$", source, re.M)
+    return heads
+
+
+def _sections(number: str) -> dict[str, str]:
+    """Numbered headings of a notebook: {"5": "The ring all-reduce", "6.1": ...}."""
+    numbered = {}
+    for head in _headings(number):
+        match = re.match(r"(\d+(?:\.\d+)?)\.? (.+)$", head)
+        if match:
+            numbered[match.group(1)] = match.group(2)
+    return numbered
+
+
+def _glossary_entries() -> dict[str, str]:
+    """Each glossary heading's anchor and the text under it."""
+    parts = re.split(r"^## (.+)$", _text(GLOSSARY), flags=re.M)
+    return {_slug(parts[i]): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+# ------------------------------------------------------------------ the glossary
+def test_glossary_has_a_heading_for_every_required_term():
+    entries = _glossary_entries()
+    missing = [term for term in REQUIRED_TERMS if term not in entries]
+    assert not missing, f"glossary.md has no '## ' heading for {missing}"
+
+
+def test_glossary_anchor_list_is_every_heading_in_order():
+    text = _text(GLOSSARY)
+    top = text[: text.index("\n## ")]
+    listed = re.findall(r"\]\(#([\w-]+)\)", top)
+    headings = list(_glossary_entries())
+    assert listed == headings, "the anchor list at the top must name every heading"
+    assert listed == sorted(listed), "keep the glossary alphabetical"
+
+
+def test_every_glossary_entry_is_short_and_says_where_it_is_taught():
+    for anchor, body in _glossary_entries().items():
+        words = len(body.split())
+        assert 10 <= words <= 90, (
+            f"glossary #{anchor}: {words} words; keep 1-3 sentences"
+        )
+        assert SECTION_REF.search(body), (
+            f"glossary #{anchor} cites no notebook section (write e.g. '02 §5')"
+        )
+
+
+# ------------------------------------------------------------------ references
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_cited_section_is_a_heading_of_its_notebook(page):
+    text = _text(page)
+    cited = 0
+    for match in SECTION_REF.finditer(text):
+        number, sections = match.group(1), _sections(match.group(1))
+        for section in re.findall(r"§(\d+(?:\.\d+)?)", match.group(2)):
+            cited += 1
+            assert section in sections, (
+                f"{page.name} cites {number} §{section}, but {_notebook(number).name} "
+                f"has sections {sorted(sections)}"
+            )
+    # Every § must belong to a checked reference: no bare "§5" without its notebook.
+    assert cited == text.count("§"), (
+        f"{page.name}: {text.count('§') - cited} '§' not of the form 'NN §X'"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_section_named_by_title_has_that_heading(page):
+    named = TITLED_REF.findall(_text(page))
+    if page == GUIDE:
+        assert len(named) > 40, "the schedules name their sections by heading"
+    for number, section, title in named:
+        if section:
+            actual = _sections(number).get(section)
+            assert actual == title, (
+                f"{page.name}: {number} §{section} is headed {actual!r}, not {title!r}"
+            )
+        else:
+            assert title in _headings(number), (
+                f"{page.name}: notebook {number} has no heading {title!r}"
+            )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_leads_to_a_file_and_anchor_that_exist(page):
+    links = LINK.findall(_text(page))
+    assert links, f"{page.name} links nowhere"
+    for link in links:
+        if link.startswith(("http://", "https://")):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (page.parent / target).resolve() if target else page
+        assert path.exists(), f"{page.name} links to {link}: no such file"
+        if anchor:
+            assert path.suffix == ".md", f"{page.name}: anchor on a non-markdown {link}"
+            assert anchor in _md_anchors(path), f"{page.name}: no heading for {link}"
+
+
+def test_the_guide_links_every_notebook_and_the_glossary():
+    links = {link.split("#")[0] for link in LINK.findall(_text(GUIDE))}
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for notebook in notebooks:
+        assert f"../notebooks/{notebook.name}" in links, f"no link to {notebook.name}"
+    assert "glossary.md" in links
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_project_path_in_code_exists(page):
+    paths = {
+        found.rstrip(".")
+        for code in _code(_text(page))
+        for found in PROJECT_PATH.findall(code)
+    }
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"{page.name} names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_workshop_name_exists(page):
+    for dotted in sorted(set(WORKSHOP_NAME.findall(_text(page)))):
+        parts = dotted.strip(".").split(".")
+        # The longest importable module prefix, then attributes.
+        obj, rest = workshop, parts
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module("workshop." + ".".join(parts[:i]))
+            except ImportError:
+                continue
+            rest = parts[i:]
+            break
+        for name in rest:
+            assert hasattr(obj, name), f"{page.name}: workshop{dotted} does not exist"
+            obj = getattr(obj, name)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_every_make_target_in_the_guide_exists():
+    targets = {t for code in _code(_text(GUIDE)) for t in MAKE_TARGET.findall(code)}
+    assert {"check-node", "wheelhouse"} <= targets
+    for target in sorted(targets):
+        done = subprocess.run(
+            ["make", "-n", target],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"make -n {target}: {done.stderr.strip()}"
+
+
+def test_every_python_m_workshop_command_exists():
+    commands = set(MODULE_COMMAND.findall(_text(GUIDE)))
+    assert "check" in commands
+    for command in sorted(commands):
+        done = subprocess.run(
+            [sys.executable, "-m", "workshop", command, "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"python -m workshop {command}: {done.stderr}"
+
+
+def test_the_guide_names_exactly_the_exercises_there_are():
+    named = {e for code in _code(_text(GUIDE)) for e in EXERCISE.findall(code)}
+    assert named == set(EXERCISES), (
+        f"in the guide, not in the package: {sorted(named - set(EXERCISES))}; "
+        f"in the package, not in the guide: {sorted(set(EXERCISES) - named)}"
+    )
+    stated = re.search(r"There are (\d+) exercises", _text(GUIDE))
+    assert stated and int(stated.group(1)) == len(EXERCISES)
+
+
+def test_the_quiz_answer_snippet_prints_every_answer():
+    snippet = next(b for b in FENCE.findall(_text(GUIDE)) if "QUIZZES" in b)
+    done = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    total = sum(len(questions) for _, questions in QUIZZES.values())
+    assert len(lines) == total
+    for notebook, (_, questions) in QUIZZES.items():
+        for number, q in enumerate(questions, 1):
+            right = q.options["abcd".index(q.right)].text
+            assert f"{notebook} Q{number}: {q.right}) {right}" in lines
+    stated = re.search(r"print all (\d+) answers", _text(GUIDE))
+    assert stated and int(stated.group(1)) == total
+
+
+# ------------------------------------------------------------------ schedules
+def _minutes(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def _schedule(title: str) -> tuple[float, int, list[list[str]]]:
+    """The hours and minutes a schedule's heading states, and its table's rows."""
+    text = _text(GUIDE)
+    head = re.search(
+        rf"^### {title}: ([\d.]+) h \((\d+) min\)\n(.*?)(?=^#)", text, re.M | re.S
+    )
+    assert head, f"no '### {title}: H h (M min)' section in instructor.md"
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in head.group(3).splitlines()
+        if re.match(r"\| \d\d:\d\d \|", line)
+    ]
+    return float(head.group(1)), int(head.group(2)), rows
+
+
+@pytest.mark.parametrize("title, about_hours", [("Half day", 3.5), ("Full day", 6.5)])
+def test_a_schedule_runs_on_and_adds_up_to_its_stated_total(title, about_hours):
+    hours, total, rows = _schedule(title)
+    assert hours == about_hours and total == round(hours * 60)
+    assert len(rows) >= 10
+    counted = 0
+    for row, following in zip(rows, [*rows[1:], None], strict=True):
+        start, length, section = _minutes(row[0]), int(row[1]), row[2]
+        if following is not None:
+            assert start + length == _minutes(following[0]), (
+                f"{title}: {row[0]} + {length} min is not {following[0]}"
+            )
+        if not section.startswith("Lunch"):
+            counted += length
+    assert counted == total, f"{title}: the rows add up to {counted}, not {total} min"
+    breaks = [row for row in rows if row[2] == "Break"]
+    assert breaks, f"{title} has no break"
+    for row in rows:
+        if row[2] != "Break" and not row[2].startswith("Lunch"):
+            assert TITLED_REF.search(row[2]), f"{title}: {row[2]!r} names no section"
+
+
+def test_the_led_times_add_up_to_what_the_guide_says():
+    text = _text(GUIDE)
+    led = 0
+    for line in text.splitlines():
+        match = re.match(r"\| \[0\d [^]]+\]\([^)]+\) \| (\d+) (min|h) \|", line)
+        if match:
+            led += int(match.group(1)) * (60 if match.group(2) == "h" else 1)
+    stated = re.search(r"led times add up to about (\d+) h (\d+)\s+min", text)
+    assert stated, "the guide states the led times' total"
+    assert led == int(stated.group(1)) * 60 + int(stated.group(2))
+
+
+def test_the_notebook_times_are_the_readmes():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    measured = {nb: int(s) for s, nb in re.findall(r"(\d+) s for (0\d)", readme)}
+    assert len(measured) == 5, "README states how long each notebook ran"
+    table = {
+        nb: int(s)
+        for nb, s in re.findall(
+            r"^\| \[(0\d) [^|]+\| [^|]+\| (\d+) s \|$", _text(GUIDE), re.M
+        )
+    }
+    assert table == measured

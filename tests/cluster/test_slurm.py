@@ -476,9 +476,14 @@ def test_sinfo_is_read_into_partitions_nodes_cpus_and_gpus():
         ["gpu1", "gpu2", "cpu1"],
         256,
         8,
+        4,  # the CPU-only node does not pull the GPUs per node down
     )
+    # Nodes of 8 and of 4 GPUs: a job asking the same of every node can have 4.
+    mixed = text.replace("gpu:4,shard:8", "gpu:h100:8")
+    assert _slurm_cluster._parse_sinfo(mixed)[3:] == (12, 4)
+    assert _slurm_cluster._parse_sinfo("cpu1|debug*|128|(null)\n")[3:] == (0, 0)
     cluster = _slurm_cluster.SlurmCluster(True, "cluster", "SLURM_CONF=/x")
-    cluster.partitions, cluster.hosts, cluster.cpus, cluster.gpus = (
+    cluster.partitions, cluster.hosts, cluster.cpus, cluster.gpus, _ = (
         _slurm_cluster._parse_sinfo(text)
     )
     assert str(cluster) == (

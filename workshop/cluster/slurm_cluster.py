@@ -49,6 +49,9 @@ class SlurmCluster:
         hosts: node names.
         cpus: CPUs of all nodes together.
         gpus: GPUs of all nodes together (from each node's GRES).
+        gpus_per_node: the fewest GPUs of any node that has GPUs, 0 without any:
+            what ``--gpus-per-node`` can ask of every node a job gets (an average
+            over the cluster would count its CPU-only nodes too).
         folder: a private cluster's configuration, state and logs.
     """
 
@@ -59,6 +62,7 @@ class SlurmCluster:
     hosts: list[str] = field(default_factory=list)
     cpus: int = 0
     gpus: int = 0
+    gpus_per_node: int = 0
     folder: Path | None = None
     _watchdog: subprocess.Popen | None = field(default=None, repr=False)
     _previous_conf: str | None = field(default=None, repr=False)
@@ -131,9 +135,10 @@ def _end(popen: subprocess.Popen, grace: float = 5.0) -> None:
             popen.wait(grace)
 
 
-def _parse_sinfo(text: str) -> tuple[list[str], list[str], int, int]:
-    """Partitions, hosts, CPUs and GPUs from ``sinfo -h -N -o "%N|%P|%c|%G"`` (a
-    line per node and partition; a node in two partitions is counted once)."""
+def _parse_sinfo(text: str) -> tuple[list[str], list[str], int, int, int]:
+    """Partitions, hosts, CPUs, GPUs and the fewest GPUs of a node with GPUs, from
+    ``sinfo -h -N -o "%N|%P|%c|%G"`` (a line per node and partition; a node in two
+    partitions is counted once)."""
     partitions: list[str] = []
     nodes: dict[str, tuple[int, int]] = {}
     for line in text.splitlines():
@@ -151,7 +156,9 @@ def _parse_sinfo(text: str) -> tuple[list[str], list[str], int, int]:
         )
         nodes[host] = (int(cpus) if cpus.isdigit() else 0, gpus)
     cpus = sum(c for c, _ in nodes.values())
-    return partitions, list(nodes), cpus, sum(g for _, g in nodes.values())
+    gpus = [g for _, g in nodes.values()]
+    fewest = min((g for g in gpus if g), default=0)
+    return partitions, list(nodes), cpus, sum(gpus), fewest
 
 
 def _query(command: list[str], timeout: float = 20) -> tuple[bool, str]:
@@ -171,9 +178,13 @@ def _query(command: list[str], timeout: float = 20) -> tuple[bool, str]:
 def _with_sinfo(cluster: SlurmCluster) -> SlurmCluster:
     ok, text = _query(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%G"])
     if ok:
-        cluster.partitions, cluster.hosts, cluster.cpus, cluster.gpus = _parse_sinfo(
-            text
-        )
+        (
+            cluster.partitions,
+            cluster.hosts,
+            cluster.cpus,
+            cluster.gpus,
+            cluster.gpus_per_node,
+        ) = _parse_sinfo(text)
     return cluster
 
 

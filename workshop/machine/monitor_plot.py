@@ -302,20 +302,14 @@ def _draw_gpus(util_ax, mem_ax, samples: Sequence[Sample], gpus: int) -> None:
         have = [s for s in samples if len(s.gpu_percent) > g]
         label = f"GPU {g}" if gpus <= 8 else None
         colour = _COLOURS[g % 6]
-        util_ax.plot(
-            [s.time for s in have],
-            [s.gpu_percent[g] for s in have],
-            color=colour,
-            lw=1.8,
-            label=label,
-        )
-        mem_ax.plot(
-            [s.time for s in have],
-            [s.gpu_memory_gib[g] for s in have],
-            color=colour,
-            lw=1.8,
-            label=label,
-        )
+        for ax, field in ((util_ax, "gpu_percent"), (mem_ax, "gpu_memory_gib")):
+            ax.plot(
+                [s.time for s in have],
+                [getattr(s, field)[g] for s in have],
+                color=colour,
+                lw=1.8,
+                label=label,
+            )
     memory = [v for s in samples for v in s.gpu_memory_gib if not math.isnan(v)]
     mem_ax.set_ylim(0, max(memory, default=1.0) * 1.15 or 1)
     if 1 < gpus <= 8:

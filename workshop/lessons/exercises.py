@@ -66,7 +66,7 @@ def _first_wrong_case(
 
 
 def _show(value: Any) -> str:
-    # 4000.0 as 4000 and 1.25e10 as 1.25e+10: numbers as a learner would write them.
+    # 4000.0 as 4000 and 5e-06 as 5e-06: whole numbers without ".0", others in %g.
     if isinstance(value, float):
         return (
             str(int(value))

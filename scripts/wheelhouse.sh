@@ -211,12 +211,19 @@ Copy it to the cluster, next to the project (the workshop wheel is in it too):
 On the node, with no internet, in the project folder:
 (a) a venv on top of the site's torch module (the module's torch is used, not installed)
   module load pytorch                  # its Python must be $PY
-  python -m venv --system-site-packages .venv
+  python workshop/machine/site_env.py --apply
+  #   (makes .venv as the module's Python needs: python -m venv --system-site-packages
+  #   misses the module's torch where that Python is itself a venv; without --apply
+  #   it only says what it found and prints the lines)
   .venv/bin/pip install --no-index --find-links wheelhouse -r wheelhouse/requirements-offline.txt
   .venv/bin/pip install --no-index --find-links wheelhouse --no-deps -e .
   #   (-e . is built with setuptools from the wheelhouse: hence --find-links)
   .venv/bin/jupyter lab notebooks
-  # without the source tree: .venv/bin/pip install --no-index --find-links wheelhouse --no-deps scaling-pytorch-hpc
+  # without the source tree: site_env.py from the workshop's wheel for the second
+  # line, and the workshop's wheel instead of -e . in the fourth:
+  python -m zipfile -e wheelhouse/scaling_pytorch_hpc-*.whl workshop-wheel
+  python workshop-wheel/workshop/machine/site_env.py --apply
+  .venv/bin/pip install --no-index --find-links wheelhouse --no-deps scaling-pytorch-hpc
 (b) no venv: the packages into a folder, found through PYTHONPATH
   module load pytorch
   python -m pip install --no-index --find-links wheelhouse --target jupyter-pkgs -r wheelhouse/requirements-offline.txt
@@ -291,4 +298,7 @@ HINT: name the node's Python: make wheelhouse PY=3.12"
     print_instructions
 }
 
-main "$@"
+# Run, unless sourced (the tests source it to call print_instructions).
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi

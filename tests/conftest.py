@@ -1,10 +1,15 @@
 """Shared test helpers: process checks, a way to run a small script as a 'kernel', and
 the environments launchers give the tasks they start.
 
-Also the run order and a guard that keep the test process forkable on a GPU node:
-tests marked ``gpu`` run last, and a test that starts CUDA in the test process
-without that mark fails (after it, ``launch(..., start_method="fork")`` is refused
-and "auto" falls back to the fork server)."""
+Also the run order and a guard that keep the test process forkable on a GPU node.
+Two things in the pytest process make forked ranks unusable there (see
+workshop/ranks/forkable.py): starting CUDA, and a backward pass with a GPU visible.
+So tests run in three groups: the rest first, then those marked
+``backward_in_process`` (they run a backward pass here), then those marked ``gpu``.
+A test that starts CUDA without the gpu mark, or runs a backward pass without either
+mark, fails: on any machine, since a backward pass is counted, not only seen by its
+GPU threads. Once a backward pass ran here, later launches take the fork server on
+every machine, as they must on a GPU node (the node's signal is stood in for)."""
 
 from __future__ import annotations
 
@@ -75,21 +80,39 @@ def pytest_configure(config) -> None:
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _count_backward_passes()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say where the process stopped being forkable, as the doctor would say it."""
+    if _BACKWARD["first"] is not None:
+        from workshop.ranks.forkable import AUTOGRAD, HAZARDS
+
+        terminalreporter.write_line(
+            f"workshop: {HAZARDS[AUTOGRAD]} (the first backward pass in the pytest "
+            f"process ran in {_BACKWARD['first']}; on a machine without a GPU this "
+            "is stood in for)"
+        )
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Run the tests marked ``gpu`` last, each group in its collected order.
+    """Run the tests marked ``backward_in_process`` after the others, and those
+    marked ``gpu`` last, each group in its collected order.
 
-    A GPU test may start CUDA in this process (a CUDA tensor, a device name), and
-    a process that has done so can no longer fork ranks that use the GPU: every
-    later ``launch`` would take the fork server and ``start_method="fork"`` would
-    be refused. Run last, no other test sees that. The last test of each file
-    before a GPU test or another file is flagged for the fork check below.
+    After a backward pass here (on a GPU machine) or a CUDA call, this process can
+    no longer fork ranks that work: every later ``launch`` takes the fork server and
+    ``start_method="fork"`` is refused. Run late, no other test sees that. The last
+    test of each file before another group or file is flagged for the fork check
+    below.
     """
-    gpu = {id(item) for item in items if item.get_closest_marker("gpu") is not None}
-    items[:] = [i for i in items if id(i) not in gpu] + [
-        i for i in items if id(i) in gpu
-    ]
+
+    def group(item) -> int:
+        if item.get_closest_marker("gpu") is not None:
+            return 2
+        return int(item.get_closest_marker("backward_in_process") is not None)
+
+    items.sort(key=group)  # stable: each group keeps its collected order
+    gpu = {id(item) for item in items if group(item) == 2}
     for item, following in zip(items, [*items[1:], None], strict=True):
         item.stash[_CHECK_FORKS_AFTER] = id(item) not in gpu and (
             following is None
@@ -106,6 +129,44 @@ _GUARD_HINT = (
     "later launches can no longer fork: mark it gpu (such tests run last) or "
     "run the CUDA part in a rank (launch) or a subprocess"
 )
+# Backward passes run in this process (torch.autograd.backward and .grad, counted),
+# and the first test that ran one.
+_BACKWARD: dict = {"count": 0, "seen": 0, "first": None}
+
+
+def _count_backward_passes() -> None:
+    """Count every backward pass of this process. ``Tensor.backward`` calls
+    ``torch.autograd.backward`` through the module, so wrapping the module's two
+    entry points sees them all (a forked rank counts its own, in its copy)."""
+    import functools
+
+    import torch.autograd
+
+    for name in ("backward", "grad"):
+        original = getattr(torch.autograd, name)
+        if getattr(original, "_counted_by_conftest", False):
+            continue
+
+        @functools.wraps(original)
+        def counted(*args, _original=original, **kwargs):
+            _BACKWARD["count"] += 1
+            return _original(*args, **kwargs)
+
+        counted._counted_by_conftest = True
+        setattr(torch.autograd, name, counted)
+
+
+def _stand_in_for_autograd_threads(tmp_root: Path) -> None:
+    """Make the launcher see what a GPU node shows after a backward pass: a thread
+    named ``pt_autograd_0`` (forkable.TASK_DIR pointed at a folder that lists one).
+    On a CPU machine the engine starts none, so without this the CPU suite would
+    never take the path the node takes."""
+    from workshop.ranks import forkable
+
+    task = tmp_root / "autograd-stand-in" / "1"
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "comm").write_text("pt_autograd_0\n")
+    forkable.TASK_DIR = str(task.parent)
 
 
 def _cuda_context_started() -> bool:
@@ -121,11 +182,11 @@ def _forks_are_poisoned() -> bool:
     driver), without forking. Else one child is forked and asked, as ``launch``
     does; only its real answer counts (``_POISONED``), not a child that did not
     answer in time."""
-    from workshop.ranks import launcher
+    from workshop.ranks import forkable
 
-    if not (hasattr(os, "fork") and launcher._driver_loaded()):
+    if not (hasattr(os, "fork") and forkable._driver_loaded()):
         return False
-    return launcher._fork_is_poisoned() and launcher._POISONED
+    return forkable._fork_is_poisoned() and forkable._POISONED
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -145,7 +206,9 @@ def _forks_usable_at_the_start():
 
 
 @pytest.fixture(autouse=True)
-def _cuda_stays_off_in_the_test_process(request, _forks_usable_at_the_start):
+def _cuda_stays_off_in_the_test_process(
+    request, tmp_path_factory, _forks_usable_at_the_start
+):
     """Fail a test not marked gpu that starts CUDA in this process.
 
     After every such test: has torch's CUDA context appeared (cheap)? After the
@@ -158,6 +221,22 @@ def _cuda_stays_off_in_the_test_process(request, _forks_usable_at_the_start):
         yield
         return
     yield
+    # Counted since the previous test ended: a module's fixture that trains, set up
+    # before this one, is this test's too.
+    if _BACKWARD["count"] != _BACKWARD["seen"]:
+        _BACKWARD["seen"] = _BACKWARD["count"]
+        if _BACKWARD["first"] is None:
+            _BACKWARD["first"] = request.node.nodeid
+            _stand_in_for_autograd_threads(tmp_path_factory.getbasetemp())
+        if request.node.get_closest_marker("backward_in_process") is None:
+            pytest.fail(
+                f"{request.node.nodeid}: this test (or a fixture it uses) ran a "
+                "backward pass in the pytest process; on a GPU machine later "
+                "launches could then no longer fork: mark it backward_in_process "
+                "(such tests run after the others) or train in a rank (launch) or "
+                "a subprocess",
+                pytrace=False,
+            )
     # Runs after the test's own fixtures are undone (a monkeypatch included), so
     # only a real context counts.
     if _CUDA_STATE["started"] or _CUDA_STATE["gpu_test_ran"]:

@@ -31,7 +31,7 @@ def _nccl_sum():
 
 
 def test_nccl_with_one_rank_and_cuda_tensors_come_back_on_the_cpu():
-    from workshop.ranks.launcher import _cuda_initialized
+    from workshop.ranks.forkable import _cuda_initialized
 
     # GPU tests run last (conftest), and another one may have started CUDA here.
     forkable = not _cuda_initialized()
@@ -80,3 +80,94 @@ def test_a_kernel_that_initialised_cuda_starts_ranks_from_the_server(script):
     assert s.popen.returncode == 0, out
     assert "CUDA is already initialised in this kernel" in out
     assert "method server returns [0.0]" in out
+
+
+# ------------------------------------------- a kernel that trained before it launches
+# On a GPU node the kernel's first backward pass, even on CPU tensors, starts
+# autograd's GPU threads and its fork handler: a rank forked after it fails at its
+# first backward or CUDA call (shared/GPU-NODE.md). Notebook 02 trains in the kernel
+# before its checkpoint lesson, and so do learners.
+
+
+def test_the_thread_signal_agrees_with_a_forked_childs_backward(script):
+    s = script("""
+        import torch
+        from workshop._procs import answer_in_child
+        from workshop.ranks import forkable
+
+        def child_backward():
+            try:
+                w = torch.ones(1, requires_grad=True)
+                (w * 2).sum().backward()
+                return 0
+            except RuntimeError as exc:
+                return 3 if "autograd's threading" in str(exc) else 4
+
+        before = answer_in_child(child_backward, 30)
+        print("before", forkable.autograd_threads(), before)
+        w = torch.ones(2, requires_grad=True)
+        (w * w).sum().backward()  # the kernel's first backward pass, on the CPU
+        print("after", forkable.autograd_threads(), answer_in_child(child_backward, 30),
+              forkable.fork_hazard(), flush=True)
+    """)
+    out = s.finish(120)
+    assert s.popen.returncode == 0, out
+    assert "before [] 0\n" in out
+    after = next(line for line in out.splitlines() if line.startswith("after"))
+    # The signal (a pt_autograd_ thread) and the child's fate agree either way.
+    threads_seen = "pt_autograd_" in after
+    assert after.endswith(" 3 autograd") if threads_seen else after.endswith(" 0 None")
+    assert threads_seen, f"no autograd GPU thread after a backward pass here: {out}"
+
+
+def _resumable(epochs: int, path: str, crash_in_epoch: int | None = None):
+    """Notebook 02's resumable DDP loop, on each rank's GPU."""
+    import os
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DistributedSampler, Subset
+
+    import workshop
+
+    device = workshop.rank_device()
+    torch.manual_seed(0)
+    ddp = DDP(workshop.SmallCNN().to(device), device_ids=[device.index])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    data = Subset(workshop.digits("train"), range(512))
+    sampler = DistributedSampler(data, seed=0)
+    loader = workshop.make_loader(data, 32, shuffle=False, sampler=sampler)
+    start = 0
+    if os.path.exists(path):
+        start = workshop.load_checkpoint(path, ddp, optimizer)["epoch"] + 1
+    for epoch in range(start, epochs):
+        sampler.set_epoch(epoch)
+        for step, batch in enumerate(loader):
+            if epoch == crash_in_epoch and step == 3 and dist.get_rank() == 0:
+                os._exit(1)  # the node dies mid-epoch
+            workshop.train_step(ddp, [batch], optimizer)
+        workshop.save_checkpoint(path, ddp, optimizer, epoch=epoch)
+    weights = torch.cat([p.detach().flatten() for p in ddp.parameters()])
+    return str(device), weights.cpu()
+
+
+def test_notebook_02s_checkpoint_lesson_after_the_kernel_trained(tmp_path):
+    from workshop import LaunchError
+    from workshop.ranks import forkable
+
+    # The kernel trains a step first, on the CPU, as notebook 02 does before.
+    from workshop.training.models import SmallCNN
+
+    model = SmallCNN()
+    model(torch.randn(4, 1, 16, 16)).sum().backward()
+    assert forkable.fork_hazard() is not None  # autograd's threads (or CUDA) here
+    path = str(tmp_path / "checkpoint.pt")
+    with pytest.raises(LaunchError, match="rank 0"):
+        launch(_resumable, 3, path, 1, world_size=GPUS, backend="nccl", show="none")
+    resumed = launch(_resumable, 3, path, world_size=GPUS, backend="nccl", show="none")
+    unbroken = launch(
+        _resumable, 3, str(tmp_path / "unbroken.pt"), world_size=GPUS, show="none"
+    )
+    assert resumed.start_method == unbroken.start_method == "server"
+    assert unbroken.backend == "nccl"
+    assert [r[0] for r in resumed.returns] == [f"cuda:{i}" for i in range(GPUS)]
+    assert torch.equal(resumed.returns[0][1], unbroken.returns[0][1])

@@ -250,3 +250,41 @@ def test_the_wheelhouse_is_git_ignored() -> None:
     if result.returncode == 128:
         pytest.skip("not a git checkout")
     assert result.returncode == 0, "wheelhouse/ is not in .gitignore"
+
+
+def test_the_closing_lines_make_the_venv_with_site_env_not_a_bare_venv(
+    tmp_path: Path,
+) -> None:
+    # A real run ends with print_instructions; sourcing the script defines it and runs
+    # nothing else. A venv made with --system-site-packages on top of a module whose
+    # Python is itself a venv does not see its torch (a GPU node, issue 23).
+    (tmp_path / "scaling_pytorch_hpc-0.1.0-py3-none-any.whl").write_bytes(b"")
+    call = 'source "$1"; DEST="$2" PY=3.12 print_instructions'
+    result = subprocess.run(
+        ["bash", "-c", call, "_", str(SCRIPT), str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("[wheelhouse] done: 1 wheels, "), "main ran"
+    commands = [
+        line.strip()
+        for line in result.stdout.splitlines()
+        if line.startswith("  ") and not line.strip().startswith("#")
+    ]
+    start = commands.index(
+        "module load pytorch                  # its Python must be 3.12"
+    )
+    assert commands[start + 1 : start + 4] == [
+        "python workshop/machine/site_env.py --apply",
+        ".venv/bin/pip install --no-index --find-links wheelhouse "
+        "-r wheelhouse/requirements-offline.txt",
+        ".venv/bin/pip install --no-index --find-links wheelhouse --no-deps -e .",
+    ]
+    assert not [c for c in commands if "-m venv" in c], "a bare venv is back"
+    # The path named is the script's, in the tree and inside the workshop's wheel.
+    wheel_copy = "python workshop-wheel/workshop/machine/site_env.py --apply"
+    assert wheel_copy in commands
+    assert (ROOT / "workshop" / "machine" / "site_env.py").is_file()

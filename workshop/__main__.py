@@ -3,6 +3,7 @@
     python -m workshop doctor     # what this machine has, what the workshop will use
     python -m workshop check      # the instructor's check of a node, before class
     python -m workshop monitor    # CPU, memory, disk, network and GPU use, as CSV rows
+    python -m workshop site-env   # .venv on top of a site's Python and its torch
 
 A command is a function that takes the parsed arguments and returns an exit status;
 to add one, write it and register it in :func:`_parser`.
@@ -73,6 +74,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     monitor_arguments(monitor)
     monitor.set_defaults(run=run_monitor)
+    # Before anything is installed: python workshop/machine/site_env.py (no imports).
+    from .machine.site_env import add_arguments as site_env_arguments
+    from .machine.site_env import run_from_args as run_site_env
+
+    site_env = commands.add_parser(
+        "site-env",
+        help="make .venv on top of the site's Python and its torch",
+        description="Say what this Python is (a plain install, a conda environment "
+        "or a venv) and print the lines that make .venv see its torch; --apply "
+        "runs them and checks that .venv sees the same torch.",
+    )
+    site_env_arguments(site_env)
+    site_env.set_defaults(run=run_site_env)
     return parser
 
 

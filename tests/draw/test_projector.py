@@ -236,7 +236,21 @@ NOT_CHECKED_HERE = {
 }
 
 
-@pytest.mark.parametrize(("draw"), [c[2] for c in CASES], ids=[c[0] for c in CASES])
+# Figures drawn from a step that trains in this process (notebook 01's lessons).
+_TRAINS_HERE = {"data_parallel_step", "timeline_2_stages"}
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        pytest.param(
+            c[2],
+            id=c[0],
+            marks=[pytest.mark.backward_in_process] if c[0] in _TRAINS_HERE else [],
+        )
+        for c in CASES
+    ],
+)
 def test_the_figure_fits_a_1280x720_projector(draw):
     fig = draw()
     try:

@@ -106,6 +106,7 @@ def test_two_stage_model_puts_a_stage_on_each_device():
         TwoStageModel(["cpu"])
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_the_pipeline_gives_the_gradients_of_the_wholebatch():
     model, (x, y), loss_fn = _two_stage(), batch(10), nn.CrossEntropyLoss()
     expected, expected_loss = whole_batch_grads(model, x, y, loss_fn)
@@ -117,6 +118,7 @@ def test_the_pipeline_gives_the_gradients_of_the_wholebatch():
     assert timeline.parallel is False
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_the_pipeline_follows_the_schedule_and_says_why_it_did_not_overlap():
     model, (x, y) = _two_stage(), batch(8)
     timeline = pipeline_forward_backward(model, x, y, 4, nn.CrossEntropyLoss())
@@ -132,6 +134,7 @@ def test_the_pipeline_follows_the_schedule_and_says_why_it_did_not_overlap():
     assert "ideal bubble 20%" in timeline.note
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_stages_in_threads_give_the_same_gradients_in_order(monkeypatch):
     # What runs on two GPUs (one thread per stage), exercised on the CPU.
     monkeypatch.setattr(pipeline, "distinct_gpus", lambda devices: True)

@@ -70,6 +70,7 @@ def test_asking_for_no_devices_is_explained():
 # --- data parallel -----------------------------------------------------------------
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_data_parallel_step_gives_the_gradients_of_the_wholebatch():
     model, (x, y), loss_fn = mlp(), batch(10), nn.CrossEntropyLoss()
     expected, expected_loss = whole_batch_grads(model, x, y, loss_fn)
@@ -81,6 +82,7 @@ def test_data_parallel_step_gives_the_gradients_of_the_wholebatch():
     assert record.parallel is False
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_the_record_holds_every_phase_on_the_right_device():
     model, (x, y) = mlp(), batch(10)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, nn.CrossEntropyLoss())
@@ -101,6 +103,7 @@ def test_the_record_holds_every_phase_on_the_right_device():
     assert "one after another" in record.note
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_gradients_accumulate_like_backward():
     model, (x, y), loss_fn = mlp(), batch(8), nn.MSELoss()
     y = torch.randn(8, 5)
@@ -111,6 +114,7 @@ def test_gradients_accumulate_like_backward():
     assert_same_grads(model, [2 * g for g in expected])
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_a_batch_smaller_than_the_devices_uses_fewer_devices():
     model, (x, y) = mlp(), batch(2)
     record = data_parallel_step(model, x, y, ["cpu"] * 3, nn.CrossEntropyLoss())
@@ -118,6 +122,7 @@ def test_a_batch_smaller_than_the_devices_uses_fewer_devices():
     assert lane(record.events, 2) == []
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_replicas_in_threads_give_the_same_gradients(monkeypatch):
     # What runs on distinct GPUs (one thread per replica), exercised on the CPU.
     monkeypatch.setattr(single_node, "distinct_gpus", lambda devices: True)

@@ -324,8 +324,18 @@ def test_nccl_step_checks_the_sum(answer, status, summary, monkeypatch, tmp_path
     assert (no_gpu.status, no_gpu.summary) == ("SKIPPED", "no GPU visible")
 
 
+def _after_backward(took="fork", hazard=None, sum_ok=True, **more):
+    """A probe's answer about the launch after a backward pass in a fresh process."""
+    from workshop.ranks.forkable import HAZARDS
+
+    reason = HAZARDS.get(hazard, "the kernel can still fork")
+    return {"took": took, "hazard": hazard, "reason": reason, "sum_ok": sum_ok} | more
+
+
 def test_launch_step_fails_when_a_path_falls_back(monkeypatch, tmp_path):
     def fake_probe(timeout, probe, method, *args):
+        if probe == "after-backward":
+            return _after_backward()
         took = "spawn" if method == "server" else method
         return {"took": took, "sum_ok": True, "first": 1.0, "median": None}
 
@@ -334,6 +344,54 @@ def test_launch_step_fails_when_a_path_falls_back(monkeypatch, tmp_path):
     assert result.status == "FAILED"
     assert result.summary == "start_method='server' ran on spawn"
     assert "python -m workshop.bench launch --world-size 2" in result.fix
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "said"),
+    [
+        (
+            _after_backward("server", "autograd"),
+            "PASS",
+            "after a backward pass: server (this kernel ran a backward pass on a GPU",
+        ),
+        (_after_backward(), "PASS", "after a backward pass: fork (the kernel can"),
+        (
+            _after_backward("fork", "autograd"),
+            "FAILED",
+            "a launch after a backward pass forked a kernel that cannot",
+        ),
+        (
+            _after_backward("server", "autograd", sum_ok=False),
+            "FAILED",
+            "the ranks' backward passes after the kernel's gave wrong sums",
+        ),
+        (
+            {"error": "LaunchError: rank 0 of 1 failed", "log": "Unable to handle"},
+            "FAILED",
+            "a launch after a backward pass failed: LaunchError: rank 0 of 1 failed",
+        ),
+    ],
+)
+def test_the_launch_step_checks_a_launch_after_a_backward_pass(
+    monkeypatch, tmp_path, answer, status, said
+):
+    # On a GPU node a kernel that trained can no longer fork (forkable.py): the
+    # check's launch step starts ranks after a backward pass, as notebook 02 does.
+    asked = []
+
+    def fake_probe(timeout, probe, *args):
+        asked.append((probe, *args))
+        if probe == "after-backward":
+            return answer
+        return {"took": args[0], "sum_ok": True, "first": 1.0, "median": 0.5}
+
+    monkeypatch.setattr(check_steps, "_probe", fake_probe)
+    ctx = context(tmp_path, gpus=1)
+    result = check_steps.step_launch(ctx)
+    assert ("after-backward", 1) in asked  # one rank per GPU
+    assert result.status == status
+    assert said in (result.summary if status == "FAILED" else ctx.out.getvalue())
+    assert result.figures["after_backward"] == answer
 
 
 def test_a_command_past_its_timeout_is_stopped_with_everything_it_started():
@@ -405,6 +463,14 @@ def test_a_quick_check_of_this_machine(tmp_path):
         ("spawn", "spawn"),
     ]
     assert all(p["first"] > 0 and p["sum_ok"] for p in paths)
+    # A fresh process ran a backward pass, then launched: where torch sees no GPU it
+    # can still fork; on a GPU node autograd's threads send it to the fork server.
+    after = launch["figures"]["after_backward"]
+    assert after["sum_ok"], after
+    if GPUS == 0:
+        assert (after["took"], after["hazard"]) == ("fork", None)
+    else:
+        assert (after["took"], after["hazard"]) == ("server", "autograd")
     for name in ("gpu-tests", "nccl"):
         if GPUS == 0:
             assert steps[name]["status"] == "SKIPPED"

@@ -28,7 +28,7 @@ from workshop import env
 from workshop.__main__ import main
 from workshop.machine.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.machine.doctor_probes import slurm_unconfigured, version_line
-from workshop.ranks.launcher import choose_start_method
+from workshop.ranks.forkable import choose_start_method, fork_hazard
 from workshop.ranks.streams import display_path
 
 # The module, beside its function doctor imported above: tests patch its globals.
@@ -165,7 +165,7 @@ def test_cpu_backends_and_defaults_match_torch_and_env(clean_env):
 
     world_size = env.default_world_size()
     backend = env.choose_backend("auto", world_size)
-    method, reason = choose_start_method("auto", torch.cuda.is_initialized())
+    method, reason = choose_start_method("auto", fork_hazard())
     assert values["Workshop defaults", "world_size"].startswith(f"{world_size} (")
     assert values["Workshop defaults", "backend"].startswith(f"{backend} (")
     assert values["Workshop defaults", "start method"] == f"{method} ({reason})"

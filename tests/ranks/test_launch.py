@@ -19,7 +19,6 @@ from conftest import gone
 import workshop
 from workshop import LaunchError
 from workshop.env import backend_name, choose_backend
-from workshop.ranks.launcher import choose_start_method
 
 METHODS = ["fork", "server", "spawn"]
 # A spawned rank imports torch (seconds on 2 cores): spawn tests use 2 ranks.
@@ -363,115 +362,6 @@ def test_unserialisable_function_arguments_and_returns_are_explained():
         r"cannot be serialised back to the notebook",
     ):
         launch(returns_a_lock, world_size=2, show="none")
-
-
-# ---------------------------------------------------------------- start paths
-
-
-def test_start_method_choice_and_reasons():
-    assert choose_start_method("auto", False, "linux") == (
-        "fork",
-        "fastest: ranks are forked from this kernel",
-    )
-    assert choose_start_method("auto", True, "linux") == (
-        "server",
-        "CUDA is initialised in this kernel, so it must not fork",
-    )
-    assert choose_start_method("auto", False, "darwin")[0] == "server"
-    assert choose_start_method("spawn", True, "linux") == ("spawn", "asked for")
-    with pytest.raises(
-        ValueError,
-        match=r"start_method='fork' but CUDA is already "
-        r"initialised in this process.*pass start_method='server'",
-    ):
-        choose_start_method("fork", True, "linux")
-
-
-def test_without_the_driver_library_nothing_has_started(tmp_path):
-    from workshop.ranks.launcher import _driver_loaded
-
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
-    assert _driver_loaded(str(maps)) is False
-    # The runtime (libcudart) is not the driver: torch's CUDA build loads it at import.
-    maps.write_text(maps.read_text() + "7f02-7f03 r-xp 0 08:01 2 /x/libcudart.so.13\n")
-    assert _driver_loaded(str(maps)) is False
-    driver = "7f04-7f05 r-xp 0 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
-    maps.write_text(maps.read_text() + driver)
-    assert _driver_loaded(str(maps)) is True
-    assert _driver_loaded(str(tmp_path / "missing")) is True  # cannot tell: ask
-
-
-def test_the_fork_decision_follows_torchs_fork_poisoning(script, tmp_path):
-    # A fresh "kernel" loads a library named like the CUDA driver, as `import torch`
-    # does on some GPU nodes: that alone must not stop forking. Then it asks the CUDA
-    # runtime (torch.cuda.is_available(), as a learner might), after which torch
-    # marks forked children as unable to use CUDA: ranks must come from the server,
-    # and the kernel is told once. The same holds on a GPU node with the real driver.
-    s = script(f"""
-        import ctypes, shutil, _ctypes, sys
-        import torch, workshop
-        import workshop.ranks.launcher
-        from workshop.ranks.launcher import _cuda_initialized
-        shutil.copy(_ctypes.__file__, {str(tmp_path / "libcuda.so.1")!r})
-        ctypes.CDLL({str(tmp_path / "libcuda.so.1")!r})
-        # A GPU node counts its GPUs with NVML, which marks no fork. Without NVML
-        # (this machine, maybe) torch would ask the runtime instead: count as NVML.
-        workshop.ranks.launcher.visible_gpu_count = lambda: max(
-            torch.cuda._device_count_nvml(), 0)
-        def rank():
-            import torch.distributed as dist
-            return dist.get_rank()
-        print("driver mapped:", "libcuda.so" in open("/proc/self/maps").read())
-        print("before:", _cuda_initialized(), flush=True)
-        r = workshop.launch(rank, world_size=2, backend="gloo", show="none")
-        print("first launch:", r.start_method, r.returns, flush=True)
-        torch.cuda.is_available()  # asks the CUDA runtime: later forks are marked
-        print("after:", _cuda_initialized(), flush=True)
-        for _ in range(2):
-            r = workshop.launch(rank, world_size=2, backend="gloo", show="none")
-            print("next launch:", r.start_method, r.returns, flush=True)
-        try:
-            workshop.launch(rank, world_size=2, backend="gloo", start_method="fork")
-        except ValueError as exc:
-            print("fork refused:", str(exc)[:60], flush=True)
-    """)
-    out = s.finish(180)
-    assert s.popen.returncode == 0, out
-    assert "driver mapped: True\nbefore: False\nfirst launch: fork [0, 1]\n" in out
-    assert "after: True\n" in out
-    assert out.count("next launch: server [0, 1]\n") == 2, out
-    assert out.count("CUDA is already initialised in this kernel") == 1, out  # once
-    assert "fork refused: start_method='fork' but CUDA is already initialised" in out
-
-
-def test_the_answer_is_kept_once_poisoned(monkeypatch):
-    import workshop.ranks.launcher as launcher
-
-    monkeypatch.setattr(launcher, "_POISONED", True)
-    monkeypatch.setattr(launcher, "_driver_loaded", lambda maps_file: True)
-    assert launcher._cuda_initialized() is True
-    monkeypatch.setattr(launcher, "_driver_loaded", lambda maps_file: False)
-    assert launcher._cuda_initialized() is False  # no driver: nothing has started
-
-
-def test_a_kernel_that_touched_cuda_uses_the_server_and_is_told(monkeypatch, capsys):
-    import workshop.ranks.launcher as launcher
-
-    monkeypatch.setattr(launcher, "_cuda_initialized", lambda: True)
-    monkeypatch.setattr(launcher, "_told_cuda", False)
-    result = launch(_rank_facts, world_size=2, show="lines")
-    assert result.start_method == "server"
-    out, err = capsys.readouterr()
-    assert out.startswith(
-        "launch: world_size=2, backend=gloo, start_method=server "
-        "(CUDA is initialised in this kernel, so it must not fork)"
-    )
-    assert "CUDA is already initialised in this kernel" in err
-    launch(_rank_facts, world_size=2, show="none")
-    assert "CUDA is already initialised" not in capsys.readouterr().err  # told once
-    with pytest.raises(ValueError, match="start_method='fork' but CUDA"):
-        launch(_rank_facts, world_size=2, start_method="fork")
 
 
 def _listening_address():

@@ -25,6 +25,7 @@ from workshop.ranks.stacks import (
     READY,
     Frame,
     StackDumps,
+    fatal_error,
     format_frames,
     parse_dump,
     rank_frames,
@@ -150,6 +151,34 @@ def test_runs_of_library_frames_are_cut_to_the_call_and_the_last_six_kept():
     assert kept == [Frame(user, n, f"f{n}") for n in range(3, 8)] + [frames[-1]]
     assert rank_frames(text, limit=2) == kept[-2:]
     assert rank_frames(text.replace("run_rank", "elsewhere")) == []
+
+
+def test_a_crash_report_gives_its_fatal_error_and_the_functions_frames():
+    own = os.path.join(os.path.dirname(stacks.__file__), "rank.py")
+    ctypes_file = os.path.join(os.path.dirname(os.__file__), "ctypes", "__init__.py")
+    frames = [
+        Frame(own, 199, "run_rank"),
+        Frame("/somewhere/train.py", 8, "crash"),
+        Frame(ctypes_file, 519, "string_at"),
+    ]
+    report = (
+        "Fatal Python error: Segmentation fault\n\n"
+        "Current thread 0x00007f0000000001 (most recent call first):\n"
+        + "".join(
+            f'  File "{f.filename}", line {f.line} in {f.name}\n' for f in frames[::-1]
+        )
+        + "\nExtension modules: numpy._core._multiarray_umath, torch._C (total: 2)\n"
+    )
+    # What the rank printed before (a line that only looks like a report included)
+    # is not the crash: the last fatal error is.
+    earlier = "Fatal Python error: a line the function printed\nstep 3\n"
+    assert fatal_error(earlier + report) == (
+        "Fatal Python error: Segmentation fault",
+        frames[1:],
+    )
+    aborted = "Fatal Python error: Aborted\n\nno stack here\n"
+    assert fatal_error(aborted) == ("Fatal Python error: Aborted", [])
+    assert fatal_error("Traceback (most recent call last):\nValueError: x\n") is None
 
 
 def test_paths_are_shown_without_this_machine_s_folders():

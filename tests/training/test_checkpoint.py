@@ -111,6 +111,7 @@ def test_the_same_kills_do_corrupt_a_naive_torch_save(tmp_path):
     assert broken >= 1
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_save_keeps_the_inner_model_and_optimizer_and_extra(tmp_path):
     torch.manual_seed(0)
     model = nn.Linear(3, 2)

@@ -37,6 +37,7 @@ def _one_step(device="cpu"):
     return step, calls
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_profile_names_the_costly_operators_and_writes_a_trace(tmp_path):
     step, calls = _one_step()
     report = profile_steps(step, steps=2, warmup=1, trace_dir=tmp_path, row_limit=8)

@@ -121,6 +121,7 @@ def test_fit_needs_two_batch_sizes():
         fit_step_cost([StepTiming(16, 0.1), StepTiming(16, 0.11)])
 
 
+@pytest.mark.backward_in_process  # trains in this process: see conftest.py
 def test_timing_a_real_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))

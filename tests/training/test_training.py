@@ -31,6 +31,10 @@ from workshop.training.loop import (
 from workshop.training.models import SmallCNN
 from workshop.training.progress import Progress
 
+# Nearly every test here trains in this process, which on a GPU machine leaves it
+# unable to fork ranks: they run after the other tests (conftest.py).
+pytestmark = pytest.mark.backward_in_process
+
 CPU = torch.device("cpu")
 
 

@@ -3,6 +3,7 @@ check's state (CUDA, a fork server) can spoil nothing. Each prints one line,
 ``workshop-check-answer: {JSON}``::
 
     python -m workshop.machine.check_probes launch fork 2 3  # path, world size, repeats
+    python -m workshop.machine.check_probes after-backward 2  # world size
     python -m workshop.machine.check_probes nccl 268435456 900  # bytes, timeout
     python -m workshop.machine.check_probes notebook IN.ipynb OUT.ipynb 900
 
@@ -70,6 +71,44 @@ def _probe_launch(method: str, world_size: str, repeats: str) -> dict[str, Any]:
     }
 
 
+def _rank_backward() -> float:
+    """What each rank of the after-backward probe runs: a backward pass on its
+    device (its GPU under NCCL), then an all-reduce of the gradient's sum."""
+    import torch
+    import torch.distributed as dist
+
+    from ..ranks.worker import rank_device
+
+    weight = torch.ones(4, device=rank_device(), requires_grad=True)
+    (weight * (dist.get_rank() + 1)).sum().backward()
+    total = weight.grad.sum().reshape(1)
+    dist.all_reduce(total)
+    return float(total.item())
+
+
+def _probe_after_backward(world_size: str) -> dict[str, Any]:
+    """A kernel that trained before it launches, as notebook 02's does: one backward
+    pass here, then ranks started with start_method="auto" that each run one."""
+    import torch
+
+    from ..ranks.forkable import HAZARDS, fork_hazard
+    from ..ranks.launcher import launch
+
+    weight = torch.ones(2, requires_grad=True)
+    (weight * weight).sum().backward()  # on the CPU, as a learner's first step is
+    hazard = fork_hazard()
+    n = int(world_size)
+    result = launch(_rank_backward, world_size=n, show="none")
+    expected = 4.0 * n * (n + 1) / 2
+    return {
+        "took": result.start_method,
+        "hazard": hazard,
+        "reason": HAZARDS.get(hazard or "", "the kernel can still fork"),
+        "backend": result.backend,
+        "sum_ok": result.returns == [expected] * n,
+    }
+
+
 def _probe_nccl(size_bytes: str, timeout: str) -> dict[str, Any]:
     from ..env import visible_gpu_count
     from ..ranks.launcher import launch
@@ -126,6 +165,7 @@ def _probe_notebook(source: str, copy: str, timeout: str) -> dict[str, Any]:
 
 _PROBES: dict[str, Callable[..., dict[str, Any]]] = {
     "launch": _probe_launch,
+    "after-backward": _probe_after_backward,
     "nccl": _probe_nccl,
     "notebook": _probe_notebook,
 }

@@ -208,7 +208,8 @@ def step_launch(ctx: Context) -> StepResult:
             parts.append(f"{took} {warm:.2f} s (first {first:.1f} s)")
         else:
             parts.append(f"{took} {warm or first:.2f} s")
-    figures = {"world_size": 2, "paths": paths}
+    after = _after_backward(ctx, deadline, problems)
+    figures = {"world_size": 2, "paths": paths, "after_backward": after}
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         bench = "python -m workshop.bench launch --world-size 2 --no-torchrun "
@@ -218,6 +219,28 @@ def step_launch(ctx: Context) -> StepResult:
             fix = f"a launch hung or was slow: pass a longer --timeout, or {fix}"
         return _failed("launch", problems[0] + more, fix, figures)
     return StepResult("launch", PASS, summary=", ".join(parts), figures=figures)
+
+
+def _after_backward(
+    ctx: Context, deadline: float, problems: list[str]
+) -> dict[str, Any]:
+    """The launch a learner makes after training in the kernel: a backward pass in a
+    fresh process, then ranks (one per GPU, else 2) from start_method="auto". On a
+    GPU machine that backward pass leaves the process unable to fork (forkable.py):
+    the ranks must come from the fork server and run their own backward."""
+    world_size = ctx.gpus or 2
+    answer = _probe(deadline - time.monotonic(), "after-backward", world_size)
+    if "error" in answer:
+        problems.append(f"a launch after a backward pass failed: {answer['error']}")
+        ctx.say(f"after a backward pass: FAILED: {answer['error']}\n{answer['log']}")
+        return answer
+    took, reason = answer["took"], answer["reason"]
+    ctx.say(f"after a backward pass: {took} ({reason})")
+    if answer["hazard"] is not None and took == "fork":
+        problems.append("a launch after a backward pass forked a kernel that cannot")
+    elif not answer["sum_ok"]:
+        problems.append("the ranks' backward passes after the kernel's gave wrong sums")
+    return answer
 
 
 def step_nccl(ctx: Context) -> StepResult:

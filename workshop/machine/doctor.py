@@ -198,9 +198,7 @@ def _process_items() -> Items:
 
 
 def _default_items() -> Items:
-    import torch
-
-    from ..ranks.launcher import choose_start_method
+    from ..ranks.forkable import choose_start_method, fork_hazard
 
     gpus = env.visible_gpu_count()
     world_size = env.default_world_size(gpus)
@@ -211,7 +209,9 @@ def _default_items() -> Items:
         backend += " (CPU ranks: no GPU visible)"
     else:
         backend += " (CPU ranks: this torch has no NCCL)"
-    method, reason = choose_start_method("auto", torch.cuda.is_initialized())
+    # The kernel's own state decides (a CUDA call, or a backward pass with a GPU
+    # visible, leaves it unable to fork ranks), as it does for launch().
+    method, reason = choose_start_method("auto", fork_hazard())
     return [
         ("world_size", f"{world_size} ({'one per GPU' if gpus else 'CPU ranks'})"),
         ("backend", backend),

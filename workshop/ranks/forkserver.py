@@ -187,6 +187,7 @@ class ForkServer:
         self._buffer = bytearray()
         self._started: list[tuple] = []
         self.start_seconds: float | None = None
+        self.ready = False  # it has said it imported torch
 
     def alive(self) -> bool:
         """True while the server process runs and its socket is open."""
@@ -196,12 +197,12 @@ class ForkServer:
             and self.popen.poll() is None
         )
 
-    def start(self, timeout: float = 180.0) -> None:
-        """Start the server and wait until it has imported torch."""
-        if self.alive():
+    def begin(self) -> None:
+        """Start the server process and return at once; it imports torch in the
+        background, and :meth:`start` waits for it. Nothing happens if it runs."""
+        if self.popen is not None and self.alive():
             return
         self.close()
-        t0 = time.monotonic()
         ours, theirs = socket.socketpair()
         self.popen = subprocess.Popen(
             # -c rather than -m: the package already imports this module, and runpy
@@ -221,13 +222,22 @@ class ForkServer:
         )
         theirs.close()
         self.sock = ours
+        self.ready = False
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Start the server (unless :meth:`begin` did) and wait until it has imported
+        torch. ``start_seconds`` is how long this call waited."""
+        if self.alive() and self.ready:
+            return
+        t0 = time.monotonic()
+        self.begin()
         try:
-            message = self._wait_for(lambda m: m[0] == "ready", timeout)
+            self._wait_for(lambda m: m[0] == "ready", timeout)
         except Exception:
             self.close()
             raise
+        self.ready = True
         self.start_seconds = time.monotonic() - t0
-        del message
 
     def send(self, obj: Any, fds: list[int] | None = None) -> None:
         """Send one request to the server."""
@@ -296,3 +306,4 @@ class ForkServer:
                     self.popen.kill()
                     self.popen.wait(5)
             self.popen = None
+        self.ready = False

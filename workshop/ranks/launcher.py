@@ -9,7 +9,6 @@ kernel's stop button, every rank is stopped and nothing is left behind.
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import sys
 import warnings
@@ -18,15 +17,16 @@ from typing import Any
 
 import cloudpickle
 
-from .._procs import answer_in_child, interrupted
+from .._procs import interrupted
 from ..env import choose_backend, visible_gpu_count
-from . import sweep
+from . import forkable, sweep
 from .checks import (
     check_capacity,
     collective_timeout_for,
     refuse_inside_a_rank,
     validate,
 )
+from .forkable import EXPLANATIONS, choose_start_method
 from .forkserver import ForkServer
 from .output import RankOutput
 from .rank import Job
@@ -38,7 +38,8 @@ from .stacks import StackDumps
 __all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
 
 SERVER = ForkServer()
-_told_cuda = False
+# The hazards (forkable.HAZARDS) whose explanation this kernel has been shown.
+_told: set[str] = set()
 # The watchdog that stops what the ranks started if this process dies (see sweep.py),
 # started with the first launch; and the number of launches so far (for their tags).
 _WATCHDOG = None
@@ -68,108 +69,6 @@ def _serialise_job(job: Job) -> bytes:
                 "state_dict) and build the object inside fn"
             ) from exc
     return cloudpickle.dumps(job)
-
-
-def _driver_loaded(maps_file: str = "/proc/self/maps") -> bool:
-    """True when the CUDA driver library (``libcuda.so``) is mapped into this process.
-
-    Without it no CUDA call can have run, so a fork is safe. With it, nothing is
-    known yet: on some GPU nodes ``import torch`` alone maps it (measured on one with
-    torch 2.11), and a child forked then can still use the GPU.
-    """
-    try:
-        with open(maps_file) as maps:
-            return any("libcuda.so" in line for line in maps)
-    except OSError:  # no /proc (macOS): assume the driver may be there, and ask
-        return True
-
-
-_POISONED = False
-
-
-def _fork_is_poisoned() -> bool:
-    """Ask a forked child whether torch considers it a "bad fork" for CUDA.
-
-    torch marks every child forked after this process asked the CUDA runtime for
-    anything (``torch.cuda.is_available()``, ``get_device_name()``, a CUDA tensor;
-    not ``torch.cuda.device_count()``, which asks NVML), because such a child cannot
-    use the GPU. That mark, not the driver library being loaded, is what decides
-    whether ranks may be forked from here. The answer only ever turns from no to
-    yes, so a yes is kept. Costs one fork, about 15 ms.
-    """
-    global _POISONED
-    if _POISONED:
-        return True
-    import torch
-
-    answer = answer_in_child(lambda: 1 if torch.cuda._is_in_bad_fork() else 0, 10.0)
-    if answer is None:  # no answer (never seen): the server is the safe way
-        return True
-    _POISONED = answer == 1
-    return _POISONED
-
-
-def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
-    """True once this process has started CUDA in a way a forked rank cannot survive.
-
-    ``torch.cuda.is_initialized()`` only knows torch's own CUDA context. A call such
-    as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it, and a
-    child forked after that cannot use the GPU either; torch then marks such children
-    as a "bad fork". So: without the driver library loaded, nothing has started; with
-    it, a forked child is asked whether torch marked it.
-    """
-    import torch
-
-    if torch.cuda.is_initialized():
-        return True
-    if not hasattr(os, "fork") or not _driver_loaded(maps_file):
-        return False
-    return _fork_is_poisoned()
-
-
-def choose_start_method(
-    requested: str, cuda_initialized: bool, platform: str = sys.platform
-) -> tuple[str, str]:
-    """Pick how to start ranks, and say why.
-
-    Args:
-        requested: "auto", "fork", "server" or "spawn".
-        cuda_initialized: whether this process has initialised CUDA.
-        platform: ``sys.platform``.
-
-    Returns:
-        (start method, reason in a few words).
-
-    Raises:
-        ValueError: "fork" asked for where it is unsafe or impossible.
-    """
-    can_fork = hasattr(os, "fork")
-    if requested == "fork":
-        if not can_fork:
-            raise ValueError(
-                "start_method='fork' is not possible on this system; "
-                "pass start_method='spawn'"
-            )
-        if cuda_initialized:
-            raise ValueError(
-                "start_method='fork' but CUDA is already initialised in this process, "
-                "and a forked child cannot use CUDA; pass start_method='server' (or "
-                "'auto'), or restart the kernel and launch before touching the GPU"
-            )
-        return "fork", "asked for"
-    if requested in ("server", "spawn"):
-        if requested == "server" and not can_fork:
-            raise ValueError(
-                "start_method='server' needs fork; pass start_method='spawn'"
-            )
-        return requested, "asked for"
-    if not can_fork:
-        return "spawn", "this system cannot fork"
-    if cuda_initialized:
-        return "server", "CUDA is initialised in this kernel, so it must not fork"
-    if platform == "darwin":
-        return "server", "macOS system libraries are not safe to fork"
-    return "fork", "fastest: ranks are forked from this kernel"
 
 
 # ------------------------------------------------------------------ rendezvous
@@ -205,6 +104,8 @@ def launch(
             ``math.inf``) for no limit.
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
+            Forking is unsafe once the kernel started CUDA, or ran a backward pass
+            on a machine with a GPU (see :mod:`workshop.ranks.forkable`).
         show: "auto" (live in the cell), "lines" (plain lines) or "none". A cell
             shows each rank's last 200 lines; the result keeps the last 10,000
             of each rank and stream.
@@ -220,12 +121,18 @@ def launch(
 
     Returns:
         A :class:`RunResult` with each rank's return value, output, exit code and
-        wall time, in rank order.
+        wall time, in rank order. A rank whose ``fn`` calls ``sys.exit(0)`` or
+        ``sys.exit()`` has ended successfully, as under torchrun: its return value
+        is None and the other ranks' values are kept.
 
     Raises:
-        LaunchError: a rank raised or crashed (the other ranks are stopped), or
-            ``timeout`` passed. The message names the ranks, the exception and the
-            traceback; ``.result`` holds what the ranks printed. At the timeout it
+        LaunchError: a rank raised (``sys.exit`` with a non-zero code or a message
+            included) or crashed (the other ranks are stopped), or ``timeout``
+            passed. The message names the ranks, the exception and the traceback;
+            a crash (a segfault, an abort) is named with faulthandler's fatal error
+            and the innermost frames of the rank's function, and
+            ``.result.stderr`` keeps the whole report. ``.result`` holds what the
+            ranks printed. At the timeout it
             names, per rank still running, its last line and where its function
             was (the innermost frames of its Python stack).
         ValueError, TypeError: bad arguments (an ``async def`` or generator ``fn``
@@ -243,28 +150,23 @@ def launch(
         [0, 1]
 
     Warning:
-        A kernel that has initialised CUDA cannot fork; ranks then start from a fork
-        server, whose first start takes a few seconds while it imports torch.
+        A kernel that has initialised CUDA, or run a backward pass on a GPU machine,
+        cannot fork; ranks then start from a fork server, whose first start takes a
+        few seconds while it imports torch. On a GPU machine a forked launch starts
+        that server in the background, so it is usually ready by then.
     """
-    global _told_cuda
     timeout = validate(fn, world_size, timeout, start_method, show, trace)
     collective_timeout = collective_timeout_for(collective_timeout, timeout)
     refuse_inside_a_rank()
     gpus = visible_gpu_count()
     requested_backend = backend
     backend = choose_backend(backend, world_size, gpus)
-    cuda = _cuda_initialized()
-    method, reason = choose_start_method(start_method, cuda)
+    hazard = forkable.fork_hazard()
+    method, reason = choose_start_method(start_method, hazard)
     check_capacity(world_size, method)
-    if method == "server" and cuda and not _told_cuda:
-        _told_cuda = True
-        print(
-            "workshop.launch: CUDA is already initialised in this kernel, and a "
-            "process that has initialised CUDA cannot be forked safely. Ranks are "
-            "started from a clean fork server instead (torch preloaded, CUDA "
-            "untouched); its first start takes a few seconds.",
-            file=sys.stderr,
-        )
+    if method == "server" and hazard is not None and hazard not in _told:
+        _told.add(hazard)
+        print(EXPLANATIONS[hazard], file=sys.stderr)
     job = Job(fn, args, kwargs, backend, collective_timeout, trace=trace)
     job_bytes = _serialise_job(job)
     if method == "server":
@@ -332,11 +234,26 @@ def launch(
         rendezvous.close()
         stacks.close()
         _stop_leftovers(tag)
+    if method == "fork" and gpus > 0:
+        _warm_up_server()
     if running:
         raise run.timeout_error(running)
     if stopped is not None:
         raise run.failure(stopped)
     return run.result()
+
+
+def _warm_up_server() -> None:
+    """Have the fork server import torch now, in the background.
+
+    On a GPU machine the kernel soon stops being forkable: one backward pass or CUDA
+    call is enough (see forkable.py). Started now, the server is ready by then, and
+    the first launch after it does not wait seconds for torch's import.
+    """
+    try:
+        SERVER.begin()
+    except OSError as exc:  # only a head start is lost; SERVER.start() will say why
+        del exc
 
 
 def _new_tag() -> str:

@@ -141,13 +141,46 @@ def _error(exc: BaseException) -> RankError:
     )
 
 
+def ended_well(exc: SystemExit) -> bool:
+    """Whether ``sys.exit`` ended a rank successfully: with code 0 or None (or
+    False), the codes for which Python itself exits with status 0."""
+    return exc.code is None or (isinstance(exc.code, int) and exc.code == 0)
+
+
+def exit_status(exc: BaseException) -> int:
+    """The exit status of a rank that ``exc`` ended: a ``sys.exit`` code from 1 to
+    255 as given (as Python would exit), 130 for an interrupt, else 1."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    code = getattr(exc, "code", None) if isinstance(exc, SystemExit) else None
+    # A code the OS would wrap round (256 reads as 0, success) becomes plain 1.
+    return code if isinstance(code, int) and 1 <= code <= 255 else 1
+
+
+def _call(job: Job) -> Any:
+    """``job.fn(*args, **kwargs)``; a ``sys.exit(0)`` in it counts as returning None.
+
+    torchrun counts a worker that exits with status 0 as successful, so a launch
+    does too: the rank ends well and the other ranks' values are kept. Any other
+    ``sys.exit`` (a non-zero code, a message) is raised, a failure of the rank.
+    """
+    try:
+        return job.fn(*job.args, **job.kwargs)
+    except SystemExit as exc:
+        if ended_well(exc):
+            return None
+        raise
+
+
 def run_rank(job: Job, result_fd: int) -> int:
     """Run ``job`` in this rank's process group and report to the launcher.
 
     Sends ("ok", pickled value, start, end, trace) or ("error", RankError, start,
     end, trace) on ``result_fd``; the trace is the list of communication events
     recorded when ``job.trace`` is set (see :mod:`workshop.comm.tracing`), else empty.
-    Returns the exit code: 0 on success, 1 on an error.
+    A function that calls ``sys.exit(0)`` (or ``sys.exit()``) returned None.
+    Returns the exit code: 0 on success, the code of a ``sys.exit(code)``, 130 on
+    an interrupt, 1 on any other error.
     """
     from .worker import process_group
 
@@ -161,9 +194,9 @@ def run_rank(job: Job, result_fd: int) -> int:
                     from ..comm.tracing import record
 
                     with record() as events:
-                        value = job.fn(*job.args, **job.kwargs)
+                        value = _call(job)
                 else:
-                    value = job.fn(*job.args, **job.kwargs)
+                    value = _call(job)
             except BaseException as exc:
                 # Report before leaving the group, so the launcher stops the other
                 # ranks at once instead of letting them wait in a collective.
@@ -188,7 +221,7 @@ def run_rank(job: Job, result_fd: int) -> int:
                 write_message(result_fd, error)
             except OSError:
                 pass
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return exit_status(exc)
     finally:
         for s in (sys.stdout, sys.stderr):
             try:

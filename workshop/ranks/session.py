@@ -18,7 +18,13 @@ from .output import RankOutput
 from .rank import Job, RankError, split_messages
 from .rendezvous import rank_env
 from .results import LaunchError, RunResult
-from .stacks import STACK_FILE_VAR, StackDumps, format_frames, rank_frames
+from .stacks import (
+    STACK_FILE_VAR,
+    StackDumps,
+    fatal_error,
+    format_frames,
+    rank_frames,
+)
 from .start import RankHandle
 
 # Seconds a rank gets to end after SIGTERM before SIGKILL. A rank blocked inside a
@@ -48,6 +54,19 @@ _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken p
 def _is_peer_loss(error: RankError) -> bool:
     """True for the error a rank gets in a collective when another rank went away."""
     return error.type.startswith("Dist") or any(s in error.message for s in _PEER_LOSS)
+
+
+def _raised(error: RankError) -> str:
+    """``Type: message`` of a rank's error; for ``sys.exit``, what made it a failure."""
+    text = f"{error.type}: {error.message}"
+    if error.type == "SystemExit":
+        code = error.message
+        code = code if code.lstrip("-").isdigit() else repr(code)
+        text += (
+            f" (fn called sys.exit({code}); only sys.exit(0) or sys.exit() ends a "
+            "rank successfully, as under torchrun)"
+        )
+    return text
 
 
 class LaunchSession:
@@ -295,19 +314,13 @@ class LaunchSession:
             who = "rank" if len(raised) == 1 else "ranks"
             lines.append(
                 f"{who} {', '.join(map(str, raised))} of {self.world_size} failed; "
-                f"rank {raised[0]} first, with {first.type}: {first.message}"
+                f"rank {raised[0]} first, with {_raised(first)}"
             )
             for rank in raised[1:]:
-                lines.append(
-                    f"  rank {rank}: {errors[rank].type}: {errors[rank].message}"
-                )
+                lines.append(f"  rank {rank}: {_raised(errors[rank])}")
         for rank in crashed:
             code = self.handles[rank].exit_code
-            last = self.output.last_line(rank)
-            lines.append(
-                f"rank {rank} {_describe_exit(code)} without reporting an error"
-                + (f"; its last line: {last!r}" if last else "; it printed nothing")
-            )
+            lines += self._crash(rank, code)
             if code == -signal.SIGKILL:
                 lines.append(
                     "  HINT: the machine may have run out of memory (dmesg says)"
@@ -333,6 +346,28 @@ class LaunchSession:
             failed_ranks=sorted(raised + crashed),
             errors=errors,
         )
+
+    def _crash(self, rank: int, code: int) -> list[str]:
+        """What a rank that ended without reporting an error left to say: the fatal
+        error and the innermost frames faulthandler wrote on its stderr when it
+        crashed, else its last line."""
+        said = f"rank {rank} {_describe_exit(code)} without reporting an error"
+        fatal = fatal_error(self.output.text(rank, "stderr"))
+        if fatal is None:
+            last = self.output.last_line(rank)
+            return [
+                said
+                + (f"; its last line: {last!r}" if last else "; it printed nothing")
+            ]
+        line, frames = fatal
+        if not frames:
+            return [f"{said}: {line!r}"]
+        return [
+            f"{said}: {line!r}. Where its function was (innermost call last):",
+            *format_frames(frames),
+            f"  HINT: the crash was in C code called from the last line above; "
+            f"result.stderr[{rank}] has the whole report (every thread's stack)",
+        ]
 
     def timeout_error(self, running: list[int]) -> LaunchError:
         lines = [

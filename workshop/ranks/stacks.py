@@ -33,6 +33,7 @@ __all__ = [
     "STACK_FILE_VAR",
     "Frame",
     "StackDumps",
+    "fatal_error",
     "format_frames",
     "parse_dump",
     "rank_frames",
@@ -139,6 +140,25 @@ def rank_frames(dump: str, limit: int = 6) -> list[Frame]:
                 kept.append(frame)
         return kept[-limit:]
     return []
+
+
+# The line faulthandler writes first when a rank crashes (a segfault, an abort).
+_FATAL = re.compile(r"^Fatal Python error: .*$", re.MULTILINE)
+
+
+def fatal_error(stderr: str, limit: int = 6) -> tuple[str, list[Frame]] | None:
+    """What faulthandler wrote on ``stderr`` when the rank crashed: its "Fatal
+    Python error: ..." line and the innermost frames of the lesson's function
+    (:func:`rank_frames` of the dump after that line). None without such a line.
+
+    A crashed rank's last line is faulthandler's list of extension modules, which
+    says nothing of the crash; the first line and the stack do.
+    """
+    found = list(_FATAL.finditer(stderr))
+    if not found:
+        return None
+    last = found[-1]  # the crash's own report is the last thing a rank writes
+    return last.group(0).strip(), rank_frames(stderr[last.end() :], limit)
 
 
 def _cell_names() -> dict[str, int]:

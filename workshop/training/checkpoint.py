@@ -204,11 +204,15 @@ def load_checkpoint(
         FileNotFoundError: no file at ``path``.
         IsADirectoryError: ``path`` is a folder.
         ValueError: ``map_location`` names a device this machine does not have;
-            the file is cut short or damaged, is not a checkpoint of
-            :func:`save_checkpoint`, or holds a value that
+            the file is cut short or damaged (cut anywhere), is not a checkpoint
+            of :func:`save_checkpoint`, or holds a value that
             ``torch.load(weights_only=True)`` refuses (each said apart, with the
-            type refused); or it holds no optimizer state but an optimizer was
-            passed.
+            type refused); it was saved from a model of another shape (the
+            message names the first parameters that differ, with both shapes,
+            and those only one of the two has) or, for the optimizer, over other
+            parameters; or it holds no optimizer state but an optimizer was
+            passed. Each message names ``path``.
+        PermissionError: ``path`` cannot be opened for reading.
 
     Example:
         >>> state = load_checkpoint("ckpt.pt", ddp_model, optimizer)  # doctest: +SKIP
@@ -232,8 +236,13 @@ def load_checkpoint(
         check_device(map_location)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except OSError:
-        raise  # it cannot be read (permissions, I/O): its message names the path
+    except OSError as e:
+        if e.filename is not None:
+            raise  # the file could not be opened (permissions): the OS named it
+        # torch's zip reader reports a file cut short past its first kilobytes as
+        # a bare "[Errno 22] Invalid argument" (it seeks before the file's start,
+        # looking for the archive's directory): say what is wrong with the file.
+        raise read_error(path, e) from e
     except Exception as e:
         raise read_error(path, e) from e
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
@@ -247,12 +256,82 @@ def load_checkpoint(
             "with torch.load instead, or give the path of a checkpoint that "
             "save_checkpoint wrote"
         )
-    _unwrap(model).load_state_dict(state["model"])
+    inner = _unwrap(model)
+    # Checked before anything is copied: torch's load_state_dict copies every entry
+    # that fits before it reports those that do not, which leaves a model half
+    # loaded. (A module whose load hook renames entries is left to torch to judge.)
+    mismatch = _mismatch(inner.state_dict(), state["model"])
+    if mismatch and not any(m._load_state_dict_pre_hooks for m in inner.modules()):
+        raise ValueError(
+            f"{path} was saved from a model of another shape than the one given: "
+            f"{'; '.join(mismatch)}. Build the model the checkpoint was saved from "
+            "(the same class with the same sizes: layers, widths, classes) and load "
+            "into that; nothing was loaded"
+        )
     if optimizer is not None:
         if state["optimizer"] is None:
             raise ValueError(
                 f"{path} holds no optimizer state (it was saved without one); "
                 "call load_checkpoint without optimizer"
             )
-        optimizer.load_state_dict(state["optimizer"])
+        try:  # torch checks the groups before it changes anything
+            optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # torch's message names no file
+            raise ValueError(
+                f"{path} holds the state of an optimizer over other parameters "
+                f"({e}); build the model and optimizer the checkpoint was saved "
+                "from (the same parameter groups), or leave optimizer out to "
+                "start the optimizer afresh"
+            ) from e
+    try:
+        inner.load_state_dict(state["model"])
+    except RuntimeError as e:
+        # A module's own check refused it; torch's first lines say why (its whole
+        # message can list every entry of a large model, hence the cut).
+        said = " ".join(str(e).split())[:300]
+        raise ValueError(
+            f"{path} does not fit the model given ({said}); build the model the "
+            "checkpoint was saved from and load into that"
+        ) from e
     return state["extra"]
+
+
+def _shape(value: Any) -> list[int] | None:
+    """The shape of a tensor; None for other values, and for a lazy module's
+    parameter, which takes the shape of what is loaded into it."""
+    try:
+        return list(value.shape)
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _names(keys: list[str], most: int = 3) -> str:
+    shown = ", ".join(keys[:most])
+    return shown + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def _mismatch(own: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """How the checkpoint's model state differs from the model's: the first two
+    entries of another shape (both shapes), and those only one of the two has.
+    Empty when they fit.
+
+    torch lists every mismatch, in a message that grows with the model and names no
+    file; the first few and the fix say enough.
+    """
+    reshaped = []
+    for key, value in own.items():
+        theirs, ours = _shape(saved.get(key)), _shape(value)
+        if theirs is not None and ours is not None and theirs != ours:
+            reshaped.append(
+                f"{key} is {theirs} in the checkpoint but {ours} in the model"
+            )
+    missing = [key for key in own if key not in saved]
+    unexpected = [key for key in saved if key not in own]
+    found = reshaped[:2]
+    if len(reshaped) > 2:
+        found.append(f"{len(reshaped) - 2} more of another shape")
+    if missing:
+        found.append(f"the model has {_names(missing)}, which the checkpoint lacks")
+    if unexpected:
+        found.append(f"the checkpoint has {_names(unexpected)}, which the model lacks")
+    return found

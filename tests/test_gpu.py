@@ -31,10 +31,11 @@ def _nccl_sum():
 
 
 def test_nccl_with_one_rank_and_cuda_tensors_come_back_on_the_cpu():
-    from workshop.ranks.forkable import _cuda_initialized
+    from workshop.ranks.forkable import _cuda_initialized, fork_hazard
 
-    # GPU tests run last (conftest), and another one may have started CUDA here.
-    forkable = not _cuda_initialized()
+    # GPU tests run last (conftest): another test may have started CUDA here, or a
+    # backward pass autograd's GPU threads, and then ranks come from the server.
+    forkable = fork_hazard() is None
     result = launch(_nccl_sum, world_size=1, backend="nccl", show="none")
     value = result.returns[0]
     # An NCCL group carries CPU tensors through gloo beside it.

@@ -40,8 +40,15 @@ def test_launch_benchmark_prints_ratios_and_writes_json(tmp_path):
     assert run.returncode == 0, run.stderr
     text = run.stdout
     assert "workshop.launch start-up, world_size=2, gloo" in text
-    for row in ("fork", "server", "  (first, cold start)", "torchrun"):
+    for row in (
+        "fork",
+        "server",
+        "  (first, cold start)",
+        "bare fork+join",
+        "torchrun",
+    ):
         assert f"\n{row}" in text
+    assert re.search(r"\nfork path: \d+\.\d\d times a bare fork-and-join", text)
     assert (
         "fastest path (" in text and "of torchrun's time (goal: at most 0.02)" in text
     )
@@ -55,6 +62,8 @@ def test_launch_benchmark_prints_ratios_and_writes_json(tmp_path):
     # Starting ranks by forking beats starting fresh interpreters under torchrun.
     assert report["paths"][0]["median"] < report["torchrun"]["median"]
     assert report["in_a_row"]["done"] == 3
+    assert len(report["bare_fork"]["seconds"]) == 2
+    assert report["bare_fork"]["median"] > 0
 
 
 def test_bench_without_a_command_shows_usage():

@@ -82,6 +82,56 @@ def time_launch(method: str, world_size: int, repeats: int) -> LaunchTimes:
     return times
 
 
+def _bare_rank(rank: int, world_size: int, port: int) -> None:
+    """What one child of the bare fork-and-join does: join, barrier, leave."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def time_bare_fork(world_size: int, repeats: int) -> LaunchTimes:
+    """Time the least a forked start can cost: ``os.fork()`` N times, each child
+    joining a gloo group, passing a barrier and leaving; the parent waits for all.
+    No output, results, checks or clean-up: what ``start_method="fork"`` adds to it
+    is the launcher's own cost."""
+    import socket
+    import warnings
+
+    import torch.distributed  # noqa: F401  (imported before forking, as a kernel has)
+
+    times = LaunchTimes("bare fork+join")
+    for _ in range(repeats):
+        with socket.socket() as probe:  # a free port (a benchmark may race for it)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        t0 = time.perf_counter()
+        pids = []
+        for rank in range(world_size):
+            with warnings.catch_warnings():  # forking a threaded process: the child
+                warnings.simplefilter("ignore", DeprecationWarning)  # runs fresh code
+                pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    _bare_rank(rank, world_size, port)
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        times.seconds.append(time.perf_counter() - t0)
+        if any(codes):
+            raise RuntimeError(f"a bare forked rank failed (exit codes {codes})")
+    return times
+
+
 def time_torchrun(world_size: int, repeats: int) -> LaunchTimes:
     """Time ``torchrun --standalone --nproc_per_node=N`` running the same no-op."""
     times = LaunchTimes("torchrun")
@@ -175,15 +225,20 @@ def main(args: argparse.Namespace) -> int:
         f"torch {torch.__version__}"
     )
     rows = []
-    for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method in methods:
         repeats = args.slow_repeats if method == "spawn" else args.repeats
         rows.append(time_launch(method, n, repeats))
+    # The floor of the fork path, where this process may still fork (forkable.py).
+    bare = None
+    if "fork" in methods and hasattr(os, "fork"):
+        bare = time_bare_fork(n, args.repeats)
     torchrun = None if args.no_torchrun else time_torchrun(n, args.slow_repeats)
     print(
         f"\n{'start path':<22}{'median s':>10}{'min s':>9}{'max s':>9}"
         f"{'x torchrun':>12}"
     )
-    for times in rows + ([torchrun] if torchrun else []):
+    for times in rows + [t for t in (bare, torchrun) if t]:
         ratio = f"{times.median / torchrun.median:.4f}" if torchrun else "-"
         print(
             f"{times.method:<22}{times.median:>10.3f}{min(times.seconds):>9.3f}"
@@ -197,6 +252,13 @@ def main(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "paths": [asdict(t) | {"median": t.median} for t in rows],
     }
+    if bare:
+        fork = next(t for t in rows if t.method == "fork")
+        report["bare_fork"] = asdict(bare) | {"median": bare.median}
+        print(
+            f"\nfork path: {fork.median / bare.median:.2f} times a bare fork-and-join "
+            "of the same ranks (what the launcher adds: output, results, checks)"
+        )
     if torchrun:
         fast = min(rows, key=lambda t: t.median)
         slow = max(rows, key=lambda t: t.median)

@@ -3,6 +3,10 @@
 #   make lab     set up .venv, then open the workshop in JupyterLab
 #   make test    set up .venv, then run every test, notebooks included
 #
+# Where there is no .venv and python3 already has everything (a site's torch module
+# plus pip install, or pip install --target with PYTHONPATH), both use python3 and
+# set nothing up.
+#
 # Extra options: make lab LAB_ARGS="--no-browser --port=8890"
 #                make test PYTEST_ARGS="-x -k launch"
 #                make wheelhouse PY=3.12 PLATFORM=manylinux_2_28_x86_64 (DRY_RUN=1)
@@ -22,13 +26,17 @@ PLATFORM ?=
 DRY_RUN ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lab test lint wheelhouse clean check-node
+.PHONY: help setup environment lab test test-site lint wheelhouse clean check-node
 
 help:
 	@echo "make lab    set up .venv, then open the workshop in JupyterLab"
 	@echo "            (extra options: LAB_ARGS=\"--no-browser --port=8890\")"
 	@echo "make test   set up .venv, then run every test, notebooks included"
+	@echo "            (no .venv, and python3 has everything: both use it, no set-up)"
 	@echo "make setup  create or update .venv only (scripts/setup.sh)"
+	@echo "make test-site  the suite as on a GPU node: torch 2.11 on Python 3.12, the"
+	@echo "            wheelhouse installed with pip --target, no system packages"
+	@echo "            (in .site/; scripts/test_site.sh)"
 	@echo "make lint   ruff check"
 	@echo "make check-node  the instructor's check of a GPU node, the day before class"
 	@echo "            (extra options: CHECK_ARGS=\"--quick --json check.json\")"
@@ -40,20 +48,36 @@ help:
 setup:
 	bash scripts/setup.sh
 
+# The Python that runs the lab and the tests: .venv's where there is one (setup.sh
+# keeps it up to date, or leaves it alone when it was made another way). Else
+# python3, when it already has everything (`scripts/setup.sh --check` says what that
+# means): then nothing is set up. Else setup.sh creates .venv. FOUND_PYTHON is
+# "PATH Python X.Y.Z, torch V" for such a python3, or empty; it is worked out once,
+# and only by the targets that use it.
+FOUND_PYTHON = $(eval FOUND_PYTHON := $$(if $$(wildcard $(VENV)),,$$(shell \
+	bash scripts/setup.sh --check python3 2>/dev/null)))$(FOUND_PYTHON)
+RUN_PYTHON = $(or $(firstword $(FOUND_PYTHON)),$(VENV_PYTHON))
+
+FOUND_MESSAGE = make: no $(VENV), and python3 has everything the workshop needs \
+	($(wordlist 2,99,$(FOUND_PYTHON))): using $(RUN_PYTHON), no set-up
+
+environment:
+	$(if $(FOUND_PYTHON),@echo "$(FOUND_MESSAGE)",bash scripts/setup.sh)
+
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: setup
-	$(VENV)/bin/jupyter lab --ip=127.0.0.1 $(ROOT_ARGS) $(LAB_ARGS) $(NOTEBOOKS)
+lab: environment
+	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(ROOT_ARGS) $(LAB_ARGS) $(NOTEBOOKS)
 
 # Every notebook under $(NOTEBOOKS)/ is run by nbval and its outputs compared with
 # the stored ones, after tests/nbval_sanitize.cfg replaces times, ports, PIDs and
 # addresses. pytest's exit code 5 means nothing was collected: a failure here.
-PYTEST := $(VENV_PYTHON) -m pytest --timeout=600 \
+PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 \
 	--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
 
-test: setup
+test: environment
 	@echo "$(PYTEST)"
 	@rc=0; $(PYTEST) || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then \
@@ -70,8 +94,14 @@ CHECK_PYTHON := $(if $(wildcard $(VENV_PYTHON)),$(VENV_PYTHON),python3)
 check-node:
 	$(CHECK_PYTHON) -m workshop check $(CHECK_ARGS)
 
-lint: setup
-	$(VENV)/bin/ruff check .
+lint: environment
+	$(RUN_PYTHON) -m ruff check .
+
+# The suite as a GPU node without internet runs it (scripts/test_site.sh says how): a
+# Python 3.12 venv with torch 2.11 plays the site's python3, the wheelhouse is
+# installed with pip --target, and no system package is visible. All in .site/.
+test-site:
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_site.sh
 
 # Wheels for an offline compute node (scripts/wheelhouse.sh); needs no .venv.
 wheelhouse:

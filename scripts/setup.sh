@@ -5,10 +5,19 @@
 #
 #   bash scripts/setup.sh          # or: make setup
 #   PYTHON=python3.12 bash scripts/setup.sh   # choose the interpreter (>= 3.10)
+#   bash scripts/setup.sh --check [PYTHON]    # has PYTHON everything? (installs nothing)
 #
 # Safe to run again: a stamp in .venv records what was installed (a hash of
 # requirements.txt, pyproject.toml and the Python version), and a second run with
 # nothing changed returns in seconds. Delete .venv (make clean) to start over.
+# A .venv made another way (no stamp) that has everything is left as it is.
+#
+# --check says whether PYTHON (default python3) already has all the workshop needs:
+# this checkout's workshop package importable, and the packages of pyproject.toml
+# (its dependencies but torchvision, and the lab and test extras) at their minimum
+# versions. It prints "PATH Python X.Y.Z, torch V" and exits 0, or says what is
+# missing on stderr and exits 1. `make lab` and `make test` ask it about python3
+# where there is no .venv, and then set nothing up.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,10 +71,27 @@ install_system_packages() {
     say "installing ${missing[*]} with apt-get (mpirun, a local Slurm, shellcheck and a\
  headless Chromium for the tests)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq || die "apt-get update failed; is the package mirror reachable?"
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-        || die "apt-get install ${missing[*]} failed.
-HINT: run it by hand to see why: apt-get install ${missing[*]}"
+    if ! apt-get update -qq; then
+        apt_failed "apt-get update failed; is the package mirror reachable?" "${missing[@]}"
+    elif ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+        apt_failed "apt-get install ${missing[*]} failed." "${missing[@]}"
+    fi
+}
+
+# CI must have the system packages, so there a failed apt-get stops setup. Elsewhere
+# (a compute node with no network, a mirror that lacks Slurm) it is said and setup
+# goes on: the notebooks do not need them, and the tests that do skip with the reason.
+apt_failed() {
+    local why="$1"
+    shift
+    if [[ -n "${CI:-}" ]]; then
+        die "$why
+HINT: run it by hand to see why: apt-get update && apt-get install $*"
+    fi
+    say "$why
+[setup]   Going on without $*: not in CI, and the notebooks do not need them;
+[setup]   the tests that do (mpirun, a local Slurm, shellcheck, a browser) will say
+[setup]   so and skip. To have them later: apt-get update && apt-get install $*"
 }
 
 find_python() {
@@ -116,7 +142,9 @@ install_python_packages() {
     if [[ -n "${CI:-}" ]]; then
         export PIP_PROGRESS_BAR=off  # progress bars only clutter CI logs
     fi
-    rm -f "$STAMP"  # an interrupted install must not look finished
+    # An interrupted install must not look finished, nor like a .venv made another
+    # way (one with no stamp at all, which setup leaves alone when it is complete).
+    printf 'unfinished\n' >"$STAMP"
     say "installing requirements.txt (the first time this downloads about 2.7 GB)"
     "${pip[@]}" install -r "$REQUIREMENTS"
     say "installing the workshop package in editable mode"
@@ -129,10 +157,105 @@ if importlib.util.find_spec("workshop") is None:
 print("[setup] torch", torch.__version__, "| CUDA build", torch.version.cuda)'
 }
 
+# ---- is an environment complete? ------------------------------------------------
+# Run by the Python in question, with this checkout's path as its argument; prints
+# "Python X.Y.Z, torch V" and exits 0, or prints what is missing and exits 1.
+# The needed packages and their minimum versions are those of pyproject.toml, but
+# torchvision: a site's torch module may lack it, and what needs it says so.
+# shellcheck disable=SC2016  # Python code, not shell: nothing to expand
+CHECK_CODE='
+import importlib.metadata as metadata
+import importlib.util
+import os
+import re
+import sys
+
+if not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]  # the current folder: count only what this Python finds anywhere
+root = os.path.realpath(sys.argv[1])
+text = open(os.path.join(root, "pyproject.toml")).read()
+project = text[text.index("[project]") :].split("[tool.", 1)[0]
+needed = dict(re.findall(r"\"([A-Za-z0-9_.-]+)>=([0-9.]+)\"", project))
+needed.pop("torchvision", None)
+modules = {"scikit-learn": "sklearn", "pytest-timeout": "pytest_timeout"}
+
+
+def numbers(version):
+    return tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+missing, found = [], {}
+oldest = re.search(r"requires-python *= *\">=([0-9.]+)\"", project).group(1)
+if sys.version_info[:2] < numbers(oldest):
+    missing.append(f"Python>={oldest} (found %d.%d)" % sys.version_info[:2])
+for name, minimum in needed.items():
+    module = modules.get(name, name.replace("-", "_"))
+    if importlib.util.find_spec(module) is None:
+        missing.append(f"{name} (not importable)")
+        continue
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:  # a module built without metadata
+        version = getattr(__import__(module), "__version__", "0")
+    found[name] = version
+    if numbers(version) < numbers(minimum):
+        missing.append(f"{name}>={minimum} (found {version})")
+spec = importlib.util.find_spec("workshop")
+where = spec and spec.submodule_search_locations
+here = os.path.join(root, "workshop")
+if not where:
+    missing.append(f"the workshop package (not importable; PYTHONPATH={root} or "
+                   "pip install -e . would make it so)")
+elif os.path.realpath(list(where)[0]) != here:
+    missing.append(f"the workshop package of this checkout ({here}; it imports "
+                   f"{list(where)[0]} instead)")
+if missing:
+    print("; ".join(missing))
+    raise SystemExit(1)
+print("Python %d.%d.%d," % sys.version_info[:3], "torch", found["torch"])
+'
+
+# check_environment PYTHON: what --check says, for setup itself too.
+check_environment() {
+    local py="$1" path said
+    path="$(command -v "$py" 2>/dev/null)" || {
+        printf "'%s' not found\n" "$py" >&2
+        return 1
+    }
+    # Absolute, but not resolved: a venv's python is a link to the one it was made from.
+    [[ "$path" == /* ]] || path="$(cd "$(dirname "$path")" && pwd)/${path##*/}"
+    if said="$("$path" -c "$CHECK_CODE" "$ROOT" 2>&1)"; then
+        printf '%s %s\n' "$path" "$said"
+    else
+        printf '%s lacks: %s\n' "$path" "${said:-nothing said; it does not run}" >&2
+        return 1
+    fi
+}
+
+# A .venv without setup's stamp was made by hand (python -m venv, pip install -e
+# .) or by a site's tools; when it has everything, setup leaves it as it is.
+made_another_way() {
+    [[ -x "$VENV/bin/python" && ! -e "$STAMP" ]] || return 1
+    local said
+    said="$(check_environment "$VENV/bin/python" 2>/dev/null)" || return 1
+    say "found $VENV made another way (it has no stamp of this script) and complete:"
+    say "  ${said#* }; leaving it as it is (make clean, then make setup, to have"
+    say "  setup build its own)"
+}
+
 main() {
+    if [[ "${1:-}" == --check ]]; then
+        check_environment "${2:-python3}"
+        return
+    fi
+    [[ $# -eq 0 ]] || die "unknown argument '$1'.
+HINT: bash scripts/setup.sh, or bash scripts/setup.sh --check [PYTHON]"
     local start=$SECONDS
     cd "$ROOT"
     install_system_packages
+    if made_another_way; then
+        return
+    fi
     make_venv
     local want
     want="$(setup_hash)"

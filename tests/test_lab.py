@@ -60,10 +60,21 @@ def test_make_lab_serves_the_notebooks_on_loopback(tmp_path):
             if line.split()[3:4] and line.split()[3].endswith(f":{port}"):
                 assert line.split()[3].startswith(("127.0.0.1:", "[::1]:")), line
     finally:
-        os.killpg(lab.pid, signal.SIGTERM)
-        try:
-            lab.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(lab.pid, signal.SIGKILL)
-            lab.wait(10)
+        _stop_group(lab)
         log.close()
+
+
+def _stop_group(popen: subprocess.Popen) -> None:
+    """TERM the process group ``popen`` leads, 20 s of grace, then KILL; a group
+    already gone (make ended early, its JupyterLab never started) is no error."""
+    for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(popen.pid, sig)
+        except ProcessLookupError:  # no process of the group is left
+            break
+        try:
+            popen.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    popen.wait(10)

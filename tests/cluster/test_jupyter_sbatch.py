@@ -234,9 +234,10 @@ def test_without_jupyterlab_it_says_where_it_looked(tmp_path):
     done = _run_script({"WORKSHOP_VENV": "none", "PATH": f"{path}:/nonexistent"})
     assert done.returncode == 1
     assert done.stderr == (
-        "jupyter.sbatch: jupyter-lab not found (tried WORKSHOP_VENV=none, then "
-        f"PATH). HINT: run 'make setup' in {ROOT}, set WORKSHOP_VENV to your "
-        "environment, or load your site's JupyterLab module in this script\n"
+        "jupyter.sbatch: JupyterLab not found (tried WORKSHOP_VENV=none, then "
+        "jupyter-lab on PATH, then python3 -m jupyterlab). HINT: run 'make setup' "
+        f"in {ROOT}, set WORKSHOP_VENV to your environment, or load your site's "
+        "JupyterLab module in this script\n"
     )
 
 
@@ -270,12 +271,18 @@ def test_no_server_starts_without_a_token(tmp_path):
 # --- the server, run by bash alone: a TERM to the script stops it ---------------------
 
 
-def test_a_term_to_the_script_stops_the_server(tmp_path):
+@pytest.mark.parametrize("found", ["command", "module"])
+def test_a_term_to_the_script_stops_the_server(tmp_path, found):
     runtime, output = tmp_path / "runtime", tmp_path / "jupyter.out"
     output.write_text("")
     output.chmod(0o644)  # as a umask of 022 makes it
     env = {**_environment(), "JUPYTER_RUNTIME_DIR": str(runtime),
            "LOGIN_HOST": "login.example.org"}  # fmt: skip
+    if found == "module":
+        # As after pip install --target: JupyterLab importable by python3, but no
+        # jupyter-lab command on PATH.
+        python3 = _bin(tmp_path / "bin", {"python3": f'exec {sys.executable} "$@"'})
+        env |= {"WORKSHOP_VENV": "none", "PATH": f"{python3}:/usr/bin:/bin"}
     with open(output, "w") as out:
         script = subprocess.Popen(
             [BASH, str(SCRIPT)], env=clean_env(**env), cwd=ROOT, stdout=out,
@@ -286,6 +293,8 @@ def test_a_term_to_the_script_stops_the_server(tmp_path):
         assert output.stat().st_mode & 0o777 == 0o600  # made private before the token
         pid = _check_server(text, runtime, login="login.example.org")
         assert "job none (jupyter) on " in text  # no Slurm: it says so, and works
+        if found == "module":
+            assert "JupyterLab: python3 -m jupyterlab (" in text, text
         script.send_signal(signal.SIGTERM)  # the script alone, not the server
         assert script.wait(60) == 143
         _check_stopped(pid, runtime, output.read_text())

@@ -1,0 +1,261 @@
+"""Which Python `make lab` and `make test` use, and when they set anything up.
+
+Where there is a .venv, it is used (setup.sh keeps it up to date). Where there is
+none and python3 already has everything (a site's torch module plus pip install, or
+pip install --target with PYTHONPATH, as on a GPU node without internet), that
+python3 is used and nothing is set up. Else setup.sh creates .venv. A .venv made
+another way (no stamp of setup.sh) that is complete is left as it is, and an
+apt-get that fails outside CI is said, not fatal.
+
+Each test works in a folder of its own holding the Makefile, setup.sh,
+pyproject.toml and a stand-in workshop package, with stand-in pythons that run this
+test's interpreter: nothing is installed, nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def _project(tmp_path: Path) -> Path:
+    """A project folder: the real Makefile, setup.sh, pyproject.toml and
+    requirements.txt, and an empty workshop package (found, never imported)."""
+    project = tmp_path / "project"
+    (project / "scripts").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml", "requirements.txt", "scripts/setup.sh"):
+        shutil.copy(ROOT / name, project / name)
+    (project / "workshop").mkdir()
+    (project / "workshop" / "__init__.py").write_text("")
+    return project
+
+
+def _python(path: Path, *options: str, log: Path | None = None) -> Path:
+    """A python at ``path`` that runs this test's interpreter (with ``options``),
+    writing its arguments to ``log`` first when given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = f'echo "$*" >> "{log}"\n' if log else ""
+    path.write_text(
+        f'#!/bin/sh\n{record}exec "{sys.executable}" {" ".join(options)} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def _env(project: Path, bin_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    """This environment with ``project`` importable first (not this checkout),
+    ``bin_dir`` first on PATH, no CI variable, and ``extra``."""
+    before = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    kept = [p for p in before if p and Path(p).resolve() != ROOT]
+    # Not CI's variable, nor those of a make this suite may run under.
+    dropped = ("CI", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["PYTHONPATH"] = os.pathsep.join([str(project), *kept])
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return {**env, **extra}
+
+
+def _run(command: list[str], project: Path, env: dict[str, str]):
+    return subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _versions() -> str:
+    """What setup.sh --check says of this test's interpreter, after its path."""
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"Python {python}, torch {metadata.version('torch')}"
+
+
+# --- setup.sh --check: has this python everything? ------------------------------
+
+
+def test_check_says_a_complete_python_has_everything(tmp_path):
+    project = _project(tmp_path)
+    python3 = _python(tmp_path / "bin" / "python3")
+    done = _run(
+        ["bash", "scripts/setup.sh", "--check", "python3"],
+        project,
+        _env(project, python3.parent),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{python3} {_versions()}\n"
+
+
+def test_check_names_what_is_missing(tmp_path):
+    project = _project(tmp_path)
+    # No site-packages (-S): torch and the others are not there.
+    bare = _python(tmp_path / "bin" / "python3", "-S")
+    done = _run(["bash", "scripts/setup.sh", "--check", str(bare)], project,
+                _env(project))  # fmt: skip
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"{bare} lacks: ")
+    assert "torch (not importable)" in done.stderr
+    # Too old: an nbval 0.1 found first.
+    old = tmp_path / "old"
+    (old / "nbval").mkdir(parents=True)
+    (old / "nbval" / "__init__.py").write_text("")
+    (old / "nbval-0.1.dist-info").mkdir()
+    (old / "nbval-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: nbval\nVersion: 0.1\n"
+    )
+    python3 = _python(tmp_path / "bin" / "python3")
+    env = _env(project, PYTHONPATH=f"{project}{os.pathsep}{old}{os.pathsep}"
+               + _env(project)["PYTHONPATH"])  # fmt: skip
+    done = _run(["bash", "scripts/setup.sh", "--check", str(python3)], project, env)
+    assert done.returncode == 1
+    assert "nbval>=0.10 (found 0.1)" in done.stderr, done.stderr
+
+
+def test_check_wants_the_workshop_of_this_checkout(tmp_path):
+    project = _project(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "workshop").mkdir(parents=True)
+    (elsewhere / "workshop" / "__init__.py").write_text("")
+    python3 = _python(tmp_path / "bin" / "python3")
+    env = _env(project)
+    env["PYTHONPATH"] = env["PYTHONPATH"].replace(str(project), str(elsewhere), 1)
+    done = _run(["bash", "scripts/setup.sh", "--check", str(python3)], project, env)
+    assert done.returncode == 1
+    assert (
+        f"the workshop package of this checkout ({project.resolve()}/workshop; it "
+        f"imports {elsewhere}/workshop instead)"
+    ) in done.stderr, done.stderr
+
+
+# --- the Makefile's choice ---------------------------------------------------------
+
+
+def test_make_uses_a_complete_python3_and_sets_nothing_up(tmp_path):
+    project = _project(tmp_path)
+    python3 = _python(tmp_path / "bin" / "python3")
+    env = _env(project, python3.parent)
+    for target, command in [
+        ("lab", f"{python3} -m jupyterlab --ip=127.0.0.1 "),
+        ("test", f"{python3} -m pytest --timeout=600 --nbval "),
+        ("lint", f"{python3} -m ruff check ."),
+    ]:
+        done = _run(["make", "--no-print-directory", "-n", target], project, env)
+        assert done.returncode == 0, done.stderr
+        assert command in done.stdout, done.stdout
+        assert "setup.sh" not in done.stdout, done.stdout
+    done = _run(["make", "--no-print-directory", "environment"], project, env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"make: no .venv, and python3 has everything the workshop needs "
+        f"({_versions()}): using {python3}, no set-up\n"
+    )
+    assert not (project / ".venv").exists()
+
+
+def test_make_sets_up_where_python3_lacks_something(tmp_path):
+    # A fresh clone on a CI machine: python3 is a plain Python, setup.sh runs.
+    project = _project(tmp_path)
+    bare = _python(tmp_path / "bin" / "python3", "-S")
+    done = _run(["make", "--no-print-directory", "-n", "lab"], project,
+                _env(project, bare.parent))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    setup, lab = done.stdout.splitlines()[:2]
+    assert setup == "bash scripts/setup.sh"
+    root = ["--allow-root"] if os.geteuid() == 0 else []
+    assert lab.split() == [
+        ".venv/bin/python", "-m", "jupyterlab", "--ip=127.0.0.1", *root, "notebooks"
+    ]  # fmt: skip
+
+
+def test_make_prefers_the_venv_where_there_is_one(tmp_path):
+    project = _project(tmp_path)
+    _python(project / ".venv" / "bin" / "python")
+    python3 = _python(tmp_path / "bin" / "python3")  # complete too, but not chosen
+    done = _run(["make", "--no-print-directory", "-n", "test"], project,
+                _env(project, python3.parent))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("bash scripts/setup.sh\n"), done.stdout
+    assert ".venv/bin/python -m pytest --timeout=600" in done.stdout
+    assert str(python3) not in done.stdout
+
+
+# --- setup.sh: a .venv made another way; apt-get without network ---------------------
+
+
+def _fake_root_bin(tmp_path: Path) -> Path:
+    """A PATH of its own: ``id -u`` says 0 (root), apt-get fails as it does without
+    network (and notes each call), and none of the system packages are there."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    real_id = shutil.which("id")
+    (bin_dir / "id").write_text(
+        f'#!/bin/sh\n[ "$1" = -u ] && echo 0 && exit 0\nexec {real_id} "$@"\n'
+    )
+    (bin_dir / "apt-get").write_text(
+        f'#!/bin/sh\necho "apt-get $*" >> "{tmp_path}/apt.log"\n'
+        'echo "E: Could not resolve deb.debian.org" >&2\nexit 100\n'
+    )
+    for name in ("id", "apt-get"):
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "dirname").symlink_to(shutil.which("dirname"))
+    return bin_dir
+
+
+def test_setup_leaves_a_complete_venv_made_another_way(tmp_path):
+    project = _project(tmp_path)
+    calls = tmp_path / "python-calls.log"
+    _python(project / ".venv" / "bin" / "python", log=calls)
+    bin_dir = _fake_root_bin(tmp_path)
+    env = _env(project, PATH=str(bin_dir))
+    done = _run([shutil.which("bash"), "scripts/setup.sh"], project, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    venv = project.resolve() / ".venv"
+    assert (
+        f"[setup] found {venv} made another way (it has no stamp of this script) "
+        "and complete:\n"
+    ) in done.stdout
+    assert "leaving it as it is" in done.stdout
+    # Asked (python -c), never installed into (python -m pip); no stamp written.
+    asked = calls.read_text().splitlines()
+    assert asked[0].startswith("-c ")
+    assert not [line for line in asked if line.startswith("-m ")], asked
+    assert not (venv / ".workshop-setup-stamp").exists()
+    # apt-get failed (no network here): said, and setup went on.
+    assert (tmp_path / "apt.log").read_text() == "apt-get update -qq\n"
+    packages = "openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver"
+    assert (
+        "[setup] apt-get update failed; is the package mirror reachable?\n"
+        f"[setup]   Going on without {packages}: not in CI, and the notebooks do "
+        "not need them;\n"
+    ) in done.stdout, done.stdout
+    assert f"To have them later: apt-get update && apt-get install {packages}\n" in (
+        done.stdout
+    )
+
+
+def test_setup_stops_when_apt_get_fails_in_ci(tmp_path):
+    project = _project(tmp_path)
+    _python(project / ".venv" / "bin" / "python")
+    bin_dir = _fake_root_bin(tmp_path)
+    done = _run([shutil.which("bash"), "scripts/setup.sh"], project,
+                _env(project, PATH=str(bin_dir), CI="true"))  # fmt: skip
+    assert done.returncode == 1
+    assert (
+        "[setup] ERROR: apt-get update failed; is the package mirror reachable?\n"
+        "HINT: run it by hand to see why: apt-get update && apt-get install "
+        "openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver"
+    ) in done.stderr, done.stderr
+    assert "made another way" not in done.stdout
+
+
+def test_setup_refuses_an_unknown_argument(tmp_path):
+    project = _project(tmp_path)
+    done = _run(["bash", "scripts/setup.sh", "--chek"], project, _env(project))
+    assert done.returncode == 1
+    assert "unknown argument '--chek'" in done.stderr

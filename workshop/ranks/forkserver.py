@@ -200,7 +200,7 @@ class ForkServer:
     def begin(self) -> None:
         """Start the server process and return at once; it imports torch in the
         background, and :meth:`start` waits for it. Nothing happens if it runs."""
-        if self.popen is not None and self.alive():
+        if self.alive():
             return
         self.close()
         ours, theirs = socket.socketpair()

@@ -26,7 +26,8 @@ PLATFORM ?=
 DRY_RUN ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup environment lab test test-site lint wheelhouse clean check-node
+.PHONY: help setup environment lab test test-site lint wheelhouse clean check-node \
+	portal portal-stop
 
 help:
 	@echo "make lab    set up .venv, then open the workshop in JupyterLab"
@@ -43,6 +44,9 @@ help:
 	@echo "make wheelhouse  wheels of every package but torch in wheelhouse/, for a"
 	@echo "            node with no internet (PY=3.12 PLATFORM=manylinux_2_28_x86_64,"
 	@echo "            or e.g. manylinux_2_28_aarch64; DRY_RUN=1 only prints)"
+	@echo "make portal  a private JupyterHub whose learners' servers are Slurm jobs on"
+	@echo "            the private two-node cluster, on 127.0.0.1 (as root; PORTAL_ARGS="
+	@echo "            \"--learners 6 --folder DIR\"); make portal-stop stops it all"
 	@echo "make clean  remove .venv"
 
 setup:
@@ -109,3 +113,13 @@ wheelhouse:
 
 clean:
 	rm -rf $(VENV)
+
+# The private cluster portal (workshop/cluster/portal.py, docs/portal.md): starts in
+# the background and returns; portal-stop stops the hub, every learner's job, the
+# cluster, and removes the learners it made.
+PORTAL_ARGS ?=
+portal: environment
+	$(RUN_PYTHON) -m workshop portal start $(PORTAL_ARGS)
+
+portal-stop:
+	$(RUN_PYTHON) -m workshop portal stop $(PORTAL_ARGS)

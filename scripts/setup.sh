@@ -47,7 +47,10 @@ print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
 # the site's own (module load openmpi; Slurm is already there). shellcheck lints the
 # batch scripts in the tests. Chromium and its driver let tests/browser open the
 # notebooks in JupyterLab in a real (headless) browser, as a learner sees them.
-SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver)
+# Node.js and npm run and install JupyterHub's proxy for the private portal (make
+# portal), as a site's JupyterHub has it.
+SYSTEM_PACKAGES=(openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver nodejs
+    npm)
 install_system_packages() {
     local missing=()
     command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
@@ -57,6 +60,8 @@ install_system_packages() {
     command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
     if [[ ${#missing[@]} -eq 0 ]]; then
         say "system packages: present (${SYSTEM_PACKAGES[*]})"
         return
@@ -127,7 +132,7 @@ HINT: Debian/Ubuntu ship venv separately: apt install python3-venv (or python3.X
 
 setup_hash() {
     {
-        cat "$REQUIREMENTS" "$ROOT/pyproject.toml"
+        cat "$REQUIREMENTS" "$ROOT/pyproject.toml" "$ROOT/portal/package-lock.json"
         "$VENV/bin/python" -c 'import sys; print(sys.version)'
     } | sha256sum | cut -d' ' -f1
 }
@@ -151,10 +156,34 @@ install_python_packages() {
     "${pip[@]}" install --no-deps -e "$ROOT"
     say "checking that the installed packages are consistent"
     "${pip[@]}" check
+    install_proxy
     "$VENV/bin/python" -c 'import importlib.util, torch
 if importlib.util.find_spec("workshop") is None:
     raise SystemExit("[setup] ERROR: the workshop package is not importable from .venv")
 print("[setup] torch", torch.__version__, "| CUDA build", torch.version.cuda)'
+}
+
+# JupyterHub's proxy (configurable-http-proxy, a Node.js program) for the private
+# portal, at the versions of portal/package-lock.json, into .venv/proxy, where
+# workshop.cluster.portal looks for it. Without node and npm the portal cannot start
+# (it says so) and its tests skip; nothing else needs them. In CI they must be there.
+install_proxy() {
+    local proxy="$VENV/proxy"
+    if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+        [[ -z "${CI:-}" ]] || die "node and npm are missing: the portal's proxy cannot
+be installed.
+HINT: apt-get install nodejs npm"
+        say "no node/npm: JupyterHub's proxy for make portal is not installed (the"
+        say "  portal's tests will skip; apt-get install nodejs npm, then make setup)"
+        return
+    fi
+    say "installing JupyterHub's proxy (portal/package-lock.json) into $proxy"
+    rm -rf "$proxy"
+    mkdir -p "$proxy"
+    cp "$ROOT/portal/package.json" "$ROOT/portal/package-lock.json" "$proxy/"
+    (cd "$proxy" && npm ci --omit=dev --no-audit --no-fund --loglevel=error) \
+        || die "npm ci of the portal's proxy failed (above).
+HINT: is the npm registry reachable? (npm ping)"
 }
 
 # ---- is an environment complete? ------------------------------------------------

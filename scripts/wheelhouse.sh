@@ -99,7 +99,9 @@ HINT: PLATFORM=manylinux_2_${oldest}_$arch or newer (ldd --version on the node)"
 # ---- what to download ----------------------------------------------------------
 
 # requirements.txt less torch, torchvision and the CUDA libraries pip would bring
-# with them: the node has the site's build of those.
+# with them: the node has the site's build of those. Less JupyterHub and its Slurm
+# spawner too: they run the private portal of make portal, not a node's lab (a
+# site's portal has its own hub).
 offline_requirements() {
     local line name
     while IFS= read -r line || [[ -n "$line" ]]; do
@@ -112,6 +114,7 @@ offline_requirements() {
         case "$name" in
             torch | torchvision | torchaudio) continue ;;
             triton | pytorch-triton* | nvidia-* | cuda-*) continue ;;
+            jupyterhub | batchspawner) continue ;;
         esac
         printf '%s\n' "$line"
     done <"$REQUIREMENTS"

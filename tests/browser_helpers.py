@@ -337,6 +337,20 @@ class Page:
         self.driver = driver
         self.shots = shots
         driver.get(f"{lab.url}/lab?token={lab.token}")
+        self._wait_restored()
+
+    @classmethod
+    def shown(cls, driver, shots: Path) -> Page:
+        """The JupyterLab page the browser shows now, reached some other way (a
+        hub's login, say). Its server must expose the app to the page
+        (``LabApp.expose_app_in_browser``)."""
+        page = cls.__new__(cls)
+        page.driver = driver
+        page.shots = shots
+        page._wait_restored()
+        return page
+
+    def _wait_restored(self) -> None:
         wait_until(
             "JupyterLab's page to start",
             lambda: self.js("return !!(app && app.shell && app.commands);"),

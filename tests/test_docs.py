@@ -1,4 +1,5 @@
-"""docs/instructor.md and docs/glossary.md against the project they describe.
+"""docs/instructor.md, docs/glossary.md and docs/portal.md against the project they
+describe.
 
 Every notebook section they cite ("02 §5", "03 §6 *Slurm: batch jobs*") is a heading
 of that notebook; every link, `make` target, file path, ``workshop.<name>``,
@@ -28,7 +29,8 @@ from workshop.lessons.quiz import QUIZZES
 DOCS = ROOT / "docs"
 GUIDE = DOCS / "instructor.md"
 GLOSSARY = DOCS / "glossary.md"
-PAGES = (GUIDE, GLOSSARY)
+PORTAL = DOCS / "portal.md"
+PAGES = (GUIDE, GLOSSARY, PORTAL)
 
 # Terms the notebooks and the other docs link to: their anchors must exist.
 REQUIRED_TERMS = (
@@ -80,7 +82,7 @@ PROJECT_PATH = re.compile(
     r"(?:/[\w.-]+)*)"
 )
 MAKE_TARGET = re.compile(r"\bmake\s+([a-z][\w-]*)")
-MODULE_COMMAND = re.compile(r"python -m workshop ([a-z]+)")
+MODULE_COMMAND = re.compile(r"python -m workshop ([a-z]+(?:-[a-z]+)*)")
 EXERCISE = re.compile(r"\b0\d\.[a-z_]+\b")
 
 
@@ -224,6 +226,11 @@ def test_the_guide_links_every_notebook_and_the_glossary():
     for notebook in notebooks:
         assert f"../notebooks/{notebook.name}" in links, f"no link to {notebook.name}"
     assert "glossary.md" in links
+    assert "portal.md" in links
+
+
+def test_the_portal_guide_keeps_its_private_portal_section():
+    assert "try-it-here-a-private-portal" in _md_anchors(PORTAL)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -271,8 +278,8 @@ def test_every_make_target_in_the_guide_exists():
 
 
 def test_every_python_m_workshop_command_exists():
-    commands = set(MODULE_COMMAND.findall(_text(GUIDE)))
-    assert "check" in commands
+    commands = {c for page in PAGES for c in MODULE_COMMAND.findall(_text(page))}
+    assert {"check", "kernel-spec"} <= commands
     for command in sorted(commands):
         done = subprocess.run(
             [sys.executable, "-m", "workshop", command, "--help"],

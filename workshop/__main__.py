@@ -4,6 +4,8 @@
     python -m workshop check      # the instructor's check of a node, before class
     python -m workshop monitor    # CPU, memory, disk, network and GPU use, as CSV rows
     python -m workshop site-env   # .venv on top of a site's Python and its torch
+    python -m workshop kernel-spec   # a Jupyter kernel for a site's JupyterHub
+    python -m workshop portal start|stop|status   # a private JupyterHub on Slurm
 
 A command is a function that takes the parsed arguments and returns an exit status;
 to add one, write it and register it in :func:`_parser`.
@@ -74,6 +76,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     monitor_arguments(monitor)
     monitor.set_defaults(run=run_monitor)
+    from .cluster.portal import add_arguments as portal_arguments
+    from .cluster.portal import run_from_args as run_portal
+
+    portal = commands.add_parser(
+        "portal",
+        help="start, stop or show a private JupyterHub that spawns on Slurm",
+        description="A private cluster portal on this machine: JupyterHub with "
+        "batchspawner's SlurmSpawner on the private two-node Slurm cluster, learner "
+        "accounts with passwords made at start, all on 127.0.0.1. Needs root.",
+    )
+    portal_arguments(portal)
+    portal.set_defaults(run=run_portal)
     # Before anything is installed: python workshop/machine/site_env.py (no imports).
     from .machine.site_env import add_arguments as site_env_arguments
     from .machine.site_env import run_from_args as run_site_env
@@ -87,6 +101,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     site_env_arguments(site_env)
     site_env.set_defaults(run=run_site_env)
+    # For a portal (docs/portal.md): python -m workshop kernel-spec --check
+    from .cluster.kernelspec import add_arguments as kernel_spec_arguments
+    from .cluster.kernelspec import run_from_args as run_kernel_spec
+
+    kernel_spec = commands.add_parser(
+        "kernel-spec",
+        help="write a Jupyter kernel spec for the workshop (JupyterHub, OnDemand)",
+        description="Write a Jupyter kernel spec that runs the workshop's Python, "
+        "after loading environment modules if asked, with the workshop importable; "
+        "--dry-run prints it, --check starts a kernel from it and imports workshop "
+        "and torch. Exits with status 0, or 1 after saying what is wrong.",
+    )
+    kernel_spec_arguments(kernel_spec)
+    kernel_spec.set_defaults(run=run_kernel_spec)
     return parser
 
 

@@ -1,0 +1,164 @@
+"""The Python a portal's learners run: this environment's, when they may.
+
+A learner's server runs as that learner. Where this environment's interpreter is
+private (pyenv's Python under /root, mode 0700, as on the machines the workshop is
+developed on), a learner cannot start it; a site's shared module never has that
+problem. Then the portal gives the learners a venv of their own in its folder that
+sees the same packages: the base interpreter hard-linked (or copied) out of the
+private folder, a ``pyvenv.cfg`` naming it, this environment's site-packages linked,
+and its scripts with their first line pointing at the new interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+
+def runs_as(user: str, python: str | os.PathLike[str]) -> bool:
+    """True when ``user`` can start ``python`` and import the workshop with it."""
+    try:
+        done = subprocess.run(
+            ["runuser", "-u", user, "--", str(python), "-c", "import workshop"],
+            capture_output=True,
+            timeout=60,
+            cwd="/",
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _link_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
+    """Hard-link ``source`` into ``target`` (no space, no time); copy where the two
+    are on different file systems. Links reach a file through its inode, so a
+    private folder above ``source`` no longer stands in the way."""
+
+    shutil.copytree(
+        source,
+        target,
+        symlinks=True,
+        copy_function=_link_file,
+        ignore=shutil.ignore_patterns(*skip) if skip else None,
+    )
+
+
+def _link_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def learner_python(folder: Path, user: str) -> tuple[Path, dict[str, str]]:
+    """The interpreter ``user`` runs the workshop with, and the variables it needs.
+
+    This one (``sys.executable``) where ``user`` can run it; otherwise a venv made in
+    ``folder/venv`` on a linked copy of the base interpreter in ``folder/python``
+    (see the module's docstring); ``LD_LIBRARY_PATH`` then finds its libpython.
+
+    Raises:
+        RuntimeError: even the venv does not run for ``user``, with what it said.
+    """
+    if runs_as(user, sys.executable):
+        return Path(sys.executable), {}
+    base = Path(sys.base_prefix)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    python_copy, venv = folder / "python", folder / "venv"
+    shutil.rmtree(python_copy, ignore_errors=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    python_copy.mkdir(parents=True)
+    # The interpreter, its shared library and its standard library: not the base's
+    # own site-packages, which the venv does not see anyway.
+    _link_tree(base / "bin", python_copy / "bin")
+    (python_copy / "lib").mkdir()
+    for entry in (base / "lib").iterdir():
+        if entry.name.startswith("libpython") and entry.is_file():
+            _link_file(entry, python_copy / "lib" / entry.name)
+    _link_tree(
+        base / "lib" / version,
+        python_copy / "lib" / version,
+        skip=("site-packages", "test", "__pycache__"),
+    )
+    (python_copy / "lib" / version / "site-packages").mkdir()
+    (venv / "bin").mkdir(parents=True)
+    (venv / "lib" / version).mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {python_copy / 'bin'}\ninclude-system-site-packages = false\n"
+        f"version = {'.'.join(map(str, sys.version_info[:3]))}\n"
+    )
+    (venv / "lib" / version / "site-packages").symlink_to(
+        sysconfig.get_paths()["purelib"]
+    )
+    interpreter = venv / "bin" / "python"
+    interpreter.symlink_to(python_copy / "bin" / version)
+    for alias in ("python3", version):
+        (venv / "bin" / alias).symlink_to("python")
+    _rewrite_scripts(Path(sys.executable).parent, venv / "bin", interpreter)
+    # JupyterLab's settings and app folder: without them the server runs with no
+    # /lab (its extension is enabled by a file in etc/jupyter).
+    for sub in ("etc/jupyter", "share/jupyter"):
+        source = Path(sys.prefix) / sub
+        if source.is_dir():
+            (venv / sub).parent.mkdir(parents=True, exist_ok=True)
+            (venv / sub).symlink_to(source, target_is_directory=True)
+    library = python_copy / "lib"
+    env = {"LD_LIBRARY_PATH": str(library)}
+    _write_activate(venv, library)
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", str(interpreter), "-c", "import workshop"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env=dict(os.environ, **env),
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{user} cannot run this environment's Python ({sys.executable}), nor the "
+            f"venv made for the learners in {venv}: {done.stderr.strip()[-400:]}. "
+            "HINT: put the workshop's environment where every user can read it (not "
+            "under /root)"
+        )
+    return interpreter, env
+
+
+def _rewrite_scripts(source: Path, target: Path, interpreter: Path) -> None:
+    """Copy the console scripts of ``source`` (``jupyterhub-singleuser``,
+    ``torchrun``...) into ``target`` with their first line naming ``interpreter``."""
+    for script in source.iterdir():
+        if (
+            not script.is_file()
+            or script.is_symlink()
+            or (target / script.name).exists()
+        ):
+            continue
+        try:
+            head = script.read_bytes()[:256]
+        except OSError:
+            continue
+        if not head.startswith(b"#!") or b"python" not in head.split(b"\n", 1)[0]:
+            continue
+        text = script.read_bytes().split(b"\n", 1)
+        body = text[1] if len(text) > 1 else b""
+        (target / script.name).write_bytes(b"#!" + bytes(interpreter) + b"\n" + body)
+        (target / script.name).chmod(0o755)
+
+
+def _write_activate(venv: Path, library: Path) -> None:
+    """``venv/bin/activate`` for bash, as the batch scripts in slurm/ source one
+    (``source .venv/bin/activate``): this environment's, naming the new venv, and
+    the library path its interpreter needs."""
+    own = Path(sys.prefix) / "bin" / "activate"
+    text = own.read_text() if own.exists() else ""
+    text = text.replace(sys.prefix, str(venv))
+    if "VIRTUAL_ENV" not in text:  # no activate to start from: the essentials
+        text = f'export VIRTUAL_ENV="{venv}"\nexport PATH="$VIRTUAL_ENV/bin:$PATH"\n'
+    text += (
+        f'export LD_LIBRARY_PATH="{library}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'
+    )
+    (venv / "bin" / "activate").write_text(text)

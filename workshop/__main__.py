@@ -76,8 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     monitor_arguments(monitor)
     monitor.set_defaults(run=run_monitor)
-    from .cluster.portal import add_arguments as portal_arguments
-    from .cluster.portal import run_from_args as run_portal
+    from .cluster.portal_cli import add_arguments as portal_arguments
+    from .cluster.portal_cli import run_from_args as run_portal
 
     portal = commands.add_parser(
         "portal",

@@ -21,7 +21,8 @@ import pytest
 from conftest import needs_private_slurm
 
 from workshop.cluster import portal
-from workshop.cluster.portal_classroom import Hub, Kernel, classroom
+from workshop.cluster.portal_classroom import classroom
+from workshop.cluster.portal_client import Hub, Kernel
 from workshop.cluster.portal_hub import BATCH_SCRIPT, hash_password
 
 LEARNERS = 6

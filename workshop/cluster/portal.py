@@ -26,10 +26,8 @@ Everything needs root (slurmd starts jobs as their users; users are made with
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import pwd
 import secrets
 import shutil
 import signal
@@ -44,6 +42,14 @@ from pathlib import Path
 
 from . import slurm_cluster, slurm_watchdog
 from .portal_python import learner_python
+from .portal_users import (
+    PortalError,
+    _alive,
+    _end,
+    _make_user,
+    _pid,
+    processes_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
@@ -52,10 +58,6 @@ INSTRUCTOR = "instructor"  # the hub's admin, with the default prefix "learner"
 # Slurm's job sockets live in FOLDER/slurm/NODE/...: local_slurm.sh allows 68
 # characters for that folder.
 MAX_FOLDER = 60
-
-
-class PortalError(RuntimeError):
-    """The portal could not start, or could not be stopped cleanly."""
 
 
 @dataclass
@@ -140,51 +142,6 @@ def _check_can_start(folder: Path) -> None:
             "installs them as root), or offer the workshop on a real site's "
             "JupyterHub (docs/portal.md)"
         )
-
-
-def _make_user(name: str, home: Path) -> bool:
-    """Make the local user ``name`` with its home ``home`` (mode 0700); True when it
-    was made now, False when it existed (its home is moved here)."""
-    try:
-        old_home = Path(pwd.getpwnam(name).pw_dir)
-        existed = True
-        other = old_home.parent.parent
-        hub = _pid(other / "run" / "hub.pid")
-        live = (other / "portal.json").exists() and hub is not None and _alive(hub)
-        if other != home.parent.parent and live:
-            raise PortalError(
-                f"the user {name} belongs to the portal running in {other}: stop it "
-                f"first (python -m workshop portal stop --folder {other}), or give "
-                "this one another prefix"
-            )
-        subprocess.run(
-            ["usermod", "-d", str(home), name], check=True, capture_output=True
-        )
-    except KeyError:
-        existed = False
-        subprocess.run(
-            [
-                "useradd",
-                "--no-create-home",
-                "--home-dir",
-                str(home),
-                "--shell",
-                "/bin/bash",
-                "--user-group",
-                name,
-            ],
-            check=True,
-            capture_output=True,
-        )
-    entry = pwd.getpwnam(name)
-    home.mkdir(parents=True, exist_ok=True)
-    # A home left by an earlier portal belonged to a user of the same name, but
-    # perhaps of another uid: all of it becomes this one's.
-    for folder, dirs, files in os.walk(home):
-        for item in [folder] + [os.path.join(folder, n) for n in dirs + files]:
-            os.lchown(item, entry.pw_uid, entry.pw_gid)
-    home.chmod(0o700)  # a learner's files are theirs alone
-    return not existed
 
 
 def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -370,64 +327,6 @@ def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _end(pid: int | None, grace: float) -> None:
-    """SIGTERM ``pid``, wait ``grace`` seconds, then SIGKILL it."""
-    if pid is None:
-        return
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except OSError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return
-        time.sleep(0.2)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def processes_of(users: list[str]) -> list[tuple[int, str, str]]:
-    """Every live process owned by one of ``users``: (pid, user, command)."""
-    uids = {}
-    for name in users:
-        try:
-            uids[pwd.getpwnam(name).pw_uid] = name
-        except KeyError:
-            pass
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            uid = entry.stat().st_uid
-            if uid in uids and _alive(int(entry.name)):
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                found.append(
-                    (int(entry.name), uids[uid], command.decode(errors="replace"))
-                )
-        except OSError:
-            continue
-    return found
-
-
 @dataclass
 class Stopped:
     """What ``stop`` found: jobs it had to cancel, processes it had to kill (both
@@ -495,60 +394,3 @@ def status(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> str:
         "jobs: " + (", ".join(queue.split("\n")).strip() or "none"),
     ]
     return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``python -m workshop portal``."""
-    parser.add_argument(
-        "action",
-        choices=("start", "stop", "status", "classroom"),
-        help="classroom: every learner at once runs notebook 02's "
-        "launch cells on the running portal; the counts",
-    )
-    parser.add_argument(
-        "--folder",
-        default=str(DEFAULT_FOLDER),
-        help="where the portal lives (default: .portal in the project)",
-    )
-    parser.add_argument(
-        "--learners", type=int, default=6, help="learner accounts to make (default 6)"
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """``python -m workshop portal ACTION``: exit status 0, or 1 with the reason."""
-    try:
-        if args.action == "start":
-            portal = start(args.folder, learners=args.learners)
-            print(
-                f"portal: {portal.url} (on 127.0.0.1 only; from another machine: "
-                f"ssh -L {portal.url.rsplit(':', 1)[1].strip('/')}:127.0.0.1:"
-                f"{portal.url.rsplit(':', 1)[1].strip('/')} THIS-MACHINE)"
-            )
-            print(f"learners: {', '.join(portal.learners)}; admin: {portal.instructor}")
-            print(
-                f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)"
-            )
-            print(f"stop it: python -m workshop portal stop --folder {portal.folder}")
-        elif args.action == "stop":
-            stopped = stop(args.folder)
-            print(
-                f"portal in {Path(args.folder).resolve()} stopped: "
-                f"{len(stopped.jobs_left)} jobs were still queued, "
-                f"{len(stopped.killed)} learner processes had to be killed, "
-                f"{len(stopped.users_removed)} users removed"
-            )
-        elif args.action == "classroom":
-            from .portal_classroom import classroom
-
-            if not (Path(args.folder) / "portal.json").exists():
-                raise PortalError(f"no portal runs in {args.folder}: make portal first")
-            result = classroom(args.folder)
-            print(result.summary())
-            return 1 if result.failures else 0
-        else:
-            print(status(args.folder))
-    except (PortalError, ValueError) as error:
-        print(f"workshop portal: {error}", file=sys.stderr)
-        return 1
-    return 0

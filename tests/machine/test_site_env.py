@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,12 +100,9 @@ def _package_folders() -> list[Path]:
     return folders
 
 
-@pytest.fixture(scope="module")
-def site_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A stand-in for a node's ``python3`` that is a venv holding torch."""
-    if importlib.util.find_spec("ensurepip") is None:
-        pytest.skip("this Python has no ensurepip to make venvs with pip")
-    venv = tmp_path_factory.mktemp("site") / "venv"
+def _make_site(venv: Path, asks: str | None = None) -> Path:
+    """A venv whose site-packages links every package this Python sees; ``asks``,
+    a requirement added to its torch's metadata."""
     made = _run([sys.executable, "-m", "venv", "--without-pip", venv], venv.parent)
     assert made.returncode == 0, made.stderr
     packages = _packages(venv)
@@ -129,7 +127,39 @@ def site_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     extra.mkdir()
     (extra / "site_env_marker.py").write_text("")
     (packages / "extra.pth").write_text(f"{extra}\n")
+    if asks:  # torch's dist-info, its files linked but METADATA, which asks more
+        linked = next(packages.glob("torch-*.dist-info"))
+        info = linked.resolve()
+        linked.unlink()
+        linked.mkdir()
+        for entry in info.iterdir():
+            if entry.name != "METADATA":
+                (linked / entry.name).symlink_to(entry)
+        head, rest = (info / "METADATA").read_text().split("\n\n", 1)
+        text = f"{head}\nRequires-Dist: {asks}\n\n{rest}"
+        (linked / "METADATA").write_text(text)
     return venv
+
+
+@pytest.fixture(scope="module")
+def site_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A stand-in for a node's ``python3`` that is a venv holding torch."""
+    if importlib.util.find_spec("ensurepip") is None:
+        pytest.skip("this Python has no ensurepip to make venvs with pip")
+    return _make_site(tmp_path_factory.mktemp("site") / "venv")
+
+
+# A requirement no index has, that the torch of site_venv_asking asks for.
+ASKED = "site-env-stand-in>=1.0"
+
+
+@pytest.fixture(scope="module")
+def site_venv_asking(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """As site_venv, its torch asking for a package that is not there: as the GPU
+    node's torch 2.11 asked for setuptools<82, which its Python did not have."""
+    if importlib.util.find_spec("ensurepip") is None:
+        pytest.skip("this Python has no ensurepip to make venvs with pip")
+    return _make_site(tmp_path_factory.mktemp("asking") / "venv", asks=ASKED)
 
 
 def _copy_project(into: Path) -> Path:
@@ -174,10 +204,25 @@ def test_describe_finds_the_site_venv_and_its_torch(site_venv, tmp_path):
     assert found["torch_metadata"] is True
 
 
+def _project(requirement: str) -> str:
+    """The normalised project name of a requirement: Site_Env.x>=1 is site-env-x."""
+    name = re.match(r"[A-Za-z0-9][\w.-]*", requirement).group()
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.parametrize("site", ["site_venv", "site_venv_asking"])
 def test_the_printed_lines_give_a_venv_on_the_site_torch_that_pip_sees(
-    site_venv, tmp_path
+    site, request, tmp_path
 ):
+    site_venv = request.getfixturevalue(site)
     python = site_venv / "bin" / "python"
+    seen = _run([python, SCRIPT, "--json"], tmp_path)
+    assert seen.returncode == 0, seen.stderr
+    # torch's requirements that the site does not meet: none here, ASKED where it is
+    # asked for; on the GPU node setuptools<82, beside a newer setuptools.
+    unmet = json.loads(seen.stdout)["torch_unmet"]
+    if site == "site_venv_asking":
+        assert f"{ASKED} (not installed)" in unmet
     shown = _run([python, SCRIPT, "--venv", ".venv"], tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert "A .pth file in .venv adds this venv's" in shown.stdout
@@ -191,17 +236,38 @@ def test_the_printed_lines_give_a_venv_on_the_site_torch_that_pip_sees(
     packages = str(_packages(site_venv))
 
     # pip resolves the workshop's requirements with no index: torch>=2.4 is the
-    # site's, seen through the .pth file; so are torch's own requirements.
+    # site's, seen through the .pth file; so are torch's own requirements, where
+    # the site meets them.
     project = _copy_project(tmp_path)
     pip = [venv_python, "-m", "pip", "install", "--no-build-isolation"]
     done = _run([*pip, "-e", project], tmp_path, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    satisfied = [
-        line for line in done.stdout.splitlines() if "satisfied: torch>=2.4" in line
-    ]
-    assert satisfied and packages in satisfied[0], done.stdout
     broken = _run([venv_python, "-m", "pip", "check"], tmp_path).stdout
-    assert not [line for line in broken.splitlines() if line.startswith("torch ")]
+    torch_broken = [line for line in broken.splitlines() if line.startswith("torch ")]
+    if not unmet:
+        assert done.returncode == 0, done.stdout + done.stderr
+        satisfied = [
+            line for line in done.stdout.splitlines() if "satisfied: torch>=2.4" in line
+        ]
+        assert satisfied and packages in satisfied[0], done.stdout
+        assert not torch_broken, broken
+        assert "WARNING: torch" not in shown.stdout
+    else:
+        # Where it does not, pip looks for them on an index and fails, as on the
+        # node; site_env said so, and installs the workshop with --no-deps.
+        assert done.returncode != 0, done.stdout
+        assert "(from torch)" in done.stdout + done.stderr
+        said = f"asks for what this Python lacks: {', '.join(unmet)}."
+        assert said in shown.stdout
+        install = _printed_lines(shown.stdout, "Then install")
+        assert [line for line in install if f"--no-deps -e {ROOT}" in line], install
+        done = _run([*pip, "--no-deps", "-e", project], tmp_path, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # pip check sees the same: all it finds torch lacking, site_env named.
+        lacking = {
+            _project(re.search(r" (?:requires|has requirement) (\S+)", line)[1])
+            for line in torch_broken
+        }
+        assert lacking and lacking <= {_project(u) for u in unmet}, broken
     # The wheelhouse's list, as make wheelhouse writes it: what the site has is kept.
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
@@ -350,6 +416,7 @@ def test_with_a_wheelhouse_the_install_lines_use_no_index(
 ):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(site_env, "WHEELHOUSE", tmp_path / "wheelhouse")
+    monkeypatch.setattr(site_env, "unmet_requirements", lambda name: ())  # all met
     (tmp_path / "wheelhouse").mkdir()
     (tmp_path / "wheelhouse" / "requirements-offline.txt").write_text("numpy\n")
     assert main(["site-env", "--venv", "v"]) == 0  # a list, no wheels: PyPI
@@ -363,3 +430,26 @@ def test_with_a_wheelhouse_the_install_lines_use_no_index(
         "-r wheelhouse/requirements-offline.txt",
         f"v/bin/pip install --no-index --find-links wheelhouse --no-deps -e {ROOT}",
     ]
+
+
+# ------------------------------------------------------- torch's own requirements
+def test_a_torch_with_unmet_requirements_gets_the_workshop_with_no_deps(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(site_env, "WHEELHOUSE", tmp_path / "wheelhouse")
+    unmet = ("setuptools<82 (found 82.0)",)
+    monkeypatch.setattr(site_env, "unmet_requirements", lambda name: unmet)
+    assert main(["site-env", "--venv", "v"]) == 0
+    out = capsys.readouterr().out
+    others = " ".join(f"'{r}'" for r in site_env.OTHER_REQUIREMENTS)
+    assert _printed_lines(out, "Then install") == [
+        f"v/bin/pip install {others}",
+        f"v/bin/pip install --no-deps -e {ROOT}",
+    ]
+    assert (
+        f"WARNING: torch {TORCH_VERSION} asks for what this Python lacks: "
+        "setuptools<82 (found 82.0).\npip, resolving torch's requirements, would "
+        "download them" in out
+    )
+    assert "HINT: the workshop with --no-deps, as above" in out

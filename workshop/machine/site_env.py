@@ -18,7 +18,6 @@ Run it with the site's Python; it needs only the standard library::
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,6 +28,11 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+try:  # the module beside this one, standard library only too
+    from .site_requirements import OTHER_REQUIREMENTS, find_package, unmet_requirements
+except ImportError:  # run as a script: python workshop/machine/site_env.py
+    from site_requirements import OTHER_REQUIREMENTS, find_package, unmet_requirements
 
 __all__ = [
     "SiteEnvError",
@@ -71,6 +75,7 @@ class SitePython:
     torch_metadata: bool  # torch's dist-info is there: pip sees torch as installed
     torchvision_version: str | None
     has_setuptools: bool
+    torch_unmet: tuple[str, ...] = ()  # its requirements this Python does not meet
 
 
 def kind_of(prefix: str | Path, base_prefix: str | Path) -> str:
@@ -84,18 +89,6 @@ def kind_of(prefix: str | Path, base_prefix: str | Path) -> str:
     if Path(prefix).resolve() != Path(base_prefix).resolve():
         return "venv"
     return "conda" if (Path(prefix) / "conda-meta").is_dir() else "plain"
-
-
-def _found(name: str) -> tuple[str | None, Path | None, bool]:
-    """The version of package ``name``, the sys.path folder it is in, and whether its
-    metadata is in that folder; without importing it (torch takes seconds)."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        return None, None, False
-    folder = Path(next(iter(spec.submodule_search_locations))).parent
-    dist = next(importlib.metadata.distributions(name=name, path=[str(folder)]), None)
-    # A build with no dist-info (copied, or from source) has no version pip can see.
-    return (dist.version if dist else "unknown"), folder, dist is not None
 
 
 def describe() -> SitePython:
@@ -120,7 +113,7 @@ def describe() -> SitePython:
             real = Path(folder).resolve()
             if real.is_dir() and real.is_relative_to(prefix):
                 own.setdefault(real, folder)
-    torch_version, torch_dir, metadata = _found("torch")
+    torch_version, torch_dir, metadata = find_package("torch")
     return SitePython(
         executable=sys.executable,
         version=sys.version_info[:2],
@@ -132,8 +125,9 @@ def describe() -> SitePython:
         torch_version=torch_version,
         torch_dir=None if torch_dir is None else str(torch_dir),
         torch_metadata=metadata,
-        torchvision_version=_found("torchvision")[0],
+        torchvision_version=find_package("torchvision")[0],
         has_setuptools=importlib.util.find_spec("setuptools") is not None,
+        torch_unmet=unmet_requirements("torch") if metadata else (),
     )
 
 
@@ -225,8 +219,9 @@ def _install_lines(python: SitePython, venv: Path) -> list[str]:
             f"{pip} install {wheels} -r {_shown(listed)}",
             f"{pip} install {wheels} --no-deps {package}",
         ]
-    if not python.torch_metadata:  # pip cannot see this torch: see _warnings
-        return [f"{pip} install --no-deps {package}"]
+    if not python.torch_metadata or python.torch_unmet:  # pip must not see torch's
+        others = " ".join(map(shlex.quote, OTHER_REQUIREMENTS))
+        return [f"{pip} install {others}", f"{pip} install --no-deps {package}"]
     # pip takes PATH[extras]: '.[lab,test]'
     extras = f"-e {_shown(ROOT, '[lab,test]')}" if tree else f"'{package}[lab,test]'"
     return [f"{pip} install {extras} torch=={python.torch_version}"]
@@ -270,8 +265,15 @@ def _warnings(python: SitePython) -> list[str]:
     if not python.torch_metadata:
         found.append(
             f"WARNING: torch in {python.torch_dir} has no dist-info: pip cannot see "
-            "it, and would\ndownload torch. HINT: pip --no-deps, as above, then the "
-            "rest of requirements.txt."
+            "it, and would\ndownload torch. HINT: the workshop with --no-deps, as "
+            "above, after its other requirements."
+        )
+    if python.torch_unmet:
+        found.append(
+            f"WARNING: torch {python.torch_version} asks for what this Python lacks: "
+            f"{', '.join(python.torch_unmet)}.\npip, resolving torch's requirements, "
+            'would download them (with no index: "Could not find a version").\n'
+            "HINT: the workshop with --no-deps, as above; the site's torch stays."
         )
     if python.torchvision_version is None:
         found.append(

@@ -18,9 +18,11 @@ from workshop.env import (
     choose_backend,
     default_world_size,
     group_backend,
+    job_variables,
     launcher_hosts_store,
     rank_info,
     slurm_allocation,
+    task_variables,
     torchrun_restart_risk,
     visible_gpu_count,
 )
@@ -465,9 +467,11 @@ def test_default_world_size_is_one_rank_per_gpu():
     assert default_world_size(gpus=3) == 3
 
 
-@pytest.mark.parametrize(("cores", "expected"), [(8, 4), (2, 4), (1, 2), (None, 2)])
+@pytest.mark.parametrize(("cores", "expected"), [(8, 4), (2, 4), (1, 2)])
 def test_default_world_size_without_gpus(monkeypatch, cores, expected):
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    # The cores this process may use: inside a Slurm job of 1 CPU on a node of 64,
+    # that is 1 (see test_allocation.py), and 4 ranks would share it.
+    monkeypatch.setattr(env, "usable_cores", lambda: cores)
     assert default_world_size(gpus=0) == expected
 
 
@@ -555,3 +559,74 @@ def test_an_nccl_group_carries_cpu_tensors_with_gloo():
     assert backend_name("cuda:nccl,cpu:gloo") == "nccl"
     assert backend_name("cpu:gloo") == "gloo"
     assert backend_name("gloo") == "gloo"
+
+
+# --- task_variables, job_variables ---------------------------------------------------
+
+# What srun gave a notebook kernel that JupyterHub's batchspawner started (measured on
+# the private cluster, Slurm 22.05), with PMIx's and the user's own variables beside.
+KERNEL_STEP = {
+    "SLURM_JOB_ID": "8",
+    "SLURM_JOBID": "8",
+    "SLURM_CONF": "/etc/slurm/slurm.conf",
+    "SLURM_CPUS_ON_NODE": "1",
+    "SLURM_MEM_PER_NODE": "300",
+    "SLURM_NTASKS": "1",
+    "SLURM_JOB_NODELIST": "127.0.0.2",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_GTIDS": "0",
+    "SLURM_TASK_PID": "11004",
+    "SLURM_STEPID": "0",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "1",
+    "SLURM_STEP_NODELIST": "127.0.0.2",
+    "SLURM_CPU_BIND": "quiet,mask_cpu:0x1",
+    "SLURM_CPU_BIND_LIST": "0x1",
+    "SLURM_SRUN_COMM_PORT": "40683",
+    "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
+    "PMIX_RANK": "0",
+    "PMIX_MCA_gds": "hash",
+    "PMI_FD": "5",
+    "HOME": "/home/learner",
+    "OMP_PROC_BIND": "true",
+}
+
+
+def test_task_variables_are_the_kernels_own_place_in_its_step():
+    assert task_variables(KERNEL_STEP) == [
+        "PMIX_RANK", "PMI_FD", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST", "SLURM_GTIDS",
+        "SLURM_LAUNCH_NODE_IPADDR", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_PROCID",
+        "SLURM_SRUN_COMM_PORT", "SLURM_STEPID", "SLURM_STEP_ID", "SLURM_STEP_NODELIST",
+        "SLURM_STEP_NUM_TASKS", "SLURM_TASK_PID",
+    ]  # fmt: skip
+    # What is left reads as the job, not as a step: no launcher, rank 0 of 1.
+    task = task_variables(KERNEL_STEP)
+    rest = {k: v for k, v in KERNEL_STEP.items() if k not in task}
+    assert rank_info(rest) == RankInfo()
+    assert rank_info(KERNEL_STEP).launcher == "srun"  # the kernel itself is a task
+    assert task_variables({"HOME": "/", "SLURM_JOB_ID": "8"}) == []
+
+
+def test_job_variables_are_every_slurm_variable_but_the_clients_settings():
+    left_out = job_variables(KERNEL_STEP)
+    assert "SLURM_CONF" not in left_out
+    assert {"SLURM_JOB_ID", "SLURM_MEM_PER_NODE", "SLURM_NTASKS", "PMIX_RANK"} <= set(
+        left_out
+    )
+    assert set(task_variables(KERNEL_STEP)) <= set(left_out)
+    assert not {"HOME", "OMP_PROC_BIND", "PMIX_MCA_gds"} & set(left_out)
+    # Outside a job a user's own SLURM_* (a time format, say) are theirs to keep.
+    assert job_variables({"SLURM_TIME_FORMAT": "relative", "SLURM_X": "1"}) == []
+
+
+def test_task_and_job_variables_read_os_environ(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "PMI")):
+            monkeypatch.delenv(name)
+    assert task_variables() == [] and job_variables() == []
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert task_variables() == ["SLURM_PROCID"]
+    assert job_variables() == ["SLURM_JOB_ID", "SLURM_PROCID"]

@@ -14,8 +14,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workshop"
 
-# The modules at the top of workshop/ that every wing may read.
-BASE = {"env", "features", "_procs", "_version"}
+# The modules at the top of workshop/ that every wing may read (allocation.py and
+# _cgroup.py: what the process may use, which env.py re-exports).
+BASE = {"env", "allocation", "features", "_cgroup", "_procs", "_version"}
 # What sits above every wing: the public API, the commands, and the gallery (which
 # runs examples to draw them).
 TOP = {"", "__main__", "gallery"}

@@ -59,6 +59,7 @@ from .cluster.commands import (
     mpirun_command,
     run_command,
     run_commands,
+    srun_command,
     torchrun_command,
 )
 from .cluster.slurm import SlurmCluster, SlurmJob, slurm_cluster, submit
@@ -221,6 +222,7 @@ __all__ = [
     "saved_activation_bytes",
     "schedule_order",
     "slurm_cluster",
+    "srun_command",
     "submit",
     "summarize_error",
     "synthetic",

@@ -17,6 +17,12 @@ Order in which launchers are recognised (the first that matches wins):
 
 Open MPI comes before Slurm because ``mpirun`` inside an allocation sees both sets and
 only Open MPI's describe its own processes.
+
+A process started *by* a task (a rank of ``workshop.launch`` from a notebook kernel
+that runs as a Slurm job step, a command from a cell) must not read the task's
+variables as its own: ``allocation.task_variables`` names them, and the launchers
+leave them out. What the process may use (cores, memory, the Slurm job) is read in
+``allocation.py``; this module re-exports its public names.
 """
 
 from __future__ import annotations
@@ -25,6 +31,17 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# What the process may use (CPUs, memory, its Slurm job) is read in allocation.py;
+# its public names are this module's too, as they always were.
+from .allocation import (
+    SlurmAllocation,
+    available_memory,
+    job_variables,
+    slurm_allocation,
+    task_variables,
+    usable_cores,
+)
 
 __all__ = [
     "BACKENDS",
@@ -35,8 +52,10 @@ __all__ = [
     "choose_backend",
     "default_world_size",
     "group_backend",
+    "job_variables",
     "rank_info",
     "slurm_allocation",
+    "task_variables",
     "usable_cores",
     "visible_gpu_count",
 ]
@@ -216,47 +235,6 @@ def torchrun_restart_risk(environ: Mapping[str, str] | None = None) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class SlurmAllocation:
-    """The Slurm job this process runs in (all None outside one)."""
-
-    job_id: str | None = None
-    nodes: int | None = None
-    nodelist: str | None = None
-    tasks: int | None = None
-    gpus_on_node: str | None = None
-    partition: str | None = None
-
-    @property
-    def inside(self) -> bool:
-        """True inside a Slurm allocation (batch job, salloc or srun)."""
-        return self.job_id is not None
-
-
-def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocation:
-    """Describe the Slurm allocation from ``SLURM_*`` variables.
-
-    Args:
-        environ: variables to read; ``os.environ`` when omitted.
-
-    Returns:
-        A :class:`SlurmAllocation`; its ``inside`` is False outside Slurm.
-    """
-    env = os.environ if environ is None else environ
-    if not env.get("SLURM_JOB_ID"):
-        return SlurmAllocation()
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
-    tasks = env.get("SLURM_NTASKS")
-    return SlurmAllocation(
-        job_id=env["SLURM_JOB_ID"],
-        nodes=int(nodes) if nodes else None,
-        nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
-        tasks=int(tasks) if tasks else None,
-        gpus_on_node=env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_JOB_GPUS"),
-        partition=env.get("SLURM_JOB_PARTITION"),
-    )
-
-
 def visible_gpu_count() -> int:
     """Number of CUDA GPUs this process may use, without initialising CUDA.
 
@@ -366,32 +344,11 @@ def backend_name(backend: str) -> str:
     return per_device.get("cuda", per_device.get("cpu", backend))
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask where the system
-    has one (a container or a Slurm step often gets fewer cores than the host's
-    ``os.cpu_count()``), else ``os.cpu_count()``."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1  # macOS
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give without swapping (Linux's
-    ``MemAvailable``); None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def default_world_size(gpus: int | None = None) -> int:
     """World size the workshop uses when none is given: one rank per GPU, else 4 CPU
-    ranks (2 where the machine has a single core)."""
+    ranks (2 where this process may use a single core: inside a Slurm job, the
+    job's CPUs on this node count, not the node's, see :func:`usable_cores`)."""
     gpus = visible_gpu_count() if gpus is None else gpus
     if gpus:
         return gpus
-    return 4 if (os.cpu_count() or 1) > 1 else 2
+    return 4 if usable_cores() > 1 else 2

@@ -172,7 +172,8 @@ def test_a_missing_script_is_named_with_the_folder_it_was_looked_for_in():
 
 @needs_mpirun
 def test_mpirun_command_exports_the_rendezvous(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(commands, "usable_cores", lambda: 2)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # not inside a Slurm job
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.delenv("PYTHONPATH", raising=False)
     # What this machine should give: without ssh or rsh (a slim container, a GPU
@@ -199,6 +200,8 @@ def test_mpirun_command_exports_the_rendezvous(monkeypatch):
 @needs_mpirun
 def test_mpirun_command_without_ssh_starts_ranks_here(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(commands, "usable_cores", lambda: 2)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     found = shutil.which
     hidden = ("ssh", "rsh")
     monkeypatch.setattr(

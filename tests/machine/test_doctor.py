@@ -39,6 +39,7 @@ SECTIONS = [
     "PyTorch",
     "GPUs",
     "CPU",
+    "Memory",
     "Backends",
     "Launchers",
     "Slurm",
@@ -141,8 +142,10 @@ def test_no_gpu_gives_a_clear_none_row_and_cpu_defaults(bin_dir, monkeypatch):
     assert values["GPUs", "visible to torch"] == "0 (none: CPU ranks)"
     assert values["GPUs", "nvidia-smi"] == "not found"
     assert not [row for row in rows if row.item.startswith("GPU ")]
-    world_size = env.default_world_size(0)
-    assert values["Workshop defaults", "world_size"] == f"{world_size} (CPU ranks)"
+    world_size, cores = env.default_world_size(0), env.usable_cores()
+    assert values["Workshop defaults", "world_size"] == (
+        f"{world_size} (CPU ranks, for {cores} usable core{'s' if cores != 1 else ''})"
+    )
     assert values["Workshop defaults", "backend"] == "gloo (CPU ranks: no GPU visible)"
 
 
@@ -372,13 +375,83 @@ def test_slurm_rows_reflect_the_allocation(clean_env, monkeypatch):
         ("partition", "gpu"),
         ("nodes", "2 (gpu[003-004])"),
         ("tasks", "8"),
+        ("CPUs on node", "not set"),
+        ("memory on node", "not set (the whole node's)"),
         ("GPUs on node", "4"),
+        ("job step", STEP_ROW),
     ]
     values = as_dict(rows)
     assert values["This process", "rank"] == (
         "5 of 8, local rank 1 of 4, node 1 (from srun)"
     )
     assert values["This process", "master"] == "gpu003, port not set"
+
+
+STEP_ROW = (
+    "this process is a task of a job step (a notebook kernel that a portal started "
+    "with srun): ranks and commands it starts get the job's variables but not the "
+    "step's, and srun from a cell needs --overlap (workshop.srun_command adds it)"
+)
+
+
+def _in_a_job(monkeypatch, **variables: str) -> None:
+    """This process inside Slurm job 8 (its variables), with no cgroup limits."""
+    from workshop import allocation
+
+    monkeypatch.setattr(allocation, "cgroup_cpus", lambda *a: [])
+    monkeypatch.setattr(allocation, "cgroup_memory", lambda *a: None)
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_inside_a_job_the_doctor_reads_the_jobs_cpus_and_memory(clean_env, monkeypatch):
+    # A kernel of a portal: one task of step 0 of a job of 1 CPU and 300 MiB on a
+    # node of 64 cores, and Slurm's task/none (no binding: affinity is every core).
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}
+    _in_a_job(monkeypatch, SLURM_CPUS_ON_NODE="1", SLURM_MEM_PER_NODE="300", **step)
+    values = as_dict(collect_rows())
+    assert values["CPU", "cores"] == (
+        "64 (1 usable by this process: Slurm job 8 on this node: SLURM_CPUS_ON_NODE=1)"
+    )
+    assert values["Memory", "available"].endswith(
+        "of a 0.3 GiB limit (Slurm job 8 on this node)"
+    )
+    assert values["Slurm", "CPUs on node"] == "1"
+    assert values["Slurm", "memory on node"] == "0.3 GiB"
+    assert values["Slurm", "job step"] == STEP_ROW
+    assert (
+        values["Workshop defaults", "world_size"] == "2 (CPU ranks, for 1 usable core)"
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_a_kernel_bound_to_fewer_cores_than_its_job_is_told(clean_env, monkeypatch):
+    # srun without --cpus-per-task (Slurm 22.05 and later) binds the kernel to 1 core
+    # of the job's 4 (task/affinity): every rank it forks inherits that one core.
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    _in_a_job(monkeypatch, SLURM_CPUS_ON_NODE="4")
+    values = as_dict(collect_rows())
+    assert values["CPU", "cores"] == "64 (1 usable by this process: CPU affinity)"
+    assert values["CPU", "note"].startswith(
+        "this process may run on 1 core (CPU affinity), but Slurm job 8 has 4 on this "
+        "node: ranks started here share those. Start the kernel's step with all"
+    )
+
+
+def test_gpus_of_the_job_that_torch_does_not_see_are_named(bin_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    _in_a_job(monkeypatch, SLURM_JOB_GPUS="0,1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    values = as_dict(collect_rows())
+    assert values["GPUs", "Slurm job"] == (
+        "has 2 GPUs on this node, but torch sees 0: check CUDA_VISIBLE_DEVICES "
+        "(not set)"
+    )
 
 
 def test_salloc_without_gpus_or_partition(clean_env, monkeypatch):

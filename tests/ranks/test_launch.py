@@ -165,7 +165,10 @@ def test_a_raising_rank_stops_the_others_and_is_named(method):
         r"ValueError: rank 1 cannot go on: bad shard 7",
     ) as info:
         launch(_fail_on_one, world_size=n, start_method=method, show="none")
-    assert time.monotonic() - t0 < 30
+    # The others were stopped, not left in their barrier until the group's timeout
+    # (an hour here). The bound is loose: a spawn launch took 30.3 s on 2 cores
+    # under a load of 10.
+    assert time.monotonic() - t0 < 300
     error = info.value
     assert error.failed_ranks == [1]
     assert error.errors[1].type == "ValueError"

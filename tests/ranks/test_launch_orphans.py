@@ -215,3 +215,42 @@ def test_sweeping_finds_a_tagged_program_and_leaves_others(tmp_path):
         for p in (tagged, other):
             p.kill()
             p.wait()
+
+
+def test_the_watchdog_outlives_a_sigterm_to_sweep_after_the_kernel(tmp_path):
+    # When a Slurm job ends (scancel, its time limit), Slurm sends SIGTERM to every
+    # process of the kernel's job step at once. The kernel dies of it; the watchdog
+    # must live on and stop what the kernel's launches left. A stand-in "kernel"
+    # starts the watchdog and a process tagged as one of its launches'.
+    kernel_script = tmp_path / "kernel.py"
+    kernel_script.write_text(
+        "import importlib.util, os, subprocess, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('sweep', {sweep.__file__!r})\n"
+        "sweep = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(sweep)\n"
+        "watchdog = sweep.start_watchdog()\n"
+        "env = dict(os.environ, WORKSHOP_LAUNCH=sweep.launch_tag(1))\n"
+        "left = subprocess.Popen(['sleep', '300'], env=env, start_new_session=True)\n"
+        "print(watchdog.pid, left.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    kernel = subprocess.Popen(
+        [sys.executable, "-I", str(kernel_script)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        watchdog, left = map(int, kernel.stdout.readline().split())
+        time.sleep(0.5)  # the watchdog has set up its signals
+        os.kill(watchdog, signal.SIGTERM)
+        time.sleep(0.5)
+        assert gone([watchdog], within=0.1) == [watchdog], "SIGTERM ended it"
+        os.kill(kernel.pid, signal.SIGTERM)  # as Slurm does, a moment later
+        assert gone([left, watchdog], within=10) == []
+    finally:
+        kernel.kill()
+        kernel.wait(10)
+        for pid in (locals().get("left"), locals().get("watchdog")):
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

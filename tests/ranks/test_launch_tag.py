@@ -86,3 +86,20 @@ def test_where_each_process_of_a_launch_carries_its_tag(method):
         assert facts["child_name"] == "cat", facts
         assert facts["own_name"] == tag, facts
         assert facts["forked_child_name"] == tag, facts
+
+
+def test_a_rank_gets_the_job_but_not_the_kernels_slurm_task(monkeypatch):
+    # A kernel on a cluster's portal is task 0 of a Slurm job step; its ranks are not.
+    from workshop.ranks.rendezvous import rank_env
+
+    step = {"SLURM_JOB_ID": "8", "SLURM_CPUS_ON_NODE": "1", "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1",
+            "SLURM_CPU_BIND": "quiet,mask_cpu:0x1", "PMI_RANK": "0"}  # fmt: skip
+    for name, value in step.items():
+        monkeypatch.setenv(name, value)
+    env = rank_env(2, 3, 29400, "w1.1")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("2", "3", "2")
+    assert (env["SLURM_JOB_ID"], env["SLURM_CPUS_ON_NODE"]) == ("8", "1")
+    assert not {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID", "PMI_RANK",
+                "SLURM_STEP_NUM_TASKS", "SLURM_CPU_BIND"} & set(env)  # fmt: skip
+    assert workshop.rank_info(env).launcher == "workshop"

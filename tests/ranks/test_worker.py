@@ -226,11 +226,14 @@ def test_the_exit_wait_sleeps_only_while_gloo_threads_linger(monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
 def test_ranks_share_the_cores_this_process_may_use_not_the_hosts(monkeypatch):
+    from workshop import allocation
     from workshop.ranks.worker import _configure_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)  # not inside a Slurm job
     monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})  # ours
+    monkeypatch.setattr(allocation, "cgroup_cpus", lambda *a: [])  # no cgroup limit
     before = torch.get_num_threads()
     try:
         _configure_threads(RankInfo(rank=0, world_size=2, local_world_size=2))
@@ -238,6 +241,27 @@ def test_ranks_share_the_cores_this_process_may_use_not_the_hosts(monkeypatch):
         monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice wins
         _configure_threads(RankInfo(rank=0, world_size=8, local_world_size=8))
         assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_ranks_share_the_cores_of_their_slurm_job_not_the_nodes(monkeypatch):
+    # Slurm's task/none binds nothing: the affinity mask is the node's 64 cores, and
+    # only SLURM_CPUS_ON_NODE says the job has 4 of them.
+    from workshop import allocation
+    from workshop.ranks.worker import _configure_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(allocation, "cgroup_cpus", lambda *a: [])
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")
+    before = torch.get_num_threads()
+    try:
+        _configure_threads(RankInfo(rank=0, world_size=2, local_world_size=2))
+        assert torch.get_num_threads() == 2  # 4 of the job's cores / 2 ranks, not 32
     finally:
         torch.set_num_threads(before)
 

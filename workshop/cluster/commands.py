@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..env import slurm_allocation, usable_cores
 from .gpu_split import split_for
 from .run import check_program, failure_message, run_all, timeout_message
 
@@ -30,6 +31,7 @@ __all__ = [
     "mpirun_command",
     "run_command",
     "run_commands",
+    "srun_command",
     "torchrun_command",
 ]
 
@@ -126,7 +128,13 @@ def mpirun_command(
     master_port: int | None = None,
     python: str | None = None,
 ) -> list[str]:
-    """The Open MPI ``mpirun`` command line that starts ``np`` ranks of ``script``.
+    """The Open MPI ``mpirun`` command line that starts ``np`` ranks of ``script``
+    on this machine.
+
+    Inside a Slurm job (a notebook kernel on a cluster's portal) the line keeps
+    Open MPI off the job's allocation, ``--mca ras ^slurm --mca plm ^slurm``: by
+    default it would count one slot per task of the job and start its daemons with
+    ``srun``, which waits for the CPUs the kernel's own job step holds.
 
     Args:
         script: the training script; relative paths start from the current folder.
@@ -160,17 +168,28 @@ def mpirun_command(
     check_program("mpirun", os.environ.get("PATH"))
     _check_script(script)
     words = ["mpirun", "-np", str(np)]
-    if np > (os.cpu_count() or 1):
+    if np > usable_cores():  # inside a Slurm job: the job's cores on this node
         words.append("--oversubscribe")  # more ranks than cores: allowed, but slower
     if os.geteuid() == 0:
         # Open MPI refuses to run as root unless told to; in a container (this
         # workshop's image) everything runs as root. On a cluster you never are.
         words.append("--allow-run-as-root")
+    not_launchers = []  # Open MPI's process launchers (plm) not to use
     if not (shutil.which("ssh") or shutil.which("rsh")):
         # Open MPI 4 refuses to start, even on one node, when its remote-shell
         # launcher finds neither ssh nor rsh (as in a slim container); without that
-        # launcher it starts the ranks here. Under Slurm it uses Slurm's instead.
-        words += ["--mca", "plm", "^rsh"]
+        # launcher it starts the ranks here.
+        not_launchers.append("rsh")
+    if slurm_allocation().inside:
+        # Inside a Slurm job (a notebook kernel on a cluster's portal), Open MPI
+        # takes its slots from the job (one per task: too few for np ranks of a
+        # one-task job) and starts its daemons with srun, which waits forever for
+        # the CPUs the kernel's own job step holds. These ranks run on this node, so
+        # Open MPI is kept off Slurm's allocation (ras) and launcher (plm).
+        words += ["--mca", "ras", "^slurm"]
+        not_launchers.append("slurm")
+    if not_launchers:  # one --mca per parameter: Open MPI refuses a repeated one
+        words += ["--mca", "plm", "^" + ",".join(not_launchers)]
     port = free_port() if master_port is None else master_port
     words += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={port}"]
     if os.environ.get("PYTHONPATH"):
@@ -376,3 +395,8 @@ def _check_script(script: str | os.PathLike) -> None:
             f"current folder, {os.getcwd()}. Pass the script's path from there, or "
             "an absolute path"
         )
+
+
+# Last: srun.py uses this module's checks. Re-exported beside torchrun_command and
+# mpirun_command, the other launchers' lines.
+from .srun import srun_command  # noqa: E402

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._procs import interrupted
+from ..env import task_variables
 from ..ranks.streams import Pipes, display_command, rewrite_line
 from .reaper import descendants
 
@@ -241,9 +242,17 @@ def run_all(
 def environment(
     command: list[str], env: Mapping[str, str | None] | None
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """The command's whole environment, and the part worth showing with it."""
+    """The command's whole environment, and the part worth showing with it.
+
+    Inside a Slurm job step (a notebook kernel on a cluster's portal), the command
+    gets the job's variables but not the kernel's task's (``SLURM_PROCID``,
+    ``SLURM_STEP_ID``, its CPU binding: :func:`workshop.env.task_variables`): the
+    command is not that task, and an ``srun`` in it would read the kernel's
+    ``SLURM_CPU_BIND`` as its own and pin every new task onto the kernel's cores."""
     shown = dict(TORCHRUN_ENV) if is_torchrun(command) else {}
     child = dict(os.environ, PYTHONUNBUFFERED="1", **shown)
+    for name in task_variables(child):
+        del child[name]
     for key, value in (env or {}).items():
         if value is None:
             child.pop(key, None)

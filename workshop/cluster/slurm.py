@@ -35,6 +35,7 @@ from .slurm_options import (
     gives_output,
     project_root,
     relative,
+    sbatch_environment,
     sbatch_options,
 )
 from .slurm_status import (
@@ -337,9 +338,23 @@ def submit(
     # Paths as the learner would type them (../runs/... from notebooks/), which
     # are also the same on every machine.
     print(f"{shlex.join(command)}    (in {display_path(workdir)})", flush=True)
+    environ, left_out = sbatch_environment()
+    if left_out:
+        job = os.environ.get("SLURM_JOB_ID")
+        print(
+            f"(inside Slurm job {job}: sbatch gets this environment without the "
+            f"job's {len(left_out)} SLURM_* variables, which the new job would "
+            "otherwise inherit)",
+            flush=True,
+        )
     try:
         done = subprocess.run(
-            command, cwd=workdir, capture_output=True, text=True, timeout=60
+            command,
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=environ,
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(

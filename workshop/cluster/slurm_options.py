@@ -1,6 +1,7 @@
 """How :func:`workshop.cluster.slurm.submit` builds its ``sbatch`` command: where the
-script is, which folder is the repository, and the options from its arguments. Pure
-functions, tested without a Slurm."""
+script is, which folder is the repository, the options from its arguments, and the
+environment sbatch gets (without a surrounding job's variables). Pure functions,
+tested without a Slurm."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ..env import job_variables
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +123,34 @@ def relative(path: Path, base: Path) -> str:
         return str(path.relative_to(base))
     except ValueError:
         return str(path)
+
+
+def sbatch_environment(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    """The environment ``sbatch`` gets, and the names left out of it.
+
+    ``sbatch`` hands its whole environment to the job (``--export=ALL``). From
+    inside a Slurm job (a notebook kernel on a cluster's portal runs in one), the
+    new job would inherit the old job's variables wherever Slurm does not set its
+    own: the old ``SLURM_MEM_PER_NODE`` beside the new ``SLURM_MEM_PER_CPU`` makes
+    every ``srun`` in it fail, the old ``SLURM_NTASKS`` starts too few tasks, and
+    the old ``SLURM_STEP_ID`` makes the batch script look like a job step. So the
+    job's variables (:func:`workshop.env.job_variables`) are left out; the client's
+    settings (``SLURM_CONF``) and everything else stay. Outside a job nothing is.
+
+    Args:
+        environ: the environment to start from; ``os.environ`` when omitted.
+
+    Returns:
+        ``(environment, names left out)``.
+
+    Example:
+        >>> sbatch_environment({"SLURM_JOB_ID": "8", "SLURM_CONF": "/s.conf"})
+        ({'SLURM_CONF': '/s.conf'}, ['SLURM_JOB_ID'])
+    """
+    env = dict(os.environ if environ is None else environ)
+    left_out = job_variables(env)
+    for name in left_out:
+        del env[name]
+    return env, left_out

@@ -211,6 +211,25 @@ def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
     return "\n".join(lines)
 
 
+def allocation_line() -> str | None:
+    """Inside a Slurm job, one line saying what of the node the check measures: the
+    job's cores and memory, which its launches and threads follow. None outside.
+
+    Example:
+        >>> allocation_line()                                   # doctest: +SKIP
+        'inside Slurm job 8: 1 of 2 cores (...), 0.3 GiB available of a 0.3 GiB ...'
+    """
+    from ..allocation import cpu_limit, memory_limit, slurm_allocation
+
+    job = slurm_allocation()
+    if not job.inside:
+        return None
+    return (
+        f"inside Slurm job {job.job_id}: {cpu_limit().describe()}; memory "
+        f"{memory_limit().describe()}"
+    )
+
+
 # ------------------------------------------------------------------ the check
 def check_node(
     skip: Iterable[str] = (),
@@ -272,6 +291,9 @@ def check_node(
         f"{len(STEPS)} steps, each stopped after {timeout:.0f} s",
         file=out,
     )
+    scope = allocation_line()
+    if scope:
+        print(scope, file=out)
     for number, name in enumerate(STEPS, 1):
         print(f"\n[{number}/{len(STEPS)}] {name}", file=out, flush=True)
         if name in left_out:

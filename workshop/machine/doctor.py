@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from .. import env
+from ..allocation import cpu_limit, memory_limit
 from ..ranks.streams import display_path
 from .doctor_probes import (
     Items,
@@ -81,9 +82,30 @@ def _pytorch_items() -> Items:
     ]
 
 
+def _job_gpus() -> int | None:
+    """GPUs the Slurm job has on this node ("4", or ids "0,1"); None outside a job
+    or where it asked for none."""
+    given = env.slurm_allocation().gpus_on_node
+    if not given:
+        return None
+    return int(given) if given.isdigit() else len(given.split(","))
+
+
 def _gpu_items() -> Items:
     visible = env.visible_gpu_count()
     items = [("visible to torch", str(visible) if visible else "0 (none: CPU ranks)")]
+    job = _job_gpus()
+    if job is not None and job != visible:
+        # Without Slurm's device cgroup a job sees the node's GPUs, those of other
+        # jobs too; CUDA_VISIBLE_DEVICES, which Slurm sets, is what torch obeys.
+        items.append(
+            (
+                "Slurm job",
+                f"has {job} GPU{'s' if job != 1 else ''} on this node, but torch sees "
+                f"{visible}: check CUDA_VISIBLE_DEVICES "
+                f"({os.environ.get('CUDA_VISIBLE_DEVICES', 'not set')})",
+            )
+        )
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return [*items, ("nvidia-smi", "not found")]
@@ -107,11 +129,23 @@ def _gpu_items() -> Items:
 
 
 def _cpu_items() -> Items:
-    total = os.cpu_count() or 1
-    usable = env.usable_cores()
-    if usable != total:
-        return [("cores", f"{total} ({usable} usable by this process)")]
-    return [("cores", str(total))]
+    # Inside a Slurm job, a container or a cgroup the process may use fewer cores
+    # than the node has; each figure the workshop derives (ranks, threads per
+    # rank) follows the smaller one, so say which it is and where it was read.
+    limit = cpu_limit()
+    if limit.cores < limit.node_cores:
+        usable = f"{limit.cores} usable by this process: {limit.source}"
+        items = [("cores", f"{limit.node_cores} ({usable})")]
+    else:
+        items = [("cores", str(limit.node_cores))]
+    narrow = limit.narrow_binding()
+    if narrow:
+        items.append(("note", narrow))
+    return items
+
+
+def _memory_items() -> Items:
+    return [("available", memory_limit().describe())]
 
 
 def _backend_items() -> Items:
@@ -171,13 +205,35 @@ def _slurm_items() -> Items:
     nodes = "not set" if allocation.nodes is None else str(allocation.nodes)
     if allocation.nodelist:
         nodes += f" ({allocation.nodelist})"
-    return [
+    cpus = allocation.cpus_on_node
+    memory = allocation.memory_on_node
+    items = [
         ("job id", str(allocation.job_id)),
         ("partition", allocation.partition or "not set"),
         ("nodes", nodes),
         ("tasks", "not set" if allocation.tasks is None else str(allocation.tasks)),
+        ("CPUs on node", "not set" if cpus is None else str(cpus)),
+        (
+            "memory on node",
+            "not set (the whole node's)"
+            if memory is None
+            else f"{memory / 2**30:.1f} GiB",
+        ),
         ("GPUs on node", allocation.gpus_on_node or "none requested"),
     ]
+    if allocation.in_step:
+        # A portal's notebook kernel runs as a job step: what it starts from a cell
+        # is not that step's task (see rank_env and cluster/run.environment).
+        items.append(
+            (
+                "job step",
+                "this process is a task of a job step (a notebook kernel that a "
+                "portal started with srun): ranks and commands it starts get the "
+                "job's variables but not the step's, and srun from a cell needs "
+                "--overlap (workshop.srun_command adds it)",
+            )
+        )
+    return items
 
 
 def _process_items() -> Items:
@@ -202,6 +258,7 @@ def _default_items() -> Items:
 
     gpus = env.visible_gpu_count()
     world_size = env.default_world_size(gpus)
+    cores = env.usable_cores()
     backend = env.choose_backend("auto", world_size, gpus=gpus)
     if backend == "nccl":
         backend += " (one GPU per rank)"
@@ -213,7 +270,13 @@ def _default_items() -> Items:
     # visible, leaves it unable to fork ranks), as it does for launch().
     method, reason = choose_start_method("auto", fork_hazard())
     return [
-        ("world_size", f"{world_size} ({'one per GPU' if gpus else 'CPU ranks'})"),
+        (
+            "world_size",
+            f"{world_size} (one per GPU)"
+            if gpus
+            else f"{world_size} (CPU ranks, for {cores} usable "
+            f"core{'s' if cores != 1 else ''})",
+        ),
         ("backend", backend),
         ("start method", f"{method} ({reason})"),
     ]
@@ -224,6 +287,7 @@ _SECTIONS: tuple[tuple[str, Callable[[], Items]], ...] = (
     ("PyTorch", _pytorch_items),
     ("GPUs", _gpu_items),
     ("CPU", _cpu_items),
+    ("Memory", _memory_items),
     ("Backends", _backend_items),
     ("Launchers", _launcher_items),
     ("Slurm", _slurm_items),

@@ -45,7 +45,14 @@ from .monitor_plot import (
     sample_row,
     step_gaps,
 )
-from .monitor_probes import SMI_TIMEOUT, Gpus, admin_commands, difference, read_counters
+from .monitor_probes import (
+    SMI_TIMEOUT,
+    Gpus,
+    admin_commands,
+    difference,
+    read_counters,
+    scope_line,
+)
 
 __all__ = [
     "Monitor",
@@ -373,6 +380,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                 f"{args.output} (GPUs: {monitor.gpu_source})",
                 flush=True,
             )
+            scope = scope_line()
+            if scope:
+                print(f"workshop monitor: {scope}", flush=True)
             deadline = time.monotonic() + args.seconds
             with contextlib.suppress(KeyboardInterrupt):
                 while time.monotonic() < deadline and monitor.running:

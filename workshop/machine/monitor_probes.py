@@ -14,10 +14,19 @@ import os
 import shutil
 from pathlib import Path
 
+from ..allocation import cpu_limit, memory_limit
+from ..env import slurm_allocation
 from .doctor_probes import _run
 from .monitor_plot import Sample
 
-__all__ = ["ADMIN_COMMANDS", "Gpus", "admin_commands", "difference", "read_counters"]
+__all__ = [
+    "ADMIN_COMMANDS",
+    "Gpus",
+    "admin_commands",
+    "difference",
+    "read_counters",
+    "scope_line",
+]
 
 #: Seconds one ``nvidia-smi`` query may take before it is killed.
 SMI_TIMEOUT = 2.0
@@ -276,7 +285,7 @@ def admin_commands(lines: int = 8, timeout_s: float = 5.0) -> list[tuple[str, bo
         $ vmstat 1 2
         ...
     """
-    job = os.environ.get("SLURM_JOB_ID")
+    job = slurm_allocation().job_id
     results = []
     for template, _ in ADMIN_COMMANDS:
         command = template.format(job=job or "JOBID")
@@ -295,3 +304,29 @@ def admin_commands(lines: int = 8, timeout_s: float = 5.0) -> list[tuple[str, bo
         print("\n".join(f"  {line}" for line in shown) if ok else f"  {output}")
         results.append((command, ok))
     return results
+
+
+def scope_line() -> str | None:
+    """Where this process may use less than the node: what its figures then mean.
+
+    CPU % and memory are the node's (``/proc/stat``, ``/proc/meminfo``), every job on
+    it counted. Inside a Slurm job of 1 core on a 64-core node, a training that
+    keeps its core busy moves the node's CPU % by 1.6 points; this line says so,
+    with the job's cores and memory. None where the process may use the whole node.
+
+    Example:
+        >>> scope_line()                                        # doctest: +SKIP
+        'CPU % and memory are the whole node's: 2 cores, of which this process ...'
+    """
+    cpus, memory = cpu_limit(), memory_limit()
+    if cpus.cores >= cpus.node_cores and memory.limit is None:
+        return None
+    share = 100 * cpus.cores / cpus.node_cores
+    text = (
+        f"CPU % and memory are the whole node's ({cpus.node_cores} cores); this "
+        f"process may use {cpus.describe()}, so its cores all busy read "
+        f"{share:.0f} %"
+    )
+    if memory.limit is not None:
+        text += f"; memory: {memory.describe()}"
+    return text

@@ -18,6 +18,7 @@ from typing import Any
 import cloudpickle
 
 from .._procs import interrupted
+from ..allocation import cpu_limit
 from ..env import choose_backend, visible_gpu_count
 from . import forkable, sweep
 from .checks import (
@@ -193,9 +194,75 @@ def launch(
             f"{'s' if gpus != 1 else ''}: the ranks run on the CPU with gloo "
             f"(world_size={gpus} would give each rank its own GPU, with NCCL)"
         )
+    narrow = cpu_limit().narrow_binding()
+    if narrow:
+        # Inside a Slurm job whose step bound this kernel to fewer cores than the job
+        # has: every rank inherits that binding, so they all share those cores.
+        header += f"\nlaunch: {narrow}"
+    output = RankOutput(world_size, header, show)
+    for attempt in range(1, SETUP_ATTEMPTS + 1):
+        run, running, stopped = _attempt(
+            job, job_bytes, world_size, backend, method, timeout, output
+        )
+        if stopped is None or attempt == SETUP_ATTEMPTS:
+            break
+        failed = run.failure(stopped)
+        if not _failed_while_connecting(failed):
+            break
+        print(
+            f"launch: the ranks' {backend} connections failed while being set up "
+            f"({_first_line(failed)}); starting the ranks again "
+            f"(attempt {attempt + 1} of {SETUP_ATTEMPTS})",
+            file=sys.stderr,
+        )
+    if method == "fork" and gpus > 0:
+        _warm_up_server()
+    if running:
+        raise run.timeout_error(running)
+    if stopped is not None:
+        raise run.failure(stopped)
+    return run.result()
+
+
+# gloo's connectFullMesh, which links every pair of ranks, can fail on a busy
+# machine with "Connection closed by peer" (seen in 1 of 18 launches of 4 ranks with
+# 6 kernels launching at once on 2 cores: a classroom on one node). Nothing of the
+# function has run then, so the ranks are simply started again, as torchrun's agent
+# restarts a failed group.
+SETUP_ATTEMPTS = 3
+
+
+def _failed_while_connecting(error: LaunchError) -> bool:
+    """True when every rank that raised did so while joining the process group,
+    losing a connection, and none crashed: a failure of the set-up alone."""
+    errors = error.errors
+    if not errors or set(error.failed_ranks) - set(errors):
+        return False
+    return all(
+        "init_process_group" in e.traceback
+        and ("connectFullMesh" in e.message or "Connection closed by peer" in e.message)
+        for e in errors.values()
+    )
+
+
+def _first_line(error: LaunchError) -> str:
+    message = next(iter(error.errors.values())).message
+    return message.split(" This is typically")[0].split("\n")[0][:160]
+
+
+def _attempt(
+    job: Job,
+    job_bytes: bytes,
+    world_size: int,
+    backend: str,
+    method: str,
+    timeout: float | None,
+    output: RankOutput,
+) -> tuple[LaunchSession, list[int], list[int] | None]:
+    """Start the ranks once and wait for them: the session, the ranks still running
+    at a timeout, and the ranks stopped after a failure (None if none failed)."""
     tag = _new_tag()
     rendezvous = Rendezvous(world_size, timeout or 3600.0)
-    output = RankOutput(world_size, header, show)
     stacks = StackDumps()
     run = LaunchSession(
         job, world_size, backend, method, timeout, output, SERVER, tag, stacks
@@ -234,13 +301,7 @@ def launch(
         rendezvous.close()
         stacks.close()
         _stop_leftovers(tag)
-    if method == "fork" and gpus > 0:
-        _warm_up_server()
-    if running:
-        raise run.timeout_error(running)
-    if stopped is not None:
-        raise run.failure(stopped)
-    return run.result()
+    return run, running, stopped
 
 
 def _warm_up_server() -> None:

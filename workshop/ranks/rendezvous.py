@@ -6,7 +6,7 @@ import os
 import socket
 from datetime import timedelta
 
-from ..env import LAUNCHER_STORE_VAR
+from ..env import LAUNCHER_STORE_VAR, task_variables
 from .sweep import TAG_VAR
 
 
@@ -89,8 +89,16 @@ class Rendezvous:
 
 def rank_env(rank: int, world_size: int, port: int, tag: str = "") -> dict[str, str]:
     """The complete environment of ``rank`` in a single-node launch; ``tag`` marks
-    every process the rank starts as the launch's (see ``sweep``)."""
+    every process the rank starts as the launch's (see ``sweep``).
+
+    A kernel that runs as a Slurm job step (a cluster's Jupyter portal starts it with
+    ``srun``) has that step's task variables: ``SLURM_PROCID=0``, ``SLURM_STEP_ID``,
+    its CPU binding, PMI's rank. The rank gets none of them: it is not that task, and
+    a tool or ``srun`` it runs would read them as its own. The job's variables
+    (``SLURM_JOB_ID``, ``SLURM_CPUS_ON_NODE``) stay: the rank runs in the job."""
     env = dict(os.environ)
+    for name in task_variables(env):
+        del env[name]
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),

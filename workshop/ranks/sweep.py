@@ -16,7 +16,8 @@ longest name Linux keeps). After a launch the kernel stops what still carries it
 tag (:func:`stop_tagged`). If the kernel itself dies, even by SIGKILL, its ranks die
 with it (parent-death signal) but their children would not: a small watchdog, this
 file run as a script, waits for the kernel's death and then stops every process that
-carries one of the kernel's tags.
+carries one of the kernel's tags. It ignores SIGTERM, which a Slurm job's end sends
+to the kernel and the watchdog alike, so that it outlives the kernel to do that.
 
     python -I sweep.py KERNEL_PID
 
@@ -203,6 +204,13 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -I sweep.py KERNEL_PID")
     # The kernel's Ctrl-C, or a signal to its process group, is not for us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Nor is SIGTERM: when a Slurm job ends (scancel, its time limit), Slurm sends it
+    # to every process of the job step at once, the kernel's and this one's. The
+    # kernel dies of it; this watchdog must live on for the moment it takes to stop
+    # what the kernel's launches left, which Slurm cannot find without cgroups
+    # (proctrack/linuxproc follows parents, and a daemon has left its parent). It
+    # ends on its own once that is done; Slurm's SIGKILL comes only later.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch(int(argv[0]))
 
 

@@ -228,7 +228,9 @@ def test_setup_leaves_a_complete_venv_made_another_way(tmp_path):
     assert not (venv / ".workshop-setup-stamp").exists()
     # apt-get failed (no network here): said, and setup went on.
     assert (tmp_path / "apt.log").read_text() == "apt-get update -qq\n"
-    packages = "openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver"
+    packages = (
+        "openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver nodejs npm"
+    )
     assert (
         "[setup] apt-get update failed; is the package mirror reachable?\n"
         f"[setup]   Going on without {packages}: not in CI, and the notebooks do "

@@ -83,8 +83,11 @@ def test_it_sees_the_cpu_of_a_busy_loop():
     one_core = 100 / _cores_in_proc_stat()
     margin = min(5.0, one_core / 4)
     assert busy_cpu > idle_cpu + margin, (idle_cpu, busy_cpu, f"one core: {one_core}")
-    # The whole machine's busy time includes this process's.
-    assert _mean(s.cpu_percent for s in busy) >= busy_cpu - 15
+    # The whole machine's busy time includes this process's busy thread. Not all of
+    # busy_cpu: that counts the CPU time of children when they are reaped, all at
+    # once (84 % of 2 cores against the machine's 48 % in a full `make test`, a rank
+    # of an earlier test reaped inside the window).
+    assert _mean(s.cpu_percent for s in busy) >= min(busy_cpu, one_core) - 15
 
 
 def test_it_counts_the_cpu_of_child_processes():

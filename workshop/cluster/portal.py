@@ -40,11 +40,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._procs import is_alive
 from . import slurm_cluster, slurm_watchdog
 from .portal_python import learner_python
 from .portal_users import (
     PortalError,
-    _alive,
     _end,
     _make_user,
     _pid,
@@ -384,7 +384,7 @@ def status(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> str:
         return f"no portal in {folder} (start one: python -m workshop portal start)"
     settings = json.loads((folder / "portal.json").read_text())
     hub = _pid(folder / "run" / "hub.pid")
-    alive = hub is not None and _alive(hub)
+    alive = hub is not None and is_alive(hub)
     env = dict(os.environ, SLURM_CONF=settings["slurm_conf"])
     queue = slurm_watchdog._quiet(["squeue", "-h", "-o", "%A %u %T %N"], env, 15)
     lines = [

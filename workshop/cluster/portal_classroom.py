@@ -157,17 +157,11 @@ async def _isolation(hub: Hub, a: str, b: str) -> str:
 def _queue(slurm_conf: str, user: str | None = None) -> list[str]:
     """The ids of the jobs in the portal's queue (of ``user``, if given)."""
     import os
-    import subprocess
+
+    from .slurm_watchdog import _quiet
 
     command = ["squeue", "-h", "-o", "%A"] + (["-u", user] if user else [])
-    done = subprocess.run(
-        command,
-        env=dict(os.environ, SLURM_CONF=slurm_conf),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return done.stdout.split()
+    return _quiet(command, dict(os.environ, SLURM_CONF=slurm_conf), 30).split()
 
 
 def _wait_until_gone(

@@ -10,6 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .._procs import is_alive
+
 
 class PortalError(RuntimeError):
     """The portal could not start, or could not be stopped cleanly."""
@@ -23,7 +25,7 @@ def _make_user(name: str, home: Path) -> bool:
         existed = True
         other = old_home.parent.parent
         hub = _pid(other / "run" / "hub.pid")
-        live = (other / "portal.json").exists() and hub is not None and _alive(hub)
+        live = (other / "portal.json").exists() and hub is not None and is_alive(hub)
         if other != home.parent.parent and live:
             raise PortalError(
                 f"the user {name} belongs to the portal running in {other}: stop it "
@@ -77,21 +79,13 @@ def _end(pid: int | None, grace: float) -> None:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not is_alive(pid):
             return
         time.sleep(0.2)
     try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def processes_of(users: list[str]) -> list[tuple[int, str, str]]:
@@ -108,7 +102,7 @@ def processes_of(users: list[str]) -> list[tuple[int, str, str]]:
             continue
         try:
             uid = entry.stat().st_uid
-            if uid in uids and _alive(int(entry.name)):
+            if uid in uids and is_alive(int(entry.name)):
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
                 found.append(
                     (int(entry.name), uids[uid], command.decode(errors="replace"))

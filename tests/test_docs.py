@@ -369,9 +369,12 @@ def test_the_led_times_add_up_to_what_the_guide_says():
     text = _text(GUIDE)
     led = 0
     for line in text.splitlines():
-        match = re.match(r"\| \[0\d [^]]+\]\([^)]+\) \| (\d+) (min|h) \|", line)
-        if match:
-            led += int(match.group(1)) * (60 if match.group(2) == "h" else 1)
+        # "105 min", "2 h" or "2 h 20 min"
+        match = re.match(
+            r"\| \[0\d [^]]+\]\([^)]+\) \| (?:(\d+) h)? ?(?:(\d+) min)? \|", line
+        )
+        if match and (match.group(1) or match.group(2)):
+            led += int(match.group(1) or 0) * 60 + int(match.group(2) or 0)
     stated = re.search(r"led times add up to about (\d+) h (\d+)\s+min", text)
     assert stated, "the guide states the led times' total"
     assert led == int(stated.group(1)) * 60 + int(stated.group(2))

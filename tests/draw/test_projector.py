@@ -177,6 +177,20 @@ CASES: list[tuple[str, str, Callable[[], Figure]]] = [
          workshop.load_scaling(RESULTS / "scaling-gloo-cnn.json"),
          workshop.published_scaling(), xlabel="ranks (CPU processes or GPUs)",
          title="Published ResNet-50 on V100 GPUs beside SmallCNN on 2 CPU cores")),
+    ("efficiency_documents", "plot_efficiency",
+     lambda: workshop.plot_efficiency(
+         workshop.document_table("cpu-batch50"),
+         workshop.document_table("cpu-batch256"),
+         workshop.load_scaling(RESULTS / "scaling-gloo-cnn.json"),
+         title="MNIST on CPU cores (SHARCNET, doc 004) beside SmallCNN on 2 cores")),
+    ("efficiency_gpus", "plot_efficiency",
+     lambda: workshop.plot_efficiency(
+         workshop.document_table("keras-gpus-batch256").speedups("V100"),
+         workshop.document_table("estimator-gpus-batch256").speedups("V100"),
+         workshop.document_table("keras-v100-batch8192"),
+         workshop.document_table("estimator-v100-batch8192"),
+         workshop.load_scaling(RESULTS / "scaling-gloo-cnn.json"),
+         title="MNIST on 1 to 8 V100s (SHARCNET, doc 004) beside SmallCNN")),
     ("scaling_projected", "plot_scaling",
      lambda: workshop.plot_scaling(
          _scaling_projection(),

@@ -75,6 +75,11 @@ WRONG = {
     "04.server_bytes": lambda workers, b: workers * b,  # forgets the pull
     "04.bubble": 3 / 8,  # (p - 1) / m: the idle steps over the busy ones
 }
+# Notebook 05's solutions and wrong answers sit beside their own tests.
+from test_exercises_cluster import RIGHT_05, WRONG_05  # noqa: E402
+
+RIGHT.update(RIGHT_05)
+WRONG.update(WRONG_05)
 
 
 # 02.resume is checked by training a step in this process.

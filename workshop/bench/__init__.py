@@ -10,6 +10,8 @@
 * ``scaling``: weak and strong scaling of DDP training across world sizes, each step
   split into compute and communication, explained by the ring model.
 
-The plots of these results (``allreduce_plots``, ``scaling_plots``) live here, beside
-the files they read. Imports ``env``, ``comm``, ``draw``, ``ranks`` and ``training``.
+The plots of these results (``allreduce_plots``, ``scaling_plots``,
+``efficiency_plots``) live here, beside the files they read, with the published
+figures they are compared with (``published``). Imports ``env``, ``comm``, ``draw``,
+``ranks``, ``training`` and ``sources`` (the source documents and their tables).
 """

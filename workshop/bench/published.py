@@ -9,25 +9,28 @@ Only figures read in their source are here, copied as the source gives them. A
 *table* (GPUs, samples per second) can be drawn; a *quote* (one figure, or an
 efficiency with no throughput behind it) is printed with its source, not drawn, since
 a line through one point, or through points worked back from a percentage, would
-look like a measurement that nobody published. Where the workshop's source material
-quotes a figure whose original table could not be found, the quote says so
-("as quoted in the workshop's source material").
+look like a measurement that nobody published.
 
-Not here, because their numbers could not be found in a source: the source
-material's TensorFlow MNIST runs on 1 to 32 CPU cores, its Keras and Estimator runs
-on 1 to 8 GPUs at batch 256, 2048 and 8192, its ResNet-50 runs on 1 to 8 V100s
-(NVIDIA's published 1- and 8-GPU figures stand in) and the full table of its Horovod
-ResNet-50 benchmark on 2 to 64 GPUs (only the 64-GPU figure is quoted).
+A figure from one of the workshop's source documents names the document itself
+(:func:`workshop.sources.document`) and holds only numbers that document contains:
+:func:`figures_not_in_documents` checks it. Document 004's tables in seconds (MNIST
+on CPU cores and GPUs) are not throughput tables: they live, with all its other
+tables, in :mod:`workshop.sources.tables` (``workshop.document_tables()``), and
+:func:`workshop.bench.efficiency_plots.plot_efficiency` draws their efficiency.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..sources.documents import Document, document, missing_numbers
+from ..sources.tables import DocumentTable, document_table
+
 __all__ = [
     "PublishedQuote",
     "PublishedTable",
     "Source",
+    "figures_not_in_documents",
     "published_quotes",
     "published_scaling",
     "published_sources",
@@ -67,14 +70,27 @@ class PublishedTable:
         label: the legend entry, naming model, hardware and source.
         setup: how it was measured (model, precision, batch, software).
         points: (GPUs, samples per second), as the source gives them.
-        source: where it was published.
+        source: where it was published: a :class:`Source`, or the workshop's
+            source :class:`~workshop.sources.Document` that holds the table.
+        stated_speedup: the speed-up at the largest count as the source states
+            it in a column of its own, None where it states none.
+        table: the document's table the points are read from, None for a source
+            outside the workshop's documents.
     """
 
     name: str
     label: str
     setup: str
     points: tuple[tuple[int, float], ...]
-    source: Source
+    source: Source | Document
+    stated_speedup: float | None = None
+    table: DocumentTable | None = None
+
+    def numbers_text(self) -> str:
+        """The figures it credits to its source, as the source writes them."""
+        if self.table is not None:
+            return " ".join((self.label, self.setup, self.table.numbers_text()))
+        return " ".join(f"{n} {x:g}" for n, x in self.points)
 
 
 @dataclass(frozen=True)
@@ -83,13 +99,18 @@ class PublishedQuote:
 
     Attributes:
         name: a short key.
-        statement: the figure, in words, as the source gives it.
-        source: where it was published (or quoted).
+        statement: the figure, in words; its numbers as the source writes them.
+        source: where it was published: a :class:`Source`, or the workshop's
+            source :class:`~workshop.sources.Document` that says it.
     """
 
     name: str
     statement: str
-    source: Source
+    source: Source | Document
+
+    def numbers_text(self) -> str:
+        """The figures it credits to its source: its statement."""
+        return self.statement
 
 
 _NVIDIA = Source(
@@ -99,13 +120,6 @@ _NVIDIA = Source(
     organisation="NVIDIA DeepLearningExamples",
     year=2021,
     url="https://github.com/NVIDIA/DeepLearningExamples",
-)
-_MATERIAL = Source(
-    title="the workshop's source material (SHARCNET / Compute Canada training "
-    "material); the original table was not found",
-    organisation="SHARCNET",
-    year=None,
-    url=None,
 )
 _HOROVOD = Source(
     title="Horovod documentation, Benchmarks (512-GPU benchmark); see also Sergeev "
@@ -123,37 +137,71 @@ _GOYAL = Source(
     url="https://arxiv.org/abs/1706.02677",
 )
 
+
+def _from_document(name: str, table_name: str, setup: str) -> PublishedTable:
+    """A throughput table of a source document, as a drawable table."""
+    table = document_table(table_name)
+    return PublishedTable(
+        name=name,
+        label=table.label,
+        setup=setup,
+        points=tuple((n, x) for n, x in table.values()),
+        source=table.document,
+        table=table,
+    )
+
+
 _TABLES = (
     PublishedTable(
         name="resnet50-v100-fp32",
         label="ResNet-50 FP32, V100 (NVIDIA, published)",
-        setup="ResNet-50 v1.5, PyTorch, FP32, one DGX-1 (8x V100 16GB, NVLink), "
-        "ImageNet; strong scaling 7.76x on 8 GPUs as the source states",
+        setup="ResNet-50 v1.5, PyTorch, one process per GPU, FP32, one DGX-1 (8x "
+        "V100 16GB, NVLink), ImageNet (the README's default loader is DALI), a batch "
+        "per GPU",
         points=((1, 367.0), (8, 2855.0)),
         source=_NVIDIA,
+        stated_speedup=7.76,
     ),
     PublishedTable(
         name="resnet50-v100-amp",
         label="ResNet-50 mixed precision, V100 (NVIDIA, published)",
-        setup="ResNet-50 v1.5, PyTorch, mixed precision, one DGX-1 (8x V100 16GB, "
-        "NVLink), ImageNet; strong scaling 6.93x on 8 GPUs as the source states",
+        setup="ResNet-50 v1.5, PyTorch, one process per GPU, mixed precision, one "
+        "DGX-1 (8x V100 16GB, NVLink), ImageNet (the README's default loader is "
+        "DALI), a batch per GPU",
         points=((1, 1200.0), (8, 8322.0)),
         source=_NVIDIA,
+        stated_speedup=6.93,
+    ),
+    _from_document(
+        "sharcnet-resnet50-v100",
+        "resnet50-v100-batch128",
+        "ResNet-50, TensorFlow (tensorflow/models), one Graham node of 8 V100s, "
+        "synthetic data, batch 128 (the slide does not say per GPU or in all)",
+    ),
+    _from_document(
+        "sharcnet-horovod-resnet50",
+        "horovod-resnet50",
+        "ResNet-50, TensorFlow with Horovod (ring all-reduce over NCCL2), 1 to 32 "
+        "Graham nodes of 2 GPUs, batch 32 per GPU; at 64 GPUs the slide gives "
+        "9318.20 and, in parentheses, 10143.52, which it does not explain: the "
+        "first is drawn",
     ),
 )
 
 _QUOTES = (
     PublishedQuote(
-        name="horovod-resnet50-64gpus",
-        statement="Horovod, ResNet-50: 9,318 images/s on 64 GPUs, about 90% "
-        "scaling efficiency against 2 GPUs",
-        source=_MATERIAL,
+        name="large-batch-16gpus",
+        statement="16 GPUs on two machines trained 70% faster than 8 GPUs on one "
+        "machine; model accuracy fell from 68.82% to 63.73%, which the author expects "
+        "since the number of model replicas doubled",
+        source=document("002"),
     ),
     PublishedQuote(
-        name="large-batch-16gpus",
-        statement="16 GPUs at the same per-GPU batch: 70% faster, accuracy "
-        "down from 68.8% to 63.7% after the same epochs",
-        source=_MATERIAL,
+        name="p100-vs-cpu-cores",
+        statement="one nVidia Pascal p100 GPU is ~15 times faster than 16 CPU cores "
+        "(Intel E5-2683 v4 Broadwell) on the MNIST example at batch 256, 20000 "
+        "iterations",
+        source=document("004"),
     ),
     PublishedQuote(
         name="horovod-512gpus",
@@ -169,6 +217,36 @@ _QUOTES = (
         source=_GOYAL,
     ),
 )
+
+
+def figures_not_in_documents(
+    *items: PublishedTable | PublishedQuote,
+) -> list[str]:
+    """The figures credited to a source document that the document does not hold.
+
+    Every table and quote whose source is one of the workshop's documents must
+    write only numbers the document itself contains (``workshop.sources.holds``).
+
+    Args:
+        *items: tables and quotes to check; none for all of this module's.
+
+    Returns:
+        One line per item with figures its document lacks, e.g. ``"large-batch-16gpus
+        [doc 002]: 75"``; empty when every figure is found.
+
+    Example:
+        >>> figures_not_in_documents()
+        []
+    """
+    problems = []
+    for item in items or (*_TABLES, *_QUOTES):
+        if isinstance(item.source, Document):
+            missing = missing_numbers(item.source.key, item.numbers_text())
+            if missing:
+                problems.append(
+                    f"{item.name} [doc {item.source.key}]: {', '.join(missing)}"
+                )
+    return problems
 
 
 def _pick(items: tuple, names: tuple[str, ...], what: str) -> list:
@@ -195,7 +273,7 @@ def published_tables(*names: str) -> list[PublishedTable]:
         ValueError: a name that is not known; the message lists the known ones.
 
     Example:
-        >>> [t.name for t in published_tables()]
+        >>> [t.name for t in published_tables()][:2]
         ['resnet50-v100-fp32', 'resnet50-v100-amp']
     """
     return _pick(_TABLES, names, "table")
@@ -214,8 +292,8 @@ def published_quotes(*names: str) -> list[PublishedQuote]:
         ValueError: a name that is not known; the message lists the known ones.
 
     Example:
-        >>> published_quotes("large-batch-16gpus")[0].statement[:9]
-        '16 GPUs a'
+        >>> published_quotes("large-batch-16gpus")[0].statement[:21]
+        '16 GPUs on two machin'
     """
     return _pick(_QUOTES, names, "quote")
 
@@ -243,8 +321,10 @@ def published_scaling(*names: str) -> dict[str, list[tuple[int, float]]]:
 def published_sources(width: int = 88) -> str:
     """Every published table and quote with its source, as lines of text.
 
-    Each table's efficiency against its smallest GPU count is worked out from its own
-    numbers (speed-up / N), so the reader sees what the figures say.
+    Each table's speed-up and efficiency against its smallest GPU count are worked
+    out from its own numbers (speed-up / (N / N0)), so the reader sees what the
+    figures say; where the source states a speed-up of its own, both are given. The
+    source documents' other tables are listed by name (``workshop.document_table``).
 
     Args:
         width: the longest line, in characters; at least 40.
@@ -260,6 +340,8 @@ def published_sources(width: int = 88) -> str:
     """
     import textwrap
 
+    from ..sources.tables import document_tables
+
     if isinstance(width, bool) or not isinstance(width, int) or width < 40:
         raise ValueError(f"width={width!r} must be a whole number, 40 or more")
 
@@ -272,18 +354,37 @@ def published_sources(width: int = 88) -> str:
             break_on_hyphens=False,  # keep addresses and names whole
         )
 
-    lines = ["Tables (drawn):"]
+    lines = wrap("Tables of throughput (drawn by plot_scaling):", "")
     for t in _TABLES:
         (n0, x0), (n, x) = t.points[0], t.points[-1]
         speedup = x / x0
-        figures = ", ".join(f"{g} GPU{'s' * (g > 1)}: {r:,.0f}/s" for g, r in t.points)
+        figures = ", ".join(f"{g}: {r:,.0f}" for g, r in t.points)
+        stated = ""
+        if t.stated_speedup is not None and round(t.stated_speedup, 2) != round(
+            speedup, 2
+        ):
+            stated = (
+                " from the rounded throughputs it prints (its own strong-scaling "
+                f"column says {t.stated_speedup:.2f}x)"
+            )
+        elif t.stated_speedup is not None:
+            stated = " (as its own strong-scaling column says)"
         lines += wrap(
-            f"{t.label}: {figures}; speed-up {speedup:.2f}x on {n // n0}x the GPUs, "
-            f"efficiency {speedup * n0 / n:.0%}.",
+            f"{t.label}, samples/s by GPUs: {figures}; speed-up {speedup:.2f}x on "
+            f"{n // n0}x the GPUs{stated}, efficiency {speedup * n0 / n:.0%}.",
             "- ",
         )
         lines += wrap(f"{t.setup}.", "    ")
         lines += wrap(f"Source: {t.source.cite()}", "    ")
+    tables = document_tables()
+    keys = sorted({t.key for t in tables})
+    lines += wrap(
+        "Tables of the source documents (print(workshop.document_table(name))):", ""
+    )
+    for t in tables:
+        lines += wrap(f"{t.name}: {t.label.rsplit(' (', 1)[0]}", "- ")
+    for key in keys:
+        lines += wrap(f"Source: {document(key).cite()}", "    ")
     lines.append("Quoted figures (not drawn):")
     for q in _QUOTES:
         lines += wrap(f"{q.statement}.", "- ")

@@ -127,6 +127,7 @@ def mpirun_command(
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     python: str | None = None,
+    options: Sequence[str] = (),
 ) -> list[str]:
     """The Open MPI ``mpirun`` command line that starts ``np`` ranks of ``script``
     on this machine.
@@ -143,12 +144,14 @@ def mpirun_command(
         master_addr: the host of rank 0, where the ranks meet (``MASTER_ADDR``).
         master_port: a free port there (``MASTER_PORT``); None picks one here.
         python: the interpreter that runs the script (default: this one).
+        options: more mpirun options, as words, put before the program, e.g.
+            ``["--bind-to", "core", "--report-bindings"]``.
 
     Returns:
         The command as a list of words.
 
     Raises:
-        ValueError: ``np`` below 1 or a port out of range.
+        ValueError: ``np`` below 1, a port out of range, or ``options`` a string.
         FileNotFoundError: no ``mpirun`` on PATH, or ``script`` does not exist.
 
     Example:
@@ -164,6 +167,11 @@ def mpirun_command(
         raise ValueError(
             f"master_port must be a port number 1-65535, got {master_port!r}; pass "
             "master_port=None to pick a free one"
+        )
+    if isinstance(options, str):
+        raise ValueError(
+            f"options must be a list of words, got the string {options!r}; pass "
+            f"{_listed(options)}"
         )
     check_program("mpirun", os.environ.get("PATH"))
     _check_script(script)
@@ -194,6 +202,7 @@ def mpirun_command(
     words += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={port}"]
     if os.environ.get("PYTHONPATH"):
         words += ["-x", "PYTHONPATH"]  # so the ranks import what this kernel does
+    words += [str(option) for option in options]
     return [*words, python or sys.executable, str(script), *map(str, args)]
 
 

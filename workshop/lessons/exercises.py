@@ -330,6 +330,11 @@ EXERCISES: dict[str, Exercise] = {
     ),
 }
 
+# Notebook 05's exercises live in a module of their own.
+from .exercises_cluster import CLUSTER_EXERCISES  # noqa: E402
+
+EXERCISES.update((name, Exercise(*spec)) for name, spec in CLUSTER_EXERCISES.items())
+
 
 def check(name: str, answer: Any) -> None:
     """Say whether ``answer`` solves exercise ``name``; print a hint if it does not.

@@ -135,6 +135,33 @@ QUIZ_01 = (
         ),
     ),
     question(
+        "The two-stage model was compared with the same weights unsplit, with 4 "
+        "micro-batches. What did the check find?",
+        "unsplit",
+        "d",
+        (
+            "Everything equal bit for bit: the same numbers on the same device",
+            "True of 1 micro-batch; with 4 the gradients are summed in another order, "
+            "so their last bits differ.",
+        ),
+        (
+            "Gradients only roughly equal: a pipeline approximates the whole batch",
+            "They agreed within float32 rounding: the micro-batches' weighted "
+            "gradients add up to the whole batch's.",
+        ),
+        (
+            "Different outputs, since activations are copied from one device to "
+            "the other",
+            "Copying a tensor to another device changes no bit: the outputs were "
+            "equal bit for bit.",
+        ),
+        (
+            "Equal outputs; gradients equal up to float32 rounding",
+            "Section 4: the micro-batch gradients are added into .grad in another "
+            "order, and float addition is not associative.",
+        ),
+    ),
+    question(
         "Gradient accumulation over 4 micro-batches of 16 (each loss divided by 4) "
         "gives which gradient?",
         "accumulation",
@@ -179,6 +206,32 @@ QUIZ_01 = (
         ),
     ),
     question(
+        "Why does float16 training need a GradScaler while bfloat16 training does not?",
+        "GradScaler",
+        "a",
+        (
+            "float16 stops near 6e-8: smaller gradients round to 0 unless scaled up",
+            "Its 5 exponent bits end at 2**-24; bfloat16 has float32's 8 (doc 001's "
+            "float16 recipe pairs autocast with a scaler).",
+        ),
+        (
+            "bfloat16 has more fraction bits than float16, so small gradients stay "
+            "exact",
+            "It has fewer, 7 against 10; what it has more of is exponent bits, "
+            "float32's 8, hence float32's range.",
+        ),
+        (
+            "The scaler makes float16 matrix multiplications run faster",
+            "It only multiplies the loss and divides the gradients back; the speed "
+            "comes from the 16-bit math itself.",
+        ),
+        (
+            "bfloat16 cannot overflow, so no step ever has to be skipped",
+            "It overflows too, near 3.4e38 as float32 does, but gradients never get "
+            "there; float16 overflows above 65,504.",
+        ),
+    ),
+    question(
         "You split a batch over more devices. Which part of a step gets shorter?",
         "Amdahl",
         "c",
@@ -202,27 +255,29 @@ QUIZ_01 = (
 
 QUIZ_02 = (
     question(
-        "Four ranks each hold a tensor with their rank number, 0 to 3, and call "
-        "dist.all_reduce on it (sum). What does each rank hold afterwards?",
-        "all_reduce",
+        "Rank 0 has computed A = B*C and rank 1 D = E*F. Which one call leaves "
+        "G = A*D on both ranks, and which kind of communication is it?",
+        "collective computation",
         "c",
         (
-            "Its own number, unchanged",
-            "all_reduce works in place: every rank's tensor is overwritten with the "
-            "result.",
+            "dist.barrier(): synchronisation",
+            "A barrier only makes the ranks wait for each other; no tensor moves "
+            "and nothing is multiplied.",
         ),
         (
-            "6 on rank 0, and its own number on the others",
-            "That is reduce, which leaves the result on the root (dst) only.",
+            "dist.broadcast(t, src=0): data movement",
+            "Broadcast copies rank 0's A over rank 1's D: both end with A, and "
+            "nobody has multiplied.",
         ),
         (
-            "6 on every rank",
-            "0 + 1 + 2 + 3 = 6, and all_reduce leaves the result on every rank.",
+            "dist.all_reduce(t, op=ReduceOp.PRODUCT): collective computation",
+            "It combines the ranks' tensors on the way (here by a product) and "
+            "leaves the result on every rank.",
         ),
         (
-            "[0, 1, 2, 3] on every rank",
-            "That is all_gather, which collects every rank's tensor without "
-            "combining them.",
+            "dist.all_gather(out, t): collective computation",
+            "all_gather moves the tensors unchanged, so it is data movement; each "
+            "rank would still have to multiply.",
         ),
     ),
     question(
@@ -273,23 +328,29 @@ QUIZ_02 = (
         ),
     ),
     question(
-        "When does DDP all-reduce the gradients?",
-        "bucket_cap_mb",
+        "ResNet-50 has about 100 MB of gradients. Why does DDP, with its default "
+        "bucket_cap_mb of 25, all-reduce them in one bucket more than 100 / 25?",
+        "first bucket",
         "c",
         (
-            "After loss.backward() returns, in one all-reduce",
-            "DDP starts while backward is still running; waiting for the end would "
-            "hide none of the communication.",
+            "It all-reduces the weights of the first step in a bucket of their own",
+            "DDP copies rank 0's weights once, when it wraps the model; the buckets "
+            "hold only gradients.",
         ),
         (
-            "Before each forward pass, together with rank 0's weights",
-            "DDP copies rank 0's weights once, when it wraps the model; after that "
-            "only gradients travel.",
+            "It keeps one bucket spare for the optimizer's state",
+            "The optimizer's state never travels: every rank steps its own optimizer "
+            "with the same averaged gradients.",
         ),
         (
-            "During backward, one bucket at a time",
-            "Each bucket of about bucket_cap_mb starts as soon as its gradients are "
-            "ready, while backward computes the earlier layers.",
+            "The first bucket has a cap of its own, 1 MiB",
+            "So the last layers' gradients, ready first, start their all-reduce at "
+            "once while backward goes on.",
+        ),
+        (
+            "Each bucket holds gradients of one layer type only",
+            "DDP fills buckets in backward order whatever the layer; only dtype and "
+            "device keep gradients apart.",
         ),
     ),
     question(
@@ -314,27 +375,28 @@ QUIZ_02 = (
         ),
     ),
     question(
-        "You train under torch.autocast with bfloat16. What happens to the bytes "
-        "DDP sends per step?",
-        "compress",
+        "A DistributedSampler with its defaults deals 10 samples to 4 ranks. What "
+        "does each rank read in one epoch?",
+        "drop_last",
         "d",
         (
-            "They halve: the model computes in 16 bits",
-            "Autocast changes the computation, not the weights: float32 weights have "
-            "float32 gradients.",
+            "3 samples on ranks 0 and 1, 2 on ranks 2 and 3",
+            "Unequal shares would give ranks unequal steps, and the rank with one "
+            "more would wait in an all-reduce forever.",
         ),
         (
-            "They double: DDP sends both precisions",
-            "DDP sends each gradient once, in the gradient's own dtype.",
+            "2 samples each; samples 8 and 9 are left out",
+            "That is drop_last=True; by default the sampler pads the shares "
+            "instead of dropping the tail.",
         ),
         (
-            "None are sent: autocast turns the all-reduce off",
-            "The all-reduce runs as always; autocast does not touch it.",
+            "Nothing: it raises an error, since 10 does not divide by 4",
+            "The sampler never complains; it evens the shares out by itself.",
         ),
         (
-            "No change, unless a hook compresses them",
-            "Float32 weights have float32 gradients; section 9's bf16 compression "
-            "hook halved the bytes, at a cost in precision.",
+            "3 samples each; two samples are read twice",
+            "It pads to 12 by repeating the first indices, so every rank gets the "
+            "same count.",
         ),
     ),
 )

@@ -30,22 +30,22 @@ QUIZ_05 = (
         ),
     ),
     question(
-        "What does striping a large file over 8 OSTs (lfs setstripe -c 8) do?",
-        "stripe",
-        "a",
+        "A job on Graham wrote its checkpoints to /scratch. You come back three "
+        "months later to resume it. What do you find?",
+        "purge",
+        "b",
         (
-            "Its pieces sit on 8 OSTs, which are read in parallel",
-            "Reads of one large file then use the bandwidth of 8 servers at once.",
+            "The checkpoints, restored from the nightly backup if a disk failed",
+            "Graham's scratch is not backed up; only home and project are.",
         ),
         (
-            "It keeps 8 copies of the file, one per OST, for safety",
-            "Striping splits a file, it does not copy it: lose one OST and the file is "
-            "damaged.",
+            "Perhaps nothing: scratch purges files older than 60 days",
+            "Scratch is for running jobs; copy what you keep to project before the "
+            "purge reaches it.",
         ),
         (
-            "It makes opening many small files in it faster",
-            "Every open still asks the metadata server, and each stripe of a small "
-            "file is one more object to open.",
+            "The checkpoints, moved to /project when they aged",
+            "No file system moves your files for you: a purge deletes them.",
         ),
     ),
     question(

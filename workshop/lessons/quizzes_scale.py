@@ -29,22 +29,29 @@ QUIZ_03 = (
         ),
     ),
     question(
-        "Two nodes of 4 GPUs each run 8 ranks, placed by torchrun. Where does rank "
-        "6 run?",
-        "node_rank",
+        "You hand Slurm a batch script with sbatch. What does Slurm call the piece "
+        "of work it then queues and schedules?",
+        "job",
         "c",
         (
-            "Node 0, local_rank 6",
-            "local_rank counts the ranks on one node: 0 to 3 here.",
+            "A task",
+            "A task is one process of the job (srun starts one per rank); the job "
+            "holds them all.",
         ),
         (
-            "Node 0, local_rank 3",
-            "That deals ranks to the nodes in turn; torchrun fills a node before the "
-            "next.",
+            "A job step",
+            "Each srun inside the running job is a step; what sbatch queued is the "
+            "job around them.",
         ),
         (
-            "Node 1, local_rank 2",
-            "rank = node_rank * 4 + local_rank: 6 = 1 * 4 + 2, so GPU 2 of node 1.",
+            "A job",
+            "What users submit to a cluster is a job: the term the quiz of Alves's "
+            "chapter asks for (doc 002).",
+        ),
+        (
+            "A process",
+            "Slurm starts processes for you, but it queues, schedules and accounts "
+            "for jobs.",
         ),
     ),
     question(
@@ -72,8 +79,8 @@ QUIZ_03 = (
         "b",
         (
             "It carries the tensors between the ranks, instead of NCCL or gloo",
-            "The ranks still talk through gloo or NCCL; PyTorch's wheels from pip "
-            "have no mpi backend.",
+            "The ranks still talk through NCCL or gloo, as in Alves's chapter: Open "
+            "MPI launches, NCCL communicates (doc 002).",
         ),
         (
             "It starts and numbers the ranks; nothing more",
@@ -87,23 +94,23 @@ QUIZ_03 = (
         ),
     ),
     question(
-        "In the Slurm batch script, where does the rendezvous address come from?",
-        "first host",
+        "What are the two main tasks of a workload manager such as Slurm?",
+        "workload manager",
         "a",
         (
-            "The first node of the job, and a port from the job id",
-            "The first host of the node list is reachable from every node, and two "
-            "jobs on one node get different ports.",
+            "Managing the cluster's resources and scheduling the jobs",
+            "It tracks free nodes, cores, GPUs and memory, and decides which job runs "
+            "where and when (Alves, doc 002).",
         ),
         (
-            "localhost on every node, and the usual fixed port 29500",
-            "Other nodes cannot reach your localhost, and two jobs sharing a node "
-            "would collide on a fixed port.",
+            "Starting the ranks and carrying their tensors",
+            "Starting ranks is a launcher's work (srun, mpirun, torchrun); NCCL or "
+            "gloo carries the tensors.",
         ),
         (
-            "Slurm sets MASTER_ADDR and MASTER_PORT for every task",
-            "Slurm sets SLURM_PROCID, SLURM_NODEID and the node list; the script "
-            "derives the rendezvous from them.",
+            "Allocating memory to threads and scheduling the threads on cores",
+            "That is each node's operating system; Slurm decides for whole jobs, "
+            "which nodes and cores they get.",
         ),
     ),
     question(
@@ -213,6 +220,31 @@ QUIZ_04 = (
             "A parameter server cannot run on GPUs",
             "Nothing stops it; the limit is the server's link, which every byte must "
             "cross.",
+        ),
+    ),
+    question(
+        "8 workers push their gradients to 2 parameter servers, each holding half "
+        "of the parameters. How much does each server receive per step?",
+        "W/S",
+        "d",
+        (
+            "8 gradients' worth, as a single server would",
+            "Each worker sends a server only the half that server holds: 8 halves, "
+            "4 gradients.",
+        ),
+        (
+            "2 gradients' worth: the workers are split between the servers",
+            "Every worker talks to every server; it is the parameters that are split, "
+            "not the workers.",
+        ),
+        (
+            "1 gradient's worth, as much as each worker sends",
+            "Only with S = W, a server per worker: that is the all-reduce itself.",
+        ),
+        (
+            "4 gradients' worth: W/S",
+            "Doc 004 weighs this workers-to-servers ratio; section 5 counted W/S "
+            "gradients through each server.",
         ),
     ),
     question(

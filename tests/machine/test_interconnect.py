@@ -1,0 +1,118 @@
+"""The interface counters around a gloo all-reduce match the ring model's bytes; the
+counters, the job's interface and InfiniBand's port counters are read as the kernel
+writes them; bad input is explained."""
+
+from __future__ import annotations
+
+import pytest
+
+import workshop
+from workshop.machine import interconnect
+from workshop.machine.interconnect import (
+    AllreduceBytes,
+    infiniband_ports,
+    interface_bytes,
+    job_interface,
+    watch_allreduce,
+)
+
+
+def _interface(net, name, rx, tx):
+    stats = net / name / "statistics"
+    stats.mkdir(parents=True)
+    (stats / "rx_bytes").write_text(f"{rx}\n")
+    (stats / "tx_bytes").write_text(f"{tx}\n")
+
+
+def test_interface_counters_are_read_and_a_missing_one_is_named(tmp_path):
+    _interface(tmp_path, "ib0", 1000, 2500)
+    _interface(tmp_path, "lo", 7, 7)
+    assert interface_bytes("ib0", net=tmp_path) == (1000, 2500)
+    with pytest.raises(
+        ValueError, match=r"no byte counters for interface 'eth9' .* has ib0, lo; pass"
+    ):
+        interface_bytes("eth9", net=tmp_path)
+
+
+def test_the_job_interface_comes_from_the_variables_then_the_route(
+    tmp_path, monkeypatch
+):
+    assert job_interface({"NCCL_SOCKET_IFNAME": "ib0"}) == (
+        "ib0",
+        "NCCL_SOCKET_IFNAME=ib0",
+    )
+    assert job_interface({"NCCL_SOCKET_IFNAME": "=eth1,eth2"})[0] == "eth1"
+    # An exclusion names no interface: the next source decides.
+    name, why = job_interface(
+        {"NCCL_SOCKET_IFNAME": "^docker", "GLOO_SOCKET_IFNAME": "lo"}
+    )
+    assert (name, why) == ("lo", "GLOO_SOCKET_IFNAME=lo")
+    route = tmp_path / "route"
+    route.write_text(
+        "Iface\tDestination\tGateway\n"
+        "eth0\t0000A8C0\t00000000\n"
+        "ib0\t00000000\t0100A8C0\n"
+    )
+    assert interconnect._default_route_interface(route) == "ib0"
+    assert interconnect._default_route_interface(tmp_path / "none") is None
+    monkeypatch.setattr(interconnect, "_default_route_interface", lambda: "eth0")
+    assert job_interface({}) == ("eth0", "the default route's (/proc/net/route)")
+    monkeypatch.setattr(interconnect, "_default_route_interface", lambda: None)
+    assert job_interface({}) == (
+        None,
+        "no interface variable set and no default route found",
+    )
+
+
+def test_infiniband_port_counters_count_four_bytes_per_unit(tmp_path):
+    counters = tmp_path / "mlx5_0" / "ports" / "1" / "counters"
+    counters.mkdir(parents=True)
+    (counters / "port_xmit_data").write_text("1000\n")
+    (counters / "port_rcv_data").write_text("250\n")
+    broken = tmp_path / "i40iw0" / "ports" / "1" / "counters"
+    broken.mkdir(parents=True)
+    (broken / "port_xmit_data").write_text("N/A (no PMA)\n")
+    (broken / "port_rcv_data").write_text("N/A (no PMA)\n")
+    (port,) = infiniband_ports(tmp_path)
+    assert (port.device, port.port, port.sent, port.received) == (
+        "mlx5_0",
+        "1",
+        4000,
+        1000,
+    )
+    assert infiniband_ports(tmp_path / "absent") == []
+
+
+def test_the_ring_model_and_the_measured_share():
+    watch = AllreduceBytes("lo", 4, 16_000_000, 2, 2 * 4 * 24_000_000, [1, 2])
+    assert watch.ring_model == 24_000_000  # 2(N-1)/N = 1.5 of the tensor
+    assert watch.per_rank == 24_000_000
+    line = watch.describe()
+    assert line.startswith("4 ranks: 24.00 MB sent per rank") and line.endswith(
+        "(1.00x)"
+    )
+    assert "= 24.00 MB" in line and len(line) <= 88
+
+
+def test_bad_input_is_explained():
+    with pytest.raises(ValueError, match=r"size_bytes must be 4 or more .*got 2"):
+        watch_allreduce(2)
+    with pytest.raises(ValueError, match=r"world_size must be 2 or more ranks.*got 1"):
+        watch_allreduce(world_size=1)
+    with pytest.raises(ValueError, match=r"repeats must be a whole number, 1 or more"):
+        watch_allreduce(repeats=0)
+    with pytest.raises(ValueError, match=r"trials must be a whole number, 1 or more"):
+        watch_allreduce(trials=1.5)
+    with pytest.raises(ValueError, match=r"no byte counters for interface 'nosuch0'"):
+        watch_allreduce(interface="nosuch0")
+
+
+@pytest.mark.timeout(180)
+def test_loopback_carries_what_the_ring_model_says(capfd):
+    # Two gloo ranks on this machine (a GPU node too): each sends 2(N-1)/N of the
+    # tensor, and loopback counts every rank's bytes. Headers and other programs'
+    # traffic can only add to it; the fewest of three trials is kept.
+    watch = workshop.watch_allreduce(4e6, world_size=2, repeats=2, trials=3)
+    assert watch.interface in ("lo", "lo0") and len(watch.trials) == 3
+    assert watch.sent == min(watch.trials)
+    assert 0.99 * watch.ring_model <= watch.per_rank <= 1.3 * watch.ring_model

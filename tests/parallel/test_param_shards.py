@@ -1,0 +1,86 @@
+"""workshop.parallel.param_shards: parameters sharded over S servers train exactly as
+one server does, and each server's traffic, counted from traces, is W / S gradients
+per step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workshop import launch
+from workshop.parallel.param_server import parameter_server
+from workshop.parallel.param_shards import server_traffic, sharded_parameter_server
+from workshop.ranks.results import LaunchError
+
+STEPS, WIDTH, WORKERS = 2, 1001, 2  # 1001: the slices differ in size (501, 500)
+OPTIONS = {"backend": "gloo", "show": "none"}
+
+
+@pytest.fixture(scope="module")
+def one_and_two():
+    """One server and two servers, W = 2 workers."""
+    one = launch(parameter_server, STEPS, 0.1, WIDTH, world_size=1 + WORKERS, **OPTIONS)
+    two = launch(
+        sharded_parameter_server,
+        STEPS,
+        0.1,
+        WIDTH,
+        0,
+        2,
+        world_size=2 + WORKERS,
+        **OPTIONS,
+    )
+    return one, two
+
+
+def test_two_servers_train_exactly_as_one(one_and_two):
+    one, two = one_and_two
+    servers, workers = two.returns[:2], two.returns[2:]
+    assert [r["role"] for r in two.returns] == ["server"] * 2 + ["worker"] * 2
+    assert [s["slice"] for s in servers] == [[0, 501], [501, 1001]]
+    whole = torch.cat([s["params"] for s in servers])
+    # The same sums in the same order, slice by slice: bit for bit.
+    assert torch.equal(whole, one.returns[0]["params"])
+    for worker in workers:
+        assert worker["servers"] == 2 and worker["workers"] == WORKERS
+        assert torch.equal(worker["params"], whole)
+        assert worker["losses"] == one.returns[0]["losses"]
+        assert worker["losses"][-1] < worker["losses"][0]
+
+
+def test_each_server_carries_w_over_s_gradients_per_step():
+    gradient = 4 * WIDTH
+    rows = server_traffic(
+        workers=4, servers=(1, 2), steps=STEPS, width=WIDTH, backend="gloo"
+    )
+    assert [r["servers"] for r in rows] == [1, 2]
+    one, two = rows
+    assert one["server_received"] == one["server_sent"] == 4 * gradient
+    # 1001 floats in slices of 501 and 500: the busier server is the bigger slice.
+    assert two["per_server"] == [(4 * 4 * 501,) * 2, (4 * 4 * 500,) * 2]
+    assert two["server_received"] == 4 * 4 * 501
+    for row in rows:  # a worker moves a whole gradient and all the parameters
+        assert row["worker_sent"] == row["worker_received"] == gradient
+        assert row["gradient_bytes"] == gradient and row["workers"] == 4
+
+
+def test_bad_arguments_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"servers must be a whole number.*servers=0"):
+        sharded_parameter_server(servers=0)
+    with pytest.raises(ValueError, match=r"servers=5 for width=4 parameters"):
+        sharded_parameter_server(width=4, servers=5)
+    with pytest.raises(ValueError, match=r"steps must be a whole number.*steps=0"):
+        sharded_parameter_server(steps=0)
+    with pytest.raises(RuntimeError, match=r"launch\(sharded_parameter_server"):
+        sharded_parameter_server()
+    with pytest.raises(ValueError, match=r"workers must be a whole number.*=0"):
+        server_traffic(workers=0)
+    with pytest.raises(ValueError, match=r"servers must be a list.*got 2"):
+        server_traffic(servers=2)
+    with pytest.raises(ValueError, match=r"servers must be a whole number.*=True"):
+        server_traffic(servers=(1, True))
+
+
+def test_servers_without_workers_are_refused():
+    with pytest.raises(LaunchError, match=r"needs world_size >= 3.*got world_size=2"):
+        launch(sharded_parameter_server, servers=2, world_size=2, **OPTIONS)

@@ -1,0 +1,217 @@
+"""How many gradient buckets DistributedDataParallel makes, planned and counted.
+
+DDP walks the gradients in the order backward produces them (the last layer first)
+and fills a bucket until it holds at least its cap, then starts the next. The first
+bucket has a cap of its own: with ``bucket_cap_mb`` left at its default (25 MiB) the
+first bucket closes at ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), so
+that the last layers' gradients go on the wire early instead of waiting for 25 MiB.
+
+:func:`plan_buckets` does that arithmetic on plain byte counts;
+:func:`count_ddp_buckets` wraps a model in a real DDP inside a rank and counts the
+buckets DDP all-reduces. Notebook 02, section "Inside DDP", prints both for
+ResNet-50::
+
+    sizes = gradient_bytes(model)                  # anywhere
+    plan_buckets(sizes)                            # DDP's defaults: 1 MiB, then 25 MiB
+    count_ddp_buckets(model, inputs)               # inside a rank: DDP's own buckets
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "DEFAULT_BUCKET_CAP_MB",
+    "count_ddp_buckets",
+    "first_bucket_mb",
+    "gradient_bytes",
+    "plan_buckets",
+]
+
+#: DDP's ``bucket_cap_mb`` when none is given (mebibytes, as DDP counts them).
+DEFAULT_BUCKET_CAP_MB = 25.0
+_MIB = 1024 * 1024
+
+
+def first_bucket_mb() -> float:
+    """DDP's cap on its first bucket, in MiB, as the installed torch sets it.
+
+    Returns:
+        ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` in MiB (1.0 on torch 2.4
+        to 2.15), or 1.0 where torch.distributed is not built in.
+
+    Example:
+        >>> first_bucket_mb()
+        1.0
+    """
+    import torch.distributed as dist
+
+    return getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", _MIB) / _MIB
+
+
+def gradient_bytes(model: nn.Module) -> list[int]:
+    """Bytes of each gradient DDP will bucket, in the order backward produces them.
+
+    That order is the reverse of ``model.parameters()`` (DDP's own guess before the
+    first step; after it, DDP uses the order it saw, which for a chain of layers is
+    the same). Frozen parameters have no gradient and are left out; a parameter
+    shared by two layers counts once.
+
+    Args:
+        model: any module (not yet wrapped, or wrapped: the parameters are the same).
+
+    Returns:
+        One byte count per trainable parameter, last layer first.
+
+    Raises:
+        ValueError: the model has no trainable parameter.
+
+    Example:
+        >>> gradient_bytes(nn.Linear(4, 2))          # bias (2 floats), then weight
+        [8, 32]
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            f"{type(model).__name__} has no trainable parameter, so DDP has no "
+            "gradient to bucket; pass a model with requires_grad parameters"
+        )
+    return [p.numel() * p.element_size() for p in reversed(params)]
+
+
+def _positive_mb(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}={value!r} must be a number of MiB, e.g. 25")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be above 0 MiB, e.g. 25")
+    return int(value * _MIB)
+
+
+def plan_buckets(
+    sizes: Sequence[int],
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+    first_cap_mb: float | None = None,
+) -> list[int]:
+    """Cut gradients into buckets the way DDP does, and return each bucket's bytes.
+
+    Walking ``sizes`` in order, each gradient joins the open bucket; once the bucket
+    holds at least its cap it closes and the next one opens. The first bucket's cap
+    is ``first_cap_mb``, every later one's ``bucket_cap_mb``. (DDP also keeps
+    gradients of different dtypes or devices in different buckets; give this
+    function one dtype's sizes.)
+
+    Args:
+        sizes: bytes of each gradient, in the order backward produces them
+            (:func:`gradient_bytes`).
+        bucket_cap_mb: the cap of every bucket after the first, in MiB
+            (DDP's ``bucket_cap_mb``; 25 by default).
+        first_cap_mb: the first bucket's cap in MiB; None: :func:`first_bucket_mb`
+            (1 MiB), which DDP uses when ``bucket_cap_mb`` is left at its default.
+            Recent torch releases give the first bucket ``bucket_cap_mb`` too when
+            you set ``bucket_cap_mb`` yourself; pass the same value here to plan that.
+
+    Returns:
+        The bytes of each bucket, in the order DDP all-reduces them.
+
+    Raises:
+        ValueError: no sizes, a size that is not a whole number above 0, or a cap
+            that is not a number above 0.
+
+    Example:
+        >>> plan_buckets([3 * 2**20, 2**20, 20 * 2**20, 10 * 2**20])
+        [3145728, 32505856]
+        >>> plan_buckets([3 * 2**20, 2**20, 20 * 2**20, 10 * 2**20], first_cap_mb=25)
+        [35651584]
+    """
+    cap = _positive_mb("bucket_cap_mb", bucket_cap_mb)
+    first = _positive_mb(
+        "first_cap_mb", first_bucket_mb() if first_cap_mb is None else first_cap_mb
+    )
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("no gradient sizes given; pass gradient_bytes(model)")
+    for i, size in enumerate(sizes):
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(
+                f"sizes[{i}]={size!r} is not a byte count; every size must be a "
+                "whole number above 0 (see gradient_bytes(model))"
+            )
+    buckets: list[int] = []
+    filling = 0
+    for size in sizes:
+        filling += size
+        if filling >= (first if not buckets else cap):
+            buckets.append(filling)
+            filling = 0
+    if filling:
+        buckets.append(filling)
+    return buckets
+
+
+def count_ddp_buckets(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    bucket_cap_mb: float | None = None,
+    steps: int = 2,
+) -> list[int]:
+    """Wrap ``model`` in a real DDP on this rank and count the buckets it all-reduces.
+
+    Runs ``steps`` forward and backward passes (no optimizer step) with a hook that
+    records every bucket (see :func:`~workshop.comm.ddp_buckets.watch_buckets`).
+    Step 1 runs with one bucket of everything; DDP then rebuilds its buckets in
+    the order it saw the gradients arrive, so the last step shows the buckets DDP
+    keeps. Call it inside a rank (``launch``, ``torchrun``); one rank is enough.
+
+    Args:
+        model: the model, on this rank's device; it is wrapped, not copied.
+        inputs: one batch for the model (moved to the model's device).
+        bucket_cap_mb: DDP's ``bucket_cap_mb``; None leaves DDP's default, which
+            is also when DDP caps the first bucket at 1 MiB.
+        steps: forward and backward passes, at least 2.
+
+    Returns:
+        The bytes of each bucket of the last step, in the order DDP sent them.
+
+    Raises:
+        RuntimeError: no process group (call it inside a rank).
+        ValueError: ``steps`` below 2 or not whole, or a ``bucket_cap_mb`` that is
+            not a number above 0.
+
+    Example:
+        >>> count_ddp_buckets(workshop.resnet("resnet50"),        # doctest: +SKIP
+        ...                   torch.randn(2, 3, 64, 64))
+        [8196000, 31502336, 26255360, 26550272, 9724160]
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .ddp_buckets import watch_buckets
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(
+            f"steps={steps!r}: DDP settles its buckets after step 1, so count over "
+            "at least 2 steps"
+        )
+    if bucket_cap_mb is not None:
+        _positive_mb("bucket_cap_mb", bucket_cap_mb)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "count_ddp_buckets needs a process group; run it inside a rank, e.g. "
+            "workshop.launch(fn, world_size=1)"
+        )
+    device = next(model.parameters()).device
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    gpu = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=gpu, **options)
+    records = watch_buckets(ddp)
+    state = ddp._workshop_bucket_state
+    inputs = inputs.to(device)
+    for step in range(1, steps + 1):
+        state.step = step
+        ddp.zero_grad(set_to_none=True)
+        ddp(inputs).float().sum().backward()
+    return [r.bytes for r in records if r.step == steps]

@@ -1,0 +1,214 @@
+"""Your storage on a site: what a scratch purge would delete, and your quotas.
+
+Used by notebook 05, section 1::
+
+    files = write_aged_files(folder, {"run-1/out.log": 90, "run-2/out.log": 3})
+    for old in purge_dry_run(folder, days=60):
+        print(old.path, old.age_days)
+    ran = quota_commands()
+
+A purge removes files whose last modification (or, at some sites, last access) is
+older than a number of days; :func:`purge_dry_run` lists them without deleting
+anything, as the dry run a site's purge tool offers.
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .doctor_probes import _run
+
+__all__ = [
+    "QUOTA_COMMANDS",
+    "PurgeCandidate",
+    "purge_dry_run",
+    "quota_commands",
+    "write_aged_files",
+]
+
+DAY = 86_400.0  # seconds
+_CLOCKS = ("mtime", "atime")
+
+
+@dataclass(frozen=True)
+class PurgeCandidate:
+    """A file that a purge would delete.
+
+    Attributes:
+        path: the file, relative to the folder searched.
+        age_days: days since its last modification (or access), at ``now``.
+        size: its size in bytes.
+    """
+
+    path: Path
+    age_days: float
+    size: int
+
+
+def _check_days(days: float, what: str) -> None:
+    if isinstance(days, bool) or not isinstance(days, (int, float)):
+        raise ValueError(f"{what} must be a number of days, got {days!r}")
+    if not (days >= 0 and math.isfinite(days)):
+        raise ValueError(f"{what} must be 0 or more days, got {days!r}")
+
+
+def write_aged_files(
+    folder: str | os.PathLike,
+    ages_days: Mapping[str, float],
+    size: int = 1024,
+    now: float | None = None,
+) -> list[Path]:
+    """Write files and date them ``ages_days`` days back: a scratch folder to purge.
+
+    Both the modification and access times are set, as ``touch -d`` does.
+
+    Args:
+        folder: where to write them (made if missing).
+        ages_days: file name (relative, may hold folders) -> its age in days.
+        size: bytes of each file.
+        now: the present, seconds since the epoch (default: the clock).
+
+    Returns:
+        The files written, in the order given.
+
+    Raises:
+        ValueError: a negative or non-numeric age or size, or a name that is absolute
+            or climbs out of ``folder`` with "..".
+
+    Example:
+        >>> write_aged_files(tmp, {"old.log": 90, "new.log": 1})  # doctest: +SKIP
+        [PosixPath('.../old.log'), PosixPath('.../new.log')]
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(
+            f"size must be a whole number of bytes, 0 or more; got {size!r}"
+        )
+    now = time.time() if now is None else now
+    root = Path(folder)
+    written = []
+    for name, age in ages_days.items():
+        _check_days(age, f"the age of {name!r}")
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise ValueError(
+                f"file name {name!r} must stay inside {root}: give a relative name "
+                "without '..'"
+            )
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\0" * size)
+        stamp = now - age * DAY
+        os.utime(path, (stamp, stamp))
+        written.append(path)
+    return written
+
+
+def purge_dry_run(
+    folder: str | os.PathLike,
+    days: float = 60,
+    now: float | None = None,
+    clock: str = "mtime",
+) -> list[PurgeCandidate]:
+    """The files under ``folder`` that a purge of files older than ``days`` would
+    delete; nothing is deleted.
+
+    A file is older than ``days`` when more than ``days`` x 86,400 seconds passed
+    since its last modification (``clock="mtime"``) or access (``"atime"``; many file
+    systems update it lazily, ``relatime``). Symbolic links are not followed.
+
+    Args:
+        folder: the folder to search, recursively.
+        days: the purge's age limit (Graham's scratch: 60).
+        now: the present, seconds since the epoch (default: the clock).
+        clock: "mtime" or "atime".
+
+    Returns:
+        A :class:`PurgeCandidate` per file, oldest first.
+
+    Raises:
+        ValueError: ``days`` negative or not a number, an unknown ``clock``, or a
+            ``folder`` that is not a directory.
+
+    Example:
+        >>> [c.path.name for c in purge_dry_run(tmp, days=60)]  # doctest: +SKIP
+        ['old.log']
+    """
+    _check_days(days, "days")
+    if clock not in _CLOCKS:
+        raise ValueError(f"clock={clock!r}: pass one of {', '.join(_CLOCKS)}")
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a folder; pass the folder a purge would scan")
+    now = time.time() if now is None else now
+    found = []
+    for path in root.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        info = path.stat()
+        stamp = info.st_mtime if clock == "mtime" else info.st_atime
+        age = (now - stamp) / DAY
+        if age > days:
+            found.append(PurgeCandidate(path.relative_to(root), age, info.st_size))
+    return sorted(found, key=lambda c: (-c.age_days, str(c.path)))
+
+
+#: Commands that report your quotas at many sites: what each one is.
+QUOTA_COMMANDS = [
+    ("diskusage_report", "the Alliance (Compute Canada) sites' summary"),
+    ("quota -s", "quotas of the file systems that keep them (home, often NFS)"),
+    ("lfs quota -h -u {user} {scratch}", "your Lustre quota on scratch"),
+    ("df -h {home}", "the size and use of the file system holding home"),
+]
+
+
+def quota_commands(lines: int = 8, timeout_s: float = 10.0) -> list[tuple[str, bool]]:
+    """Run the quota commands this machine has and print the first lines of each;
+    "not on this machine" for the others.
+
+    ``{scratch}`` is ``$SCRATCH`` where the site sets it, else ``/scratch``.
+
+    Args:
+        lines: lines of each command's output to print.
+        timeout_s: seconds each command may take (a busy Lustre answers slowly).
+
+    Returns:
+        (command, whether it ran and succeeded) for each of :data:`QUOTA_COMMANDS`.
+
+    Raises:
+        ValueError: ``lines`` below 1 or ``timeout_s`` not positive.
+
+    Example:
+        >>> ran = quota_commands(lines=3)  # doctest: +SKIP
+        $ diskusage_report
+          not on this machine
+    """
+    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 1:
+        raise ValueError(f"lines must be a whole number, 1 or more; got {lines!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    values = {
+        "user": getpass.getuser(),
+        "scratch": os.environ.get("SCRATCH", "/scratch"),
+        "home": str(Path.home()),
+    }
+    results = []
+    for template, _ in QUOTA_COMMANDS:
+        command = template.format(**values)
+        argv = command.split()
+        print(f"$ {template.format(user='$USER', scratch='$SCRATCH', home='$HOME')}")
+        if not shutil.which(argv[0]):
+            print("  not on this machine")
+            results.append((command, False))
+            continue
+        ok, output = _run(argv, timeout_s)
+        shown = [ln[:86].rstrip() for ln in output.splitlines() if ln.strip()][:lines]
+        print("\n".join(f"  {line}" for line in shown) if ok else f"  {output}")
+        results.append((command, ok))
+    return results

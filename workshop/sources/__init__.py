@@ -1,0 +1,13 @@
+"""The five documents the workshop was planned from, and what each one says, as data.
+
+A lesson that uses a document's fact or figure names the document beside it
+(``documents.cite``). The documents themselves are not part of the project (their
+sentences may not be copied); what is kept here is their bibliographic data, their
+tables (``tables``, ``storage``) and, for checking, the set of numbers each one contains
+(``numbers.json``, made from the documents by ``python -m workshop.sources index
+FOLDER``): a figure the workshop credits to a document must be among that document's
+numbers (``documents.holds``).
+
+Imports: the base modules only (nothing here does; it is data and its checks), so
+every wing above may read it.
+"""

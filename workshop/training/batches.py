@@ -1,0 +1,63 @@
+"""Splitting a global batch among ranks.
+
+Under DDP there is no global batch in the code: every rank's ``DataLoader`` has a
+``batch_size`` of its own, and one optimizer step averages ``world_size`` of those
+batches. The global batch is therefore ``per-rank batch x world_size``, and a global
+batch that does not divide by ``world_size`` cannot be kept: it must be rounded.
+TensorFlow's Estimator refused such a split outright (W. Guan's SHARCNET slides,
+document 004 of the workshop's sources, mark its 6-GPU run of batch 256 as not
+possible). Notebook 02, section 6, prints the split with :func:`per_rank_batch`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["per_rank_batch"]
+
+
+def _whole(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
+    return value
+
+
+def per_rank_batch(global_batch: int, world_size: int, *, exact: bool = True) -> int:
+    """The batch each rank's loader should use so that the ranks make ``global_batch``.
+
+    Args:
+        global_batch: samples per optimizer step, over all ranks together.
+        world_size: number of ranks.
+        exact: True: refuse a global batch that does not divide by ``world_size``
+            (as TensorFlow's Estimator did). False: round the per-rank batch down;
+            the step then trains on ``per_rank_batch * world_size`` samples, fewer
+            than asked for.
+
+    Returns:
+        ``global_batch // world_size``.
+
+    Raises:
+        ValueError: a value that is not a whole number of 1 or more, more ranks
+            than samples, or (with ``exact``) a global batch that does not divide
+            by ``world_size``; the message names the nearest global batches that do.
+
+    Example:
+        >>> per_rank_batch(256, 4)
+        64
+        >>> per_rank_batch(256, 6, exact=False)   # 6 x 42 = 252 samples per step
+        42
+    """
+    global_batch = _whole("global_batch", global_batch)
+    world_size = _whole("world_size", world_size)
+    per_rank, left = divmod(global_batch, world_size)
+    if per_rank == 0:
+        raise ValueError(
+            f"global_batch={global_batch} is smaller than world_size={world_size}: "
+            "some ranks would get no sample; use fewer ranks or a larger batch"
+        )
+    if left and exact:
+        below, above = per_rank * world_size, (per_rank + 1) * world_size
+        raise ValueError(
+            f"global_batch={global_batch} does not divide by world_size={world_size} "
+            f"({left} left over); use a global batch of {below} or {above}, or pass "
+            f"exact=False to train on {below} samples per step"
+        )
+    return per_rank

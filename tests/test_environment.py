@@ -172,7 +172,7 @@ def test_sanitiser_replaces_what_changes_between_runs() -> None:
     from nbval.plugin import get_sanitize_patterns
 
     patterns = get_sanitize_patterns(SANITIZE.read_text())
-    assert len(patterns) == 10, f"nbval read {len(patterns)} patterns: {patterns}"
+    assert len(patterns) == 11, f"nbval read {len(patterns)} patterns: {patterns}"
 
     def sanitize(text: str) -> str:
         for regex, replace in patterns:
@@ -199,6 +199,9 @@ def test_sanitiser_replaces_what_changes_between_runs() -> None:
             "  available         N GiB available (all of this machine's)"
         ),
         "activations: 12.5 GiB": "activations: 12.5 GiB",
+        "USDT:2026-11-26 03:29:48 11317:11317 SyncActivityProfilerHandler.cpp:39] x": (
+            "USDT:TIME PID SyncActivityProfilerHandler.cpp:39] x"
+        ),
     }
     got = {text: sanitize(text) for text in cases}
     assert got == cases, f"sanitised outputs differ from expected: {got}"

@@ -192,15 +192,15 @@ _QUOTES = (
     PublishedQuote(
         name="large-batch-16gpus",
         statement="16 GPUs on two machines trained 70% faster than 8 GPUs on one "
-        "machine; model accuracy fell from 68.82% to 63.73%, which the author expects "
-        "since the number of model replicas doubled",
+        "machine; the author puts the drop in accuracy, 68.82% to 63.73%, down to "
+        "twice as many model replicas",
         source=document("002"),
     ),
     PublishedQuote(
         name="p100-vs-cpu-cores",
-        statement="one nVidia Pascal p100 GPU is ~15 times faster than 16 CPU cores "
-        "(Intel E5-2683 v4 Broadwell) on the MNIST example at batch 256, 20000 "
-        "iterations",
+        statement="on the MNIST example (batch 256, 20000 iterations) a single "
+        "Pascal P100 ran about 15 times as fast as 16 cores of an Intel E5-2683 v4 "
+        "(Broadwell)",
         source=document("004"),
     ),
     PublishedQuote(

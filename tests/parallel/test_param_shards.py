@@ -1,6 +1,6 @@
-"""workshop.parallel.param_shards: parameters sharded over S servers train exactly as
-one server does, and each server's traffic, counted from traces, is W / S gradients
-per step."""
+"""workshop.parallel.param_shards: parameters sharded over S servers train as one
+server does (the same sums, slice by slice), and each server's traffic, counted from
+traces, is W / S gradients per step."""
 
 from __future__ import annotations
 
@@ -33,18 +33,22 @@ def one_and_two():
     return one, two
 
 
-def test_two_servers_train_exactly_as_one(one_and_two):
+def test_two_servers_train_as_one(one_and_two):
     one, two = one_and_two
     servers, workers = two.returns[:2], two.returns[2:]
     assert [r["role"] for r in two.returns] == ["server"] * 2 + ["worker"] * 2
     assert [s["slice"] for s in servers] == [[0, 501], [501, 1001]]
     whole = torch.cat([s["params"] for s in servers])
-    # The same sums in the same order, slice by slice: bit for bit.
-    assert torch.equal(whole, one.returns[0]["params"])
+    # The same sums in the same order, slice by slice. Bit for bit on a machine whose
+    # ranks get one thread each; where the two launches' ranks get different numbers
+    # of threads (world sizes 3 and 4 on 16 cores), a worker's matrix product adds in
+    # another order, so allow float32 rounding (seen on a 16-core GPU node: 1 failure
+    # of torch.equal with every element agreeing to 4 digits).
+    torch.testing.assert_close(whole, one.returns[0]["params"], rtol=1e-5, atol=1e-7)
     for worker in workers:
         assert worker["servers"] == 2 and worker["workers"] == WORKERS
-        assert torch.equal(worker["params"], whole)
-        assert worker["losses"] == one.returns[0]["losses"]
+        assert torch.equal(worker["params"], whole)  # one run: exactly the same
+        assert worker["losses"] == pytest.approx(one.returns[0]["losses"], rel=1e-5)
         assert worker["losses"][-1] < worker["losses"][0]
 
 

@@ -58,7 +58,9 @@ def sharded_parameter_server(
     the SGD step on its slice, and sends the new slice to every worker, which puts
     the S slices back together. The arithmetic is that of
     :func:`~workshop.parallel.param_server.parameter_server`, slice by slice, so the
-    final parameters are the same.
+    final parameters are the same: bit for bit where both runs' ranks compute with
+    the same number of threads, within float32 rounding otherwise (a matrix product
+    split over another number of threads adds in another order).
 
     Args:
         steps: training steps, 1 or more.

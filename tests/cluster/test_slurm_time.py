@@ -1,5 +1,6 @@
 """workshop.cluster.slurm_time: --time read as Slurm reads it, printed as scontrol
-prints it; and, where a Slurm cluster answers, Slurm's own reading of the same forms."""
+prints it; and Slurm's own reading of the same forms, on the machine's Slurm or a
+private cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import needs_private_slurm, private_cluster
 
 from workshop.cluster.slurm_time import scontrol_time_limit, time_limit_minutes
 
@@ -49,8 +51,17 @@ def _answers() -> bool:
     return ping.returncode == 0 and b"UP" in ping.stdout
 
 
-@pytest.mark.skipif(not _answers(), reason="no Slurm controller answers here")
-def test_slurm_reads_the_forms_as_we_do():
+@pytest.fixture(scope="module")
+def slurm():
+    """A Slurm that answers: the machine's own, or else a private cluster."""
+    if _answers():
+        yield None
+    else:
+        yield from private_cluster("the --time test")
+
+
+@needs_private_slurm
+def test_slurm_reads_the_forms_as_we_do(slurm):
     # Held jobs never run; each is cancelled once its limit is read.
     for text in ("5:30", "0-10:05", "2-12"):
         job = subprocess.run(

@@ -13,16 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
-from ..draw.plots import COLOURS, FONT
+from ..draw.plots import FONT
 from ..sources.tables import DocumentTable
-from .scaling_plots import scaling_series
+from .scaling_plots import scaling_series, series_style
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["efficiency_series", "plot_efficiency"]
 
-_MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 Points = list[tuple[int, float]]
 
 
@@ -108,12 +107,7 @@ def plot_efficiency(
         )
         handles, labels = [], []
         for i, (label, points) in enumerate(series.items()):
-            style = {
-                "color": COLOURS[i % len(COLOURS)],
-                "marker": _MARKERS[i % len(_MARKERS)],
-                "lw": 2.2,
-                "ms": 7,
-            }
+            style = series_style(i)
             ns, gains = zip(*points, strict=True)
             n0 = ns[0]
             (line,) = ax_s.plot(ns, gains, **style)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sources.documents import Document, document, missing_numbers
+from ..sources.documents import Document, document, missing_numbers, pick_named
 from ..sources.tables import DocumentTable, document_table
 
 __all__ = [
@@ -249,17 +249,6 @@ def figures_not_in_documents(
     return problems
 
 
-def _pick(items: tuple, names: tuple[str, ...], what: str) -> list:
-    known = [item.name for item in items]
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ValueError(
-            f"no published {what} named {unknown}; the known ones are {known}; pass "
-            "some of those, or nothing for all"
-        )
-    return [item for item in items if not names or item.name in names]
-
-
 def published_tables(*names: str) -> list[PublishedTable]:
     """The published throughput tables, each with its source.
 
@@ -276,7 +265,7 @@ def published_tables(*names: str) -> list[PublishedTable]:
         >>> [t.name for t in published_tables()][:2]
         ['resnet50-v100-fp32', 'resnet50-v100-amp']
     """
-    return _pick(_TABLES, names, "table")
+    return pick_named(_TABLES, names, "published table")
 
 
 def published_quotes(*names: str) -> list[PublishedQuote]:
@@ -295,7 +284,7 @@ def published_quotes(*names: str) -> list[PublishedQuote]:
         >>> published_quotes("large-batch-16gpus")[0].statement[:21]
         '16 GPUs on two machin'
     """
-    return _pick(_QUOTES, names, "quote")
+    return pick_named(_QUOTES, names, "published quote")
 
 
 def published_scaling(*names: str) -> dict[str, list[tuple[int, float]]]:

@@ -28,6 +28,19 @@ if TYPE_CHECKING:
 __all__ = ["plot_scaling", "relative_efficiency", "scaling_series"]
 
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X"]  # shape as well as colour tells lines
+
+
+def series_style(i: int) -> dict[str, Any]:
+    """The line style of the ``i``-th series of a scaling plot: colour and marker
+    both change, so lines stay apart in black and white too."""
+    return {
+        "color": COLOURS[i % len(COLOURS)],
+        "marker": _MARKERS[i % len(_MARKERS)],
+        "lw": 2.2,
+        "ms": 7,
+    }
+
+
 Points = list[tuple[int, float]]
 
 
@@ -242,12 +255,7 @@ def plot_scaling(
         )
         handles, labels = [], []
         for i, (label, points) in enumerate(series.items()):
-            style = {
-                "color": COLOURS[i % len(COLOURS)],
-                "marker": _MARKERS[i % len(_MARKERS)],
-                "lw": 2.2,
-                "ms": 7,
-            }
+            style = series_style(i)
             ranks, rates = zip(*points, strict=True)
             (line,) = ax_t.plot(ranks, rates, label=label, **style)
             (n0, x0), last = points[0], ranks[-1]

@@ -289,21 +289,36 @@ def admin_commands(lines: int = 8, timeout_s: float = 5.0) -> list[tuple[str, bo
     results = []
     for template, _ in ADMIN_COMMANDS:
         command = template.format(job=job or "JOBID")
-        argv = command.split()
-        print(f"$ {command}")
-        if not shutil.which(argv[0]):
-            print("  not on this machine")
-            results.append((command, False))
-            continue
+        refuse = None
         if "{job}" in template and not job:
-            print("  not inside a Slurm job here (no SLURM_JOB_ID): run it in one")
-            results.append((command, False))
-            continue
-        ok, output = _run(argv, timeout_s)
-        shown = [ln[:86].rstrip() for ln in output.splitlines() if ln.strip()][:lines]
-        print("\n".join(f"  {line}" for line in shown) if ok else f"  {output}")
+            refuse = "not inside a Slurm job here (no SLURM_JOB_ID): run it in one"
+        ok = run_listed(command, command, lines, timeout_s, refuse=refuse)
         results.append((command, ok))
     return results
+
+
+def run_listed(
+    command: str, shown: str, lines: int, timeout_s: float, refuse: str | None = None
+) -> bool:
+    """Print ``$ shown``, then run ``command`` where its program is on PATH and print
+    its first ``lines`` non-empty lines (each cut to fit 88 columns), or why it did
+    not run: "not on this machine", ``refuse`` when given, or its error.
+
+    Returns:
+        True when the command ran and succeeded.
+    """
+    argv = command.split()
+    print(f"$ {shown}")
+    if not shutil.which(argv[0]):
+        print("  not on this machine")
+        return False
+    if refuse:
+        print(f"  {refuse}")
+        return False
+    ok, output = _run(argv, timeout_s)
+    kept = [ln[:86].rstrip() for ln in output.splitlines() if ln.strip()][:lines]
+    print("\n".join(f"  {line}" for line in kept) if ok else f"  {output}")
+    return ok
 
 
 def scope_line() -> str | None:

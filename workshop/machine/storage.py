@@ -17,13 +17,12 @@ from __future__ import annotations
 import getpass
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .doctor_probes import _run
+from .monitor_probes import run_listed
 
 __all__ = [
     "QUOTA_COMMANDS",
@@ -201,14 +200,6 @@ def quota_commands(lines: int = 8, timeout_s: float = 10.0) -> list[tuple[str, b
     results = []
     for template, _ in QUOTA_COMMANDS:
         command = template.format(**values)
-        argv = command.split()
-        print(f"$ {template.format(user='$USER', scratch='$SCRATCH', home='$HOME')}")
-        if not shutil.which(argv[0]):
-            print("  not on this machine")
-            results.append((command, False))
-            continue
-        ok, output = _run(argv, timeout_s)
-        shown = [ln[:86].rstrip() for ln in output.splitlines() if ln.strip()][:lines]
-        print("\n".join(f"  {line}" for line in shown) if ok else f"  {output}")
-        results.append((command, ok))
+        shown = template.format(user="$USER", scratch="$SCRATCH", home="$HOME")
+        results.append((command, run_listed(command, shown, lines, timeout_s)))
     return results

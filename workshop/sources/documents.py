@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -108,6 +109,23 @@ def document(key: str) -> Document:
             f"no source document {key!r}; the known ones are {sorted(DOCUMENTS)}"
         )
     return DOCUMENTS[key]
+
+
+def pick_named(items: Sequence, names: Sequence[str], what: str) -> list:
+    """The items whose ``.name`` is in ``names``, in their own order; all of them when
+    ``names`` is empty.
+
+    Raises:
+        ValueError: a name no item has; the message lists the known ones.
+    """
+    known = [item.name for item in items]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(
+            f"no {what} named {unknown}; the known ones are {known}; pass "
+            "some of those, or nothing for all"
+        )
+    return [item for item in items if not names or item.name in names]
 
 
 def cite(key: str) -> str:

@@ -15,6 +15,7 @@ Only document 004 (W. Guan, SHARCNET / Compute Canada) has benchmark tables.
 from __future__ import annotations
 
 from .doc_table import DocumentTable
+from .documents import pick_named
 
 __all__ = ["DocumentTable", "document_table", "document_tables"]
 
@@ -229,14 +230,7 @@ def document_tables(*names: str) -> list[DocumentTable]:
         >>> [t.name for t in document_tables()][:2]
         ['cpu-batch50', 'cpu-batch256']
     """
-    known = [t.name for t in _TABLES]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(
-            f"no document table named {unknown}; the known ones are {known}; pass "
-            "some of those, or nothing for all"
-        )
-    return [t for t in _TABLES if not names or t.name in names]
+    return pick_named(_TABLES, names, "document table")
 
 
 def document_table(name: str) -> DocumentTable:

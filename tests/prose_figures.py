@@ -144,6 +144,8 @@ def _paragraphs(text: str):
 # Figures a stored output holds by coincidence: (file, figure) and why.
 NOT_FROM_OUTPUTS = {
     ("README.md", "0.02"): "launch's bounded-output test (tests/ranks), not a cell",
+    ("instructor.md", "1,024"): "the world size 04 §8 plans for, not a result",
+    ("README.md", "1,024"): "the world size 04 §8 plans for, not a result",
 }
 
 

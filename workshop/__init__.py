@@ -45,6 +45,19 @@ the parameter server (:func:`parameter_server`, :func:`async_parameter_server`,
 :func:`traffic_per_step`, with :func:`bytes_by_rank` counting traffic from traces;
 :func:`sharded_parameter_server` and :func:`server_traffic` for several servers).
 
+Planning a run at scale (notebook 04 §8): :class:`ModelShape` and :class:`Layout`
+describe a model and its split (:data:`MODELS`, :data:`GPUS`, :data:`NETWORKS`,
+:func:`model_shape`, :func:`build_transformer`); :func:`estimate` gives memory and step
+time per GPU, each term a formula with its source, and :func:`best_layouts` ranks the
+layouts that fit; :func:`fake_run` runs one rank of a world of up to thousands on
+PyTorch's fake backend with the real FSDP2 and DTensor shards (:func:`fake_features`
+says what this torch has), and :func:`compare` sets it beside the estimate;
+:func:`measure_layout` and :func:`measured_against_estimate` check the estimate
+against a real run (:func:`layout_machine`); :func:`plan`, :func:`planner`,
+:func:`plot_plan` and :func:`plot_layouts` show it,
+and :func:`scale_sources`, :func:`plot_published_busbw` and :func:`plot_published_mfu`
+give published figures at scale to compare it with.
+
 Many nodes (notebook 03): :func:`torchrun_command` and :func:`mpirun_command` write
 launcher command lines, :func:`run_command` and :func:`run_commands` run them from a
 cell (no rank left behind); :func:`slurm_cluster`, :func:`submit` and
@@ -68,6 +81,8 @@ from .bench.allreduce_bench import load_allreduce, measure_allreduce
 from .bench.allreduce_plots import plot_allreduce
 from .bench.efficiency_plots import plot_efficiency
 from .bench.published import published_scaling, published_sources
+from .bench.published_scale import scale_sources
+from .bench.published_scale_plots import plot_published_busbw, plot_published_mfu
 from .bench.scaling_bench import load_scaling, measure_scaling
 from .bench.scaling_plots import plot_scaling
 from .cluster.commands import (
@@ -96,6 +111,7 @@ from .draw.collective_diagram import draw_collective
 from .draw.comm_diagrams import draw_rank_layout
 from .draw.diagrams import draw_data_parallel_step, draw_schedule, draw_timeline
 from .draw.p2p_diagram import draw_point_to_point
+from .draw.plan_plots import plot_layouts, plot_plan
 from .draw.plots import plot_speedup, plot_throughput
 from .draw.ring_diagram import draw_ring_grid, draw_ring_step
 from .draw.ring_view import RingWidget, ring_widget
@@ -111,6 +127,8 @@ from .lessons.pipeline import (
     pipeline_forward_backward,
     pipeline_schedule,
 )
+from .lessons.planner import plan
+from .lessons.planner_widget import planner
 from .lessons.quiz import quiz
 from .lessons.single_node import data_parallel_step, lesson_devices, torch_data_parallel
 from .lessons.split_check import SplitCheck, check_split
@@ -119,6 +137,23 @@ from .machine.doctor import doctor
 from .machine.interconnect import infiniband_ports, job_interface, watch_allreduce
 from .machine.monitor import Monitor, admin_commands, load_samples, plot_monitor
 from .machine.storage import purge_dry_run, quota_commands, write_aged_files
+from .parallel.fake_compare import compare
+from .parallel.fake_world import fake_features, fake_run
+from .parallel.layout import (
+    GPUS,
+    MODELS,
+    NETWORKS,
+    Layout,
+    ModelShape,
+    build_transformer,
+    model_shape,
+)
+from .parallel.layout_estimate import best_layouts, estimate
+from .parallel.layout_measured import (
+    layout_machine,
+    measure_layout,
+    measured_against_estimate,
+)
 from .parallel.param_server import (
     allreduce_baseline,
     async_parameter_server,
@@ -167,12 +202,17 @@ from .training.progress import History, Progress
 from .training.throughput import fit_step_cost, projected_speedup, time_steps
 
 __all__ = [
+    "GPUS",
+    "MODELS",
+    "NETWORKS",
     "ColumnParallelLinear",
     "CommandError",
     "CommandResult",
     "History",
     "ImageFiles",
     "LaunchError",
+    "Layout",
+    "ModelShape",
     "Monitor",
     "PackedImages",
     "Progress",
@@ -191,8 +231,10 @@ __all__ = [
     "allreduce_baseline",
     "async_parameter_server",
     "backend_name",
+    "best_layouts",
     "binding_lines",
     "bubble_fraction",
+    "build_transformer",
     "bytes_by_rank",
     "check",
     "check_split",
@@ -202,6 +244,7 @@ __all__ = [
     "collectives",
     "column_parallel_demo",
     "communication_kind",
+    "compare",
     "compare_global_batch",
     "count_ddp_buckets",
     "count_opens",
@@ -222,7 +265,10 @@ __all__ = [
     "draw_schedule",
     "draw_tensor_parallel",
     "draw_timeline",
+    "estimate",
     "evaluate",
+    "fake_features",
+    "fake_run",
     "fit_step_cost",
     "flight_record",
     "float_format",
@@ -233,6 +279,7 @@ __all__ = [
     "infiniband_ports",
     "job_interface",
     "launch",
+    "layout_machine",
     "lesson_devices",
     "load_allreduce",
     "load_checkpoint",
@@ -242,8 +289,11 @@ __all__ = [
     "make_loader",
     "measure_allreduce",
     "measure_fsdp_memory",
+    "measure_layout",
     "measure_scaling",
     "measure_zero_memory",
+    "measured_against_estimate",
+    "model_shape",
     "module_load_environment",
     "module_system",
     "mpi_installation",
@@ -254,10 +304,16 @@ __all__ = [
     "per_rank_batch",
     "pipeline_forward_backward",
     "pipeline_schedule",
+    "plan",
     "plan_buckets",
+    "planner",
     "plot_allreduce",
     "plot_efficiency",
+    "plot_layouts",
     "plot_monitor",
+    "plot_plan",
+    "plot_published_busbw",
+    "plot_published_mfu",
     "plot_scaling",
     "plot_speedup",
     "plot_throughput",
@@ -283,6 +339,7 @@ __all__ = [
     "run_pipeline",
     "save_checkpoint",
     "saved_activation_bytes",
+    "scale_sources",
     "schedule_order",
     "scontrol_time_limit",
     "server_traffic",

@@ -135,8 +135,23 @@ def _collective(op: str) -> Figure:
     return workshop.draw_collective(example_collectives()[op])
 
 
+def _plans() -> list:
+    # Notebook 04 section 8's layouts of transformer-8b on 64 GPUs, from the estimator.
+    layouts = [workshop.Layout(dp=64, zero=3, micro_batches=4),
+               workshop.Layout(dp=8, tp=8, zero=3, micro_batches=32),
+               workshop.Layout(dp=2, tp=8, pp=4, zero=1, micro_batches=128),
+               workshop.Layout(dp=64, zero=0, micro_batches=4)]  # fmt: skip
+    return [workshop.estimate("transformer-8b", layout) for layout in layouts]
+
+
 # (case id, the public function it checks, how the notebooks call it)
 CASES: list[tuple[str, str, Callable[[], Figure]]] = [
+    ("plan", "plot_plan", lambda: workshop.plot_plan(_plans()[1])),
+    ("plan_over_capacity", "plot_plan", lambda: workshop.plot_plan(_plans()[3])),
+    ("layouts", "plot_layouts", lambda: workshop.plot_layouts(_plans())),
+    ("published_busbw", "plot_published_busbw",
+     lambda: workshop.plot_published_busbw()),
+    ("published_mfu", "plot_published_mfu", lambda: workshop.plot_published_mfu()),
     ("data_parallel_step", "draw_data_parallel_step",
      lambda: workshop.draw_data_parallel_step(_data_parallel_record())),
     ("timeline_2_stages", "draw_timeline",

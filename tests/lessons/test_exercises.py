@@ -80,6 +80,11 @@ from test_exercises_cluster import RIGHT_05, WRONG_05  # noqa: E402
 
 RIGHT.update(RIGHT_05)
 WRONG.update(WRONG_05)
+# So do notebook 04's planner exercises (section 8).
+from test_planner import RIGHT_04, WRONG_04  # noqa: E402
+
+RIGHT.update(RIGHT_04)
+WRONG.update(WRONG_04)
 
 
 # 02.resume is checked by training a step in this process.

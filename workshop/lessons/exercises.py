@@ -334,6 +334,10 @@ EXERCISES: dict[str, Exercise] = {
 from .exercises_cluster import CLUSTER_EXERCISES  # noqa: E402
 
 EXERCISES.update((name, Exercise(*spec)) for name, spec in CLUSTER_EXERCISES.items())
+# So do notebook 04's planner exercises (section 8).
+from .exercises_plan import PLAN_EXERCISES  # noqa: E402
+
+EXERCISES.update((name, Exercise(*spec)) for name, spec in PLAN_EXERCISES.items())
 
 
 def check(name: str, answer: Any) -> None:

@@ -286,6 +286,32 @@ QUIZ_04 = (
             "nothing computes while they run.",
         ),
     ),
+    question(
+        "One process plays rank 5 of a 1,024-rank world on PyTorch's fake backend and "
+        "shards an 8B-parameter model with fully_shard. What can it tell you?",
+        "fake backend",
+        "b",
+        (
+            "How long a step of the 1,024-GPU job takes",
+            "Its collectives return at once and move nothing: no link is timed. The "
+            "step time is the estimator's.",
+        ),
+        (
+            "The bytes its shards hold and the collectives a step calls",
+            "The sharding is PyTorch's own, so the shapes are real; only the contents "
+            "are not, and CommDebugMode counts the calls.",
+        ),
+        (
+            "Whether the loss still falls at that scale",
+            "No data crosses between ranks, so the values it computes are not the "
+            "real job's.",
+        ),
+        (
+            "How fast NCCL's all-reduce runs across InfiniBand",
+            "That needs the real network: read published bus bandwidths, or run "
+            "nccl-tests on the cluster.",
+        ),
+    ),
 )
 
 QUIZZES_SCALE: dict[str, tuple[str, tuple[Question, ...]]] = {

@@ -1,0 +1,249 @@
+"""The published figures at scale, as data: the records and the figures themselves.
+
+Read through :mod:`workshop.bench.published_scale` (``scale_tables``, ``scale_quotes``,
+``scale_sources``), which works out what follows from them. Every figure here is
+as its source prints it; every source is named exactly, with its address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .published import PublishedQuote, PublishedTable, Source
+
+__all__ = ["TABLES", "QuotedBandwidth", "ScaleTable", "answer"]
+
+
+@dataclass(frozen=True)
+class ScaleTable(PublishedTable):
+    """A published table at scale: ``points`` are (x, y) in the units named here.
+
+    Attributes:
+        x_unit: what the first number counts: "bytes" (message size) or "GPUs".
+        y_unit: what the second is, e.g. "busbw GB/s" or "tokens/s (all GPUs)".
+        world_size: GPUs in one all-reduce (bus-bandwidth tables), else None.
+        columns: the source's other columns, ``(name, values)``, one value per point.
+        size_labels: the message sizes as the source writes them, where it rounds.
+        seq: tokens per sequence; ``flops_per_sequence``: the model FLOPs of one
+            sequence the source gives; ``peak_tflops``: the peak it divides by.
+    """
+
+    x_unit: str = "GPUs"
+    y_unit: str = ""
+    world_size: int | None = None
+    columns: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    size_labels: tuple[str, ...] = ()
+    seq: int | None = None
+    flops_per_sequence: float | None = None
+    peak_tflops: float | None = None
+
+    def column(self, name: str) -> tuple[float, ...]:
+        """The values of one of the source's columns.
+
+        Raises:
+            ValueError: a column the table does not have; the message lists them.
+        """
+        for key, values in self.columns:
+            if key == name:
+                return values
+        raise ValueError(
+            f"table {self.name!r} has no column {name!r}; it has "
+            f"{[key for key, _ in self.columns]}"
+        )
+
+    def numbers_text(self) -> str:
+        """Every figure credited to the source: the points and the other columns."""
+        text = " ".join(f"{x} {y:g}" for x, y in self.points)
+        for _, values in self.columns:
+            text += " " + " ".join(f"{v:g}" for v in values)
+        return text
+
+
+@dataclass(frozen=True)
+class QuotedBandwidth(PublishedQuote):
+    """A bus bandwidth quoted on its own, with the link it ran over.
+
+    Attributes:
+        link: "InfiniBand" (between nodes) or "NVLink" (within one).
+        line_rate_gbs: the link's line rate in GB/s, one direction: a node's NICs
+            together (Gb/s / 8), or one GPU's NVLink.
+        busbw_gbs: the quoted busbw, (low, high): equal ends for a single figure.
+    """
+
+    link: str = "InfiniBand"
+    line_rate_gbs: float = 0.0
+    busbw_gbs: tuple[float, float] = (0.0, 0.0)
+
+
+# --- sources -------------------------------------------------------------------------
+
+_DGXC = "https://github.com/NVIDIA/dgxc-benchmarking/blob/"
+_NCCL_SAMPLE = Source(
+    title="DGX Cloud Benchmarking recipes, NCCL microbenchmark (nccl/README.md), "
+    "'View sample output (AllReduce excerpt)': all_reduce_perf on one node of "
+    "8 H100 80GB HBM3",
+    organisation="NVIDIA",
+    year=2025,
+    url=_DGXC + "v25.10/nccl/README.md",
+)
+_NEMO_175B = Source(
+    title="DGX Cloud Benchmarking recipes, NeMo Megatron GPT3 175B "
+    "(nemo_megatron/README_175b.md), 'Expected Performance' tables",
+    organisation="NVIDIA",
+    year=2025,
+    url="https://github.com/NVIDIA/dgxc-benchmarking/tree/v25.04/nemo_megatron",
+)
+_AZURE = "https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results"
+
+
+def _azure(vm: str, file: str) -> Source:
+    return Source(
+        title=f"Azure AI Benchmarking Guide, {vm} results (Azure_Results/{file}), "
+        "'NCCL Bandwidth' "
+        "table: all_reduce_perf, in-place busbw, 1 KB to 8 GB, NCCL 2.18.5",
+        organisation="Microsoft Azure",
+        year=2024,
+        url=_AZURE,
+    )
+
+
+def answer(who: str, repo: str, number: int, year: int, title: str) -> Source:
+    """A GitHub answer by an NCCL maintainer at NVIDIA, as a source."""
+    kind = "issue"
+    return Source(
+        title=f"{who} (NVIDIA, NCCL team), answer in {repo} {kind} #{number}, "
+        f"'{title}'",
+        organisation="NVIDIA (GitHub)",
+        year=year,
+        url=f"https://github.com/{repo}/issues/{number}",
+    )
+
+
+# --- tables ---------------------------------------------------------------------------
+
+# fmt: off
+# (bytes, out-of-place time in us, algbw GB/s, busbw GB/s), rows from 1 KiB up.
+_DGX_H100_ROWS = (
+    (1024, 16.94, 0.06, 0.11), (2048, 17.14, 0.12, 0.21), (4096, 23.59, 0.17, 0.30),
+    (8192, 17.40, 0.47, 0.82), (16384, 17.93, 0.91, 1.60), (32768, 19.33, 1.70, 2.97),
+    (65536, 19.54, 3.35, 5.87), (131072, 19.89, 6.59, 11.53),
+    (262144, 20.43, 12.83, 22.45), (524288, 20.66, 25.38, 44.41),
+    (1048576, 27.37, 38.31, 67.04), (2097152, 42.21, 49.68, 86.94),
+    (4194304, 54.19, 77.39, 135.44), (8388608, 83.04, 101.01, 176.77),
+    (16777216, 123.8, 135.55, 237.21), (33554432, 199.3, 168.39, 294.69),
+    (67108864, 324.7, 206.67, 361.67), (134217728, 586.4, 228.88, 400.53),
+    (268435456, 1112.5, 241.29, 422.25), (536870912, 2151.0, 249.59, 436.79),
+    (1073741824, 4029.4, 266.48, 466.33), (2147483648, 7939.1, 270.50, 473.37),
+    (4294967296, 15749.0, 272.71, 477.24), (8589934592, 31307.0, 274.38, 480.16),
+    (17179869184, 62648.0, 274.23, 479.90),
+)
+# The Azure tables' sizes, as printed (rounded); all_reduce_perf -b 8 -e 8G -f 2
+# doubles from 8 bytes, so they are 2**10 .. 2**33 bytes.
+_AZURE_LABELS = (
+    "1K", "2K", "4K", "8K", "16K", "32K", "65K", "132K", "256K", "524K", "1M", "2M",
+    "4M", "8M", "16M", "33M", "67M", "134M", "268M", "536M", "1G", "2G", "4G", "8G",
+)
+_AZURE_H100 = (0.07, 0.14, 0.27, 0.53, 0.95, 1.71, 2.72, 5.40, 10.86, 21.35, 43.70,
+               81.93, 128.73, 172.13, 234.45, 295.53, 361.78, 400.61, 423.38, 438.46,
+               466.35, 472.36, 475.54, 478.87)
+_AZURE_A100 = (0.04, 0.08, 0.17, 0.33, 0.67, 1.37, 2.70, 5.15, 10.11, 19.24, 36.22,
+               53.54, 71.43, 89.99, 109.22, 132.77, 166.63, 174.18, 213.87, 221.58,
+               228.10, 230.22, 230.48, 231.58)
+# fmt: on
+_GPUS = (128, 256, 512, 1024, 2048)
+_GBS_PRINTED = (256.0, 512.0, 1204.0, 2048.0, 4096.0)  # sic: 1204 at 512 GPUs
+_GPT3_SETUP = (
+    "GPT-3 175B (96 layers, sequence 2048), NeMo Megatron on H100 80GB, TP 4, "
+    "PP 8, virtual pipeline 6, micro-batch 1, global batch 2 per GPU (weak "
+    "scaling); the source's MFU divides by {peak} TFLOPS, the {kind} peak, and "
+    "takes 2.20E+15 model FLOPs per sequence"
+)
+
+
+def _azure_table(name: str, vm: str, file: str, gpu: str, values: tuple) -> ScaleTable:
+    return ScaleTable(
+        name=name,
+        label=f"{gpu}, 8 in one VM (Azure {vm})",
+        setup=f"NCCL all-reduce (all_reduce_perf -g 8), 8 {gpu} GPUs of one Azure "
+        f"{vm} VM over NVLink and NVSwitch, float sum, in-place busbw; the page "
+        "names the NVLS algorithm (NVLink SHARP) above its tables",
+        points=tuple((1 << (10 + i), v) for i, v in enumerate(values)),
+        source=_azure(vm, file),
+        x_unit="bytes",
+        y_unit="busbw GB/s",
+        world_size=8,
+        size_labels=_AZURE_LABELS,
+    )
+
+
+def _nemo(
+    kind: str, peak: float, step: tuple, tokens: tuple, mfu: tuple, days: tuple
+) -> ScaleTable:
+    return ScaleTable(
+        name=f"nemo-gpt3-175b-h100-{kind.lower()}",
+        label=f"GPT-3 175B {kind}, H100 (NVIDIA NeMo)",
+        setup=_GPT3_SETUP.format(peak=f"{peak:g}", kind=kind),
+        points=tuple(zip(_GPUS, tokens, strict=True)),
+        source=_NEMO_175B,
+        x_unit="GPUs",
+        y_unit="tokens/s (all GPUs)",
+        columns=(
+            ("step s", step),
+            ("MFU %", mfu),
+            ("days for 1T tokens", days),
+            ("global batch", _GBS_PRINTED),
+        ),
+        seq=2048,
+        flops_per_sequence=2.20e15,
+        peak_tflops=peak,
+    )
+
+
+TABLES = (
+    ScaleTable(
+        name="nccl-allreduce-dgx-h100",
+        label="H100, 8 in one node (NVIDIA sample)",
+        setup="NCCL all-reduce (all_reduce_perf, one process per GPU), 8 H100 80GB "
+        "HBM3 of one node over NVLink and NVSwitch, float sum, out-of-place time, "
+        "algbw and busbw; rows from 1 KiB to 16 GiB",
+        points=tuple((s, b) for s, _, _, b in _DGX_H100_ROWS),
+        source=_NCCL_SAMPLE,
+        x_unit="bytes",
+        y_unit="busbw GB/s",
+        world_size=8,
+        columns=(
+            ("time us", tuple(t for _, t, _, _ in _DGX_H100_ROWS)),
+            ("algbw GB/s", tuple(a for _, _, a, _ in _DGX_H100_ROWS)),
+        ),
+    ),
+    _azure_table(
+        "nccl-allreduce-azure-nd-h100-v5",
+        "ND H100 v5",
+        "ND_H100_v5_results.md",
+        "H100 80GB",
+        _AZURE_H100,
+    ),
+    _azure_table(
+        "nccl-allreduce-azure-nd-a100-v4",
+        "ND A100 v4",
+        "ND_A100_v4_results.md",
+        "A100 80GB",
+        _AZURE_A100,
+    ),
+    _nemo(
+        "BF16",
+        989.0,
+        (8.309, 8.408, 8.42, 8.453, 8.49),
+        (63099.0, 124712.0, 249068.0, 496191.0, 988057.0),
+        (53.54, 52.91, 52.84, 52.63, 52.40),
+        (183.0, 93.0, 46.0, 23.0, 12.0),
+    ),
+    _nemo(
+        "FP8",
+        1979.0,
+        (5.626, 5.725, 5.774, 5.82, 5.96),
+        (93190.0, 183157.0, 363206.0, 720671.0, 1407485.0),
+        (39.52, 38.84, 38.51, 38.20, 37.30),
+        (124.0, 63.0, 32.0, 16.0, 8.0),
+    ),
+)

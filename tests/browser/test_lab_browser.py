@@ -463,3 +463,50 @@ def wait_gone_ranks(mark: str, within: float = 15.0) -> dict[int, str]:
     while (left := rank_processes(mark)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def test_the_planner_replans_and_runs_a_fake_rank(nb02):
+    """Notebook 04 §8's planner in a real JupyterLab: the first plan is drawn, a
+    changed control replans, and the button runs a rank on the fake backend."""
+    from selenium.webdriver.common.keys import Keys
+
+    page = nb02.page
+    index = _new_cell(nb02, 'workshop.planner("transformer-8b", nodes=8, tp=8, zero=3)')
+    page.run_and_wait(index, timeout=180)
+
+    def picture():
+        images = page.images(index)
+        return images[0]["src"] if images and images[0]["complete"] else None
+
+    first = wait_until("the planner's first picture", picture, timeout=60)
+    assert "dp = 8" in page.output_text(index)
+    # Halve the nodes: the plan is redone for 32 GPUs (dp = 4) and redrawn.
+    nodes = page.js(
+        "return Array.from(cellAt(arguments[0]).outputArea.node"
+        ".querySelectorAll('.widget-inline-hbox')).filter(b => b.innerText.trim()"
+        ".startsWith('nodes')).map(b => b.querySelector('input'));",
+        index,
+    )
+    assert len(nodes) == 1, page.output_text(index)
+    nodes[0].send_keys(Keys.CONTROL, "a")
+    nodes[0].send_keys("4", Keys.ENTER)
+    wait_until("dp = 4 after the nodes changed",
+               lambda: "dp = 4" in page.output_text(index), timeout=60)  # fmt: skip
+    wait_until("a new picture", lambda: (src := picture()) and src != first, timeout=60)
+    buttons = page.js(
+        "return Array.from(cellAt(arguments[0]).outputArea.node"
+        ".querySelectorAll('button'))"
+        ".filter(b => b.innerText.includes('fake backend'));",
+        index,
+    )
+    assert len(buttons) == 1, page.output_text(index)
+    buttons[0].click()
+    wait_until(
+        "the fake-backend comparison under the plan",
+        lambda: (
+            "estimate" in page.output_text(index)
+            and "framework" in page.output_text(index)
+        ),
+        timeout=180,
+    )
+    page.screenshot("04-planner-fake-rank")

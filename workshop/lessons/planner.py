@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..parallel.layout import Estimate, Layout, model_shape
+from ..parallel.layout import Estimate, Layout, check_counts, model_shape
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -63,14 +63,7 @@ def split_gpus(
         >>> split_gpus(8, 8, tp=8).describe()
         'dp=8 tp=8 pp=1 DDP bf16 mb=1x1'
     """
-    for name, value in (
-        ("nodes", nodes),
-        ("gpus_per_node", gpus_per_node),
-        ("tp", tp),
-        ("pp", pp),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
+    check_counts("", nodes=nodes, gpus_per_node=gpus_per_node, tp=tp, pp=pp)
     gpus = nodes * gpus_per_node
     if gpus % (tp * pp):
         raise ValueError(

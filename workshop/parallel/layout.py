@@ -38,15 +38,20 @@ __all__ = [
     "Network",
     "Transformer",
     "build_transformer",
+    "check_counts",
     "model_shape",
 ]
 
 
-def _positive(owner: str, **values: Any) -> None:
+def check_counts(owner: str, unit: str = "", **values: Any) -> None:
+    """Raise ``ValueError`` for the first of ``values`` that is not a whole number of
+    1 or more: "owner: name=0 must be a whole number[ unit], 1 or more" (no prefix
+    when ``owner`` is empty). The planner's modules all check their counts here."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            prefix = f"{owner}: " if owner else ""
             raise ValueError(
-                f"{owner}: {name}={value!r} must be a whole number, 1 or more"
+                f"{prefix}{name}={value!r} must be a whole number{unit}, 1 or more"
             )
 
 
@@ -96,7 +101,7 @@ class ModelShape:
                 f"ModelShape {self.name!r}: kind={self.kind!r}; use 'transformer' "
                 "or 'module'"
             )
-        _positive(
+        check_counts(
             f"ModelShape {self.name!r}",
             layers=self.layers,
             hidden=self.hidden,
@@ -108,7 +113,7 @@ class ModelShape:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
-        _positive(f"ModelShape {self.name!r}", ffn=self.ffn, kv_heads=self.kv_heads)
+        check_counts(f"ModelShape {self.name!r}", ffn=self.ffn, kv_heads=self.kv_heads)
         if self.hidden % self.heads:
             raise ValueError(
                 f"ModelShape {self.name!r}: hidden={self.hidden} is not divisible by "
@@ -314,7 +319,7 @@ class Layout:
     precision: str = "bf16"
 
     def __post_init__(self) -> None:
-        _positive(
+        check_counts(
             "Layout",
             dp=self.dp,
             tp=self.tp,

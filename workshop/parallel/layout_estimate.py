@@ -19,7 +19,15 @@ t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32)
 
 from __future__ import annotations
 
-from .layout import GPU, Estimate, Layout, ModelShape, Network, model_shape
+from .layout import (
+    GPU,
+    Estimate,
+    Layout,
+    ModelShape,
+    Network,
+    check_counts,
+    model_shape,
+)
 from .layout_memory import (
     activation_bytes,
     layer_activation_bytes,
@@ -202,14 +210,7 @@ def estimate(
         )
     layout.check_fits(shape)
     gpu, network = gpu_record(gpu), network_record(network)
-    if (
-        isinstance(gpus_per_node, bool)
-        or not isinstance(gpus_per_node, int)
-        or gpus_per_node < 1
-    ):
-        raise ValueError(
-            f"gpus_per_node={gpus_per_node!r} must be a whole number, 1 or more"
-        )
+    check_counts("", gpus_per_node=gpus_per_node)
     _fraction("mfu", mfu)
     if samples_per_s is not None and (
         isinstance(samples_per_s, bool)

@@ -33,7 +33,14 @@ from torch import nn
 
 from ..ranks.worker import group_place, rank_device
 from .fake_shard import tensor_parallel
-from .layout import GPU, Layout, Network, build_transformer, model_shape
+from .layout import (
+    GPU,
+    Layout,
+    Network,
+    build_transformer,
+    check_counts,
+    model_shape,
+)
 from .zero_memory import _fully_shard, held_bytes
 
 __all__ = ["layout_machine", "measure_layout", "measured_against_estimate"]
@@ -168,11 +175,7 @@ def measure_layout(
         raise ValueError(
             f"measure_layout trains a transformer; {shape.name!r} is a module"
         )
-    for name, value in (("tp", tp), ("micro_batch", micro_batch), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"measure_layout: {name}={value!r} must be a whole number, 1 or more"
-            )
+    check_counts("measure_layout", tp=tp, micro_batch=micro_batch, steps=steps)
     if zero not in (0, 3):
         raise ValueError(
             f"zero={zero!r}: the real run compares DDP (0) and FSDP2 (3); stages 1 "

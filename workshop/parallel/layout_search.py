@@ -9,7 +9,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 
-from .layout import GPU, Estimate, Layout, ModelShape, Network, model_shape
+from .layout import (
+    GPU,
+    Estimate,
+    Layout,
+    ModelShape,
+    Network,
+    check_counts,
+    model_shape,
+)
 from .layout_time import gpu_record, network_record
 
 __all__ = ["best_layouts", "describe", "table"]
@@ -148,15 +156,12 @@ def best_layouts(
     from .layout_estimate import estimate
 
     shape = model_shape(model)
-    for name, value in (
-        ("gpus", gpus),
-        ("global_batch", global_batch),
-        ("max_micro_batch", max_micro_batch),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"best_layouts: {name}={value!r} must be a whole number, 1 or more"
-            )
+    check_counts(
+        "best_layouts",
+        gpus=gpus,
+        global_batch=global_batch,
+        max_micro_batch=max_micro_batch,
+    )
     Layout(precision=precision)  # checks the precision
     gpu, network = gpu_record(gpu), network_record(network)
     if shape.kind == "module":

@@ -66,7 +66,16 @@ import functools
 from collections.abc import Iterable
 
 from ..comm.bucket_plan import plan_buckets
-from .layout import GPU, GPUS, MODELS, NETWORKS, Layout, ModelShape, Network
+from .layout import (
+    GPU,
+    GPUS,
+    MODELS,
+    NETWORKS,
+    Layout,
+    ModelShape,
+    Network,
+    check_counts,
+)
 from .layout_hardware import pick
 from .layout_memory import (
     _block_local,
@@ -149,10 +158,7 @@ def ring_time(
         >>> round(ring_time("all_reduce", 8, 1e9, 450.0, 5e-6) * 1e3, 3)  # ms
         3.959
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(
-            f"ring_time: n={n!r} must be a whole number of GPUs, 1 or more"
-        )
+    check_counts("ring_time", " of GPUs", n=n)
     if kind == "send":
         return nbytes / (bandwidth_gbs * 1e9) + alpha
     if kind not in ("all_reduce", "all_gather", "reduce_scatter"):

@@ -26,8 +26,8 @@ PLATFORM ?=
 DRY_RUN ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup environment lab test test-site lint wheelhouse clean check-node \
-	portal portal-stop
+.PHONY: help setup environment lab test test-notebooks test-cpus test-site lint \
+	wheelhouse clean check-node portal portal-stop
 
 help:
 	@echo "make lab    set up .venv, then open the workshop in JupyterLab"
@@ -35,6 +35,10 @@ help:
 	@echo "make test   set up .venv, then run every test, notebooks included"
 	@echo "            (no .venv, and python3 has everything: both use it, no set-up)"
 	@echo "make setup  create or update .venv only (scripts/setup.sh)"
+	@echo "make test-notebooks  only the notebooks, compared with their stored outputs"
+	@echo "            exactly as make test compares them"
+	@echo "make test-cpus  make test-notebooks as other machines run it: this CPU, AVX2,"
+	@echo "            no SIMD, one thread (scripts/test_cpus.sh; CPU_SETTINGS=\"omp1\")"
 	@echo "make test-site  the suite as on a GPU node: torch 2.11 on Python 3.12, the"
 	@echo "            wheelhouse installed with pip --target, no system packages"
 	@echo "            (in .site/; scripts/test_site.sh)"
@@ -77,17 +81,30 @@ lab: environment
 # Every notebook under $(NOTEBOOKS)/ is run by nbval and its outputs compared with
 # the stored ones, after tests/nbval_sanitize.cfg replaces times, ports, PIDs and
 # addresses. pytest's exit code 5 means nothing was collected: a failure here.
-PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 \
-	--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
+# --durations=20: every run ends with its 20 slowest tests.
+NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(NBVAL) \
 	tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
 
-test: environment
-	@echo "$(PYTEST)"
-	@rc=0; $(PYTEST) || rc=$$?; \
+# $(1): the pytest command line; exit code 5 (nothing collected) is a failure.
+run_pytest = @echo "$(1)"; rc=0; $(1) || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then \
-		echo "make test: FAILED: pytest collected no tests (exit code 5)" >&2; \
+		echo "make: FAILED: pytest collected no tests (exit code 5)" >&2; \
 	fi; \
 	exit $$rc
+
+test: environment
+	$(call run_pytest,$(PYTEST))
+
+# The notebooks alone, compared exactly as make test compares them.
+test-notebooks: environment
+	$(call run_pytest,$(RUN_PYTHON) -m pytest --timeout=600 $(NBVAL) $(NOTEBOOKS)/ \
+		$(PYTEST_ARGS))
+
+# make test-notebooks under other CPUs' settings, one after another (CPU_SETTINGS,
+# CPU_BUSY=1: scripts/test_cpus.sh says).
+test-cpus: environment
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_cpus.sh
 
 # The node check runs in whatever environment the class will use: .venv's python
 # where there is one, else python3 (on a cluster: the site's torch module plus

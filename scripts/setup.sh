@@ -4,17 +4,20 @@
 # editable mode.
 #
 #   bash scripts/setup.sh          # or: make setup
-#   PYTHON=python3.12 bash scripts/setup.sh   # choose the interpreter (>= 3.10)
+#   PYTHON=python3.12 bash scripts/setup.sh   # choose the interpreter (3.11 to 3.14)
 #   bash scripts/setup.sh --check [PYTHON]    # has PYTHON everything? (installs nothing)
 #
 # Safe to run again: a stamp in .venv records what was installed (a hash of
 # requirements.txt, pyproject.toml and the Python version), and a second run with
 # nothing changed returns in seconds. Delete .venv (make clean) to start over.
 # A .venv made another way (no stamp) that has everything is left as it is.
+# Where python3 is a Python that the pins have no wheels for (3.10, as on Ubuntu
+# 22.04), setup uses a python3.X on PATH or in pyenv that they have, or says which
+# Python to get, before it downloads anything.
 #
 # --check says whether PYTHON (default python3) already has all the workshop needs:
 # this checkout's workshop package importable, and the packages of pyproject.toml
-# (its dependencies but torchvision, and the lab and test extras) at their minimum
+# (its dependencies but torchvision, and the extras in CHECK_EXTRAS) at their minimum
 # versions. It prints "PATH Python X.Y.Z, torch V" and exits 0, or says what is
 # missing on stderr and exits 1. `make lab` and `make test` ask it about python3
 # where there is no .venv, and then set nothing up.
@@ -24,18 +27,36 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.workshop-setup-stamp"
 REQUIREMENTS="$ROOT/requirements.txt"
+PYTHON_GIVEN="${PYTHON:-}"  # PYTHON=... chosen by the user: used or refused, never replaced
 PYTHON="${PYTHON:-python3}"
-MIN_PYTHON="3.10"
+# The Pythons (X.Y) that requirements.txt's pins have wheels for, oldest first: every
+# pin has one for CPython 3.11 to 3.14; torch 2.15.0, numpy 2.4.6, scikit-learn 1.9.1
+# and matplotlib 3.11.2 have none for 3.10, numpy 2.4.6 none for 3.15 (PyPI, checked
+# per pin with pip install --dry-run --no-deps --only-binary=:all: --target DIR
+# --python-version X.Y). Change it with the pins. A site's own torch (pyproject.toml's
+# ranges) works on 3.10 too: that is --check's business, not .venv's.
+PINNED_PYTHONS=(3.11 3.12 3.13 3.14)
+PINNED_RANGE="${PINNED_PYTHONS[0]} to ${PINNED_PYTHONS[-1]}"
+# What `make lab` and `make test` need, and so all that --check asks for: pyproject's
+# dependencies and these extras. Not the portal's (jupyterhub, batchspawner: make
+# portal only), which a GPU node's wheelhouse rightly leaves out.
+CHECK_EXTRAS=(lab test)
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-# Prints "3.11.7" for a working interpreter of at least $MIN_PYTHON, fails otherwise.
+# Prints "3.11.7" for a working interpreter, fails otherwise.
 python_version() {
-    "$1" -c 'import sys
-if sys.version_info < (3, 10):
-    raise SystemExit(1)
-print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
+    "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null
+}
+
+# Whether a version "3.12.4" is one that requirements.txt's pins support.
+pinned() {
+    local minor
+    for minor in "${PINNED_PYTHONS[@]}"; do
+        [[ "$1" == "$minor".* ]] && return 0
+    done
+    return 1
 }
 
 # ---- system packages -----------------------------------------------------------
@@ -99,30 +120,78 @@ HINT: run it by hand to see why: apt-get update && apt-get install $*"
 [setup]   so and skip. To have them later: apt-get update && apt-get install $*"
 }
 
-find_python() {
-    command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found.
-HINT: install Python $MIN_PYTHON or newer with its venv module (Debian/Ubuntu:
-  apt install python3 python3-venv; on a cluster: module load python), or point
-  PYTHON at one: PYTHON=/path/to/python3.11 bash scripts/setup.sh"
-    local found
-    found="$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" \
-        || die "'$PYTHON' ($(command -v "$PYTHON")) does not run."
-    python_version "$PYTHON" >/dev/null || die "'$PYTHON' is Python $found; the workshop needs $MIN_PYTHON or newer.
-HINT: install a newer Python (Debian/Ubuntu: apt install python3.11 python3.11-venv;
-  on a cluster: module load python/3.11) and run
-  PYTHON=python3.11 bash scripts/setup.sh"
-    say "using $PYTHON ($(command -v "$PYTHON"), Python $found)"
+# Other Pythons the pins support, the newest first: python3.X on PATH, then pyenv's
+# (its shims on PATH answer only for the versions it has active).
+other_pythons() {
+    local i minor dir best patch
+    for ((i = ${#PINNED_PYTHONS[@]} - 1; i >= 0; i--)); do
+        command -v "python${PINNED_PYTHONS[i]}" 2>/dev/null || true
+    done
+    local pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+    for ((i = ${#PINNED_PYTHONS[@]} - 1; i >= 0; i--)); do
+        minor="${PINNED_PYTHONS[i]}" best="" patch=-1
+        for dir in "$pyenv_root/versions/$minor".*; do
+            # 3.13.1, not 3.13.1t (free-threaded) nor 3.13-dev
+            [[ "${dir##*/}" =~ ^$minor\.([0-9]+)$ && -x "$dir/bin/python$minor" ]] \
+                || continue
+            ((BASH_REMATCH[1] > patch)) && patch="${BASH_REMATCH[1]}" best="$dir"
+        done
+        [[ -z "$best" ]] || printf '%s\n' "$best/bin/python$minor"
+    done
 }
 
-# Reuses a working .venv; creates it when missing, recreates it when broken.
+# Sets PYTHON to the interpreter .venv is made with: PYTHON as given, else python3,
+# else (python3 missing, or a version the pins have no wheels for) the newest other
+# Python the pins support. Says which in one line; or, finding none, says in one line
+# which Python is needed and how to have one, and exits 1. Downloads nothing.
+find_python() {
+    local found="" other version
+    if command -v "$PYTHON" >/dev/null 2>&1; then
+        found="$(python_version "$PYTHON")" \
+            || die "'$PYTHON' ($(command -v "$PYTHON")) does not run."
+        if pinned "$found"; then
+            say "using $PYTHON ($(command -v "$PYTHON"), Python $found)"
+            return
+        fi
+    elif [[ -n "$PYTHON_GIVEN" ]]; then
+        die "'$PYTHON' not found. HINT: name an installed Python $PINNED_RANGE:\
+ PYTHON=/path/to/python3.12 bash scripts/setup.sh"
+    fi
+    local why="there is no $PYTHON"
+    [[ -z "$found" ]] || why="$PYTHON is Python $found, which requirements.txt's pins\
+ have no wheels for (they need $PINNED_RANGE)"
+    if [[ -z "$PYTHON_GIVEN" ]]; then
+        while read -r other; do
+            if ! version="$(python_version "$other")" || ! pinned "$version"; then
+                continue
+            fi
+            say "$why: using $other (Python $version) instead"
+            PYTHON="$other"
+            return
+        done < <(other_pythons)
+        why+=", and no python${PINNED_PYTHONS[0]}..${PINNED_PYTHONS[-1]} is on PATH"
+        why+=" or in pyenv"
+    fi
+    die "$why. HINT: apt install python3.11 python3.11-venv (Ubuntu 22.04), pyenv\
+ install 3.12, or module load python/3.12 (a cluster); then PYTHON=python3.11 make setup"
+}
+
+# Whether .venv holds a working Python that the pins support.
+venv_usable() {
+    local version
+    [[ -d "$VENV" ]] && version="$(python_version "$VENV/bin/python")" \
+        && pinned "$version"
+}
+
+# Reuses a working .venv; creates it when missing, recreates it when broken or of a
+# Python the pins do not support. find_python has chosen PYTHON.
 make_venv() {
-    if [[ -d "$VENV" ]] && python_version "$VENV/bin/python" >/dev/null; then
+    if venv_usable; then
         say "reusing $VENV (Python $(python_version "$VENV/bin/python"))"
         return
     fi
-    find_python
     if [[ -e "$VENV" ]]; then
-        say "$VENV does not hold a working Python >= $MIN_PYTHON; recreating it"
+        say "$VENV does not hold a working Python $PINNED_RANGE; recreating it"
         rm -rf "$VENV"
     fi
     say "creating $VENV"
@@ -187,12 +256,15 @@ HINT: is the npm registry reachable? (npm ping)"
 }
 
 # ---- is an environment complete? ------------------------------------------------
-# Run by the Python in question, with this checkout's path as its argument; prints
-# "Python X.Y.Z, torch V" and exits 0, or prints what is missing and exits 1.
-# The needed packages and their minimum versions are those of pyproject.toml, but
-# torchvision: a site's torch module may lack it, and what needs it says so.
+# Run by the Python in question, with this checkout's path and the extras to count
+# (CHECK_EXTRAS) as its arguments; prints "Python X.Y.Z, torch V" and exits 0, or
+# prints what is missing and exits 1. The needed packages and their minimum versions
+# are pyproject.toml's dependencies and those extras, but torchvision: a site's
+# torch module may lack it, and what needs it says so. Python 3.10 has no tomllib:
+# there it reads pyproject.toml with tomli, or the copy that pip carries.
 # shellcheck disable=SC2016  # Python code, not shell: nothing to expand
 CHECK_CODE='
+import importlib
 import importlib.metadata as metadata
 import importlib.util
 import os
@@ -201,10 +273,31 @@ import sys
 
 if not getattr(sys.flags, "safe_path", False):
     del sys.path[0]  # the current folder: count only what this Python finds anywhere
+
+
+def toml_reader():
+    for name in ("tomllib", "tomli", "pip._vendor.tomli"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    raise SystemExit("tomli, to read pyproject.toml (pip install tomli; Python 3.11 "
+                     "has tomllib)")
+
+
 root = os.path.realpath(sys.argv[1])
-text = open(os.path.join(root, "pyproject.toml")).read()
-project = text[text.index("[project]") :].split("[tool.", 1)[0]
-needed = dict(re.findall(r"\"([A-Za-z0-9_.-]+)>=([0-9.]+)\"", project))
+with open(os.path.join(root, "pyproject.toml"), "rb") as file:
+    project = toml_reader().load(file)["project"]
+requirements = list(project["dependencies"])
+for extra in sys.argv[2:]:
+    requirements += project["optional-dependencies"][extra]
+needed = {}
+for requirement in requirements:
+    form = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:>=([0-9.]+))?", requirement.replace(" ", ""))
+    if form is None:
+        raise SystemExit(f"pyproject.toml: {requirement!r} is not name or name>=version"
+                         ", the forms scripts/setup.sh --check reads")
+    needed[form.group(1)] = form.group(2) or "0"
 needed.pop("torchvision", None)
 modules = {"scikit-learn": "sklearn", "pytest-timeout": "pytest_timeout"}
 
@@ -214,7 +307,7 @@ def numbers(version):
 
 
 missing, found = [], {}
-oldest = re.search(r"requires-python *= *\">=([0-9.]+)\"", project).group(1)
+oldest = re.fullmatch(r">=([0-9.]+)", project["requires-python"]).group(1)
 if sys.version_info[:2] < numbers(oldest):
     missing.append(f"Python>={oldest} (found %d.%d)" % sys.version_info[:2])
 for name, minimum in needed.items():
@@ -253,7 +346,7 @@ check_environment() {
     }
     # Absolute, but not resolved: a venv's python is a link to the one it was made from.
     [[ "$path" == /* ]] || path="$(cd "$(dirname "$path")" && pwd)/${path##*/}"
-    if said="$("$path" -c "$CHECK_CODE" "$ROOT" 2>&1)"; then
+    if said="$("$path" -c "$CHECK_CODE" "$ROOT" "${CHECK_EXTRAS[@]}" 2>&1)"; then
         printf '%s %s\n' "$path" "$said"
     else
         printf '%s lacks: %s\n' "$path" "${said:-nothing said; it does not run}" >&2
@@ -262,14 +355,12 @@ check_environment() {
 }
 
 # A .venv without setup's stamp was made by hand (python -m venv, pip install -e
-# .) or by a site's tools; when it has everything, setup leaves it as it is.
+# .) or by a site's tools; when it has everything, setup leaves it as it is. Sets
+# ANOTHER_WAY to what --check says of it.
+ANOTHER_WAY=""
 made_another_way() {
     [[ -x "$VENV/bin/python" && ! -e "$STAMP" ]] || return 1
-    local said
-    said="$(check_environment "$VENV/bin/python" 2>/dev/null)" || return 1
-    say "found $VENV made another way (it has no stamp of this script) and complete:"
-    say "  ${said#* }; leaving it as it is (make clean, then make setup, to have"
-    say "  setup build its own)"
+    ANOTHER_WAY="$(check_environment "$VENV/bin/python" 2>/dev/null)"
 }
 
 main() {
@@ -281,8 +372,14 @@ main() {
 HINT: bash scripts/setup.sh, or bash scripts/setup.sh --check [PYTHON]"
     local start=$SECONDS
     cd "$ROOT"
+    # The Python to make .venv with is chosen first, before apt-get or pip download
+    # anything; a complete .venv made another way needs none.
+    made_another_way || venv_usable || find_python
     install_system_packages
-    if made_another_way; then
+    if [[ -n "$ANOTHER_WAY" ]]; then
+        say "found $VENV made another way (it has no stamp of this script) and complete:"
+        say "  ${ANOTHER_WAY#* }; leaving it as it is (make clean, then make setup, to have"
+        say "  setup build its own)"
         return
     fi
     make_venv

@@ -5,7 +5,10 @@ none and python3 already has everything (a site's torch module plus pip install,
 pip install --target with PYTHONPATH, as on a GPU node without internet), that
 python3 is used and nothing is set up. Else setup.sh creates .venv. A .venv made
 another way (no stamp of setup.sh) that is complete is left as it is, and an
-apt-get that fails outside CI is said, not fatal.
+apt-get that fails outside CI is said, not fatal. The check asks for what `make lab`
+and `make test` need, not the portal's hub; and where python3 is a Python that the
+pins have no wheels for, setup finds one they have, or says which to get, before it
+downloads anything.
 
 Each test works in a folder of its own holding the Makefile, setup.sh,
 pyproject.toml and a stand-in workshop package, with stand-in pythons that run this
@@ -15,9 +18,11 @@ test's interpreter: nothing is installed, nothing is downloaded.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -117,6 +122,53 @@ def test_check_names_what_is_missing(tmp_path):
     assert "nbval>=0.10 (found 0.1)" in done.stderr, done.stderr
 
 
+def _python_without(tmp_path: Path, hidden: tuple[str, ...]) -> tuple[Path, str]:
+    """A python3 that has what this test's interpreter has but the distributions
+    ``hidden``, and the PYTHONPATH it needs: its sys.path but the standard library,
+    as one folder of links (no site-packages: -S), with ``hidden`` left out."""
+    standard = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    standard.add(os.path.join(sysconfig.get_paths()["platstdlib"], "lib-dynload"))
+    found = tmp_path / "found"
+    found.mkdir()
+    for entry in map(Path, sys.path):
+        if str(entry) in standard or not entry.is_dir():
+            continue
+        if entry.resolve() in (ROOT, ROOT / "tests"):  # the project stands in for it
+            continue
+        for child in entry.iterdir():
+            name = re.split(r"[-.]", child.name, maxsplit=1)[0].lower()
+            if name not in hidden and not (found / child.name).exists():
+                (found / child.name).symlink_to(child)
+    return _python(tmp_path / "bin" / "python3", "-S"), str(found)
+
+
+@pytest.mark.parametrize(
+    ("hidden", "lacks"),
+    [
+        (("jupyterhub", "batchspawner"), None),  # the portal's: a GPU node's wheelhouse
+        (("nbval",), "nbval (not importable)"),  # the test extra
+        (("jupyterlab",), "jupyterlab (not importable)"),  # the lab extra
+    ],
+)
+def test_check_asks_for_the_lab_and_test_extras_not_the_portals(
+    tmp_path, hidden, lacks
+):
+    project = _project(tmp_path)
+    python3, found = _python_without(tmp_path, hidden)
+    env = _env(project, PYTHONPATH=f"{project}{os.pathsep}{found}")
+    where = "import importlib.util as u, sys; print([u.find_spec(n) for n in sys.argv])"
+    done = _run([str(python3), "-c", where, *hidden], project, env)
+    # sys.argv[0] is "-c", which is no module either.
+    assert done.stdout == f"{[None] * (1 + len(hidden))}\n", done.stdout + done.stderr
+    done = _run(["bash", "scripts/setup.sh", "--check", str(python3)], project, env)
+    if lacks is None:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == f"{python3} {_versions()}\n"
+    else:
+        assert done.returncode == 1
+        assert done.stderr == f"{python3} lacks: {lacks}\n"
+
+
 def test_check_wants_the_workshop_of_this_checkout(tmp_path):
     project = _project(tmp_path)
     elsewhere = tmp_path / "elsewhere"
@@ -142,7 +194,7 @@ def test_make_uses_a_complete_python3_and_sets_nothing_up(tmp_path):
     env = _env(project, python3.parent)
     for target, command in [
         ("lab", f"{python3} -m jupyterlab --ip=127.0.0.1 "),
-        ("test", f"{python3} -m pytest --timeout=600 --nbval "),
+        ("test", f"{python3} -m pytest --timeout=600 "),
         ("lint", f"{python3} -m ruff check ."),
     ]:
         done = _run(["make", "--no-print-directory", "-n", target], project, env)
@@ -254,6 +306,87 @@ def test_setup_stops_when_apt_get_fails_in_ci(tmp_path):
         "openmpi-bin slurm-wlm munge shellcheck chromium chromium-driver"
     ) in done.stderr, done.stderr
     assert "made another way" not in done.stdout
+
+
+# --- setup.sh: a python3 that the pins have no wheels for (3.10) -------------------
+
+# The Pythons (X.Y) setup.sh says requirements.txt's pins have wheels for.
+PINNED = re.search(
+    r"^PINNED_PYTHONS=\(([^)]*)\)$", (ROOT / "scripts/setup.sh").read_text(), re.M
+)[1].split()
+NEEDED = f"they need {PINNED[0]} to {PINNED[-1]}"
+
+
+def _versioned_python(path: Path, version: str, log: Path) -> Path:
+    """A python at ``path`` that notes each call in ``log``, says it is ``version``
+    when setup asks (python -c ...), and fails anything else (-m venv, -m pip)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'#!/bin/sh\necho "$0 $*" >> "{log}"\n'
+        f'[ "$1" = -c ] && echo {version} && exit 0\nexit 1\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("where", ["PATH", "pyenv"])
+def test_setup_picks_a_python_the_pins_support(tmp_path, where):
+    assert "3.10" not in PINNED
+    project = _project(tmp_path)
+    bin_dir = _fake_root_bin(tmp_path)
+    log = tmp_path / "python-calls.log"
+    _versioned_python(bin_dir / "python3", "3.10.12", log)  # Ubuntu 22.04's
+    # A pyenv shim of a version pyenv has not active: it does not run.
+    (bin_dir / f"python{PINNED[-1]}").write_text("#!/bin/sh\nexit 127\n")
+    (bin_dir / f"python{PINNED[-1]}").chmod(0o755)
+    pyenv = tmp_path / "pyenv" / "versions"
+    if where == "PATH":
+        version = f"{PINNED[0]}.9"
+        chosen = _versioned_python(bin_dir / f"python{PINNED[0]}", version, log)
+    else:  # the newest patch, and never a free-threaded build (3.X.Yt)
+        for name in (f"{PINNED[0]}.4", f"{PINNED[0]}.10", f"{PINNED[-1]}.0t"):
+            minor = name.rsplit(".", 1)[0]
+            _versioned_python(pyenv / name / "bin" / f"python{minor}", name, log)
+        chosen = pyenv / f"{PINNED[0]}.10" / "bin" / f"python{PINNED[0]}"
+        version = f"{PINNED[0]}.10"
+    env = _env(project, PATH=str(bin_dir), HOME=str(tmp_path),
+               PYENV_ROOT=str(pyenv.parent))  # fmt: skip
+    done = _run([shutil.which("bash"), "scripts/setup.sh"], project, env)
+    # Chosen first, in one line; then the venv is made with it (and fails: a stand-in).
+    assert done.stdout.splitlines()[0] == (
+        f"[setup] python3 is Python 3.10.12, which requirements.txt's pins have no "
+        f"wheels for ({NEEDED}): using {chosen} (Python {version}) instead"
+    ), done.stdout
+    venv = project.resolve() / ".venv"
+    assert f"{chosen} -m venv {venv}" in log.read_text().splitlines()
+    assert done.returncode == 1
+    assert f"'{chosen} -m venv' failed." in done.stderr
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_setup_says_which_python_it_needs_and_downloads_nothing(tmp_path, given):
+    project = _project(tmp_path)
+    bin_dir = _fake_root_bin(tmp_path)
+    log = tmp_path / "python-calls.log"
+    _versioned_python(bin_dir / "python3", "3.10.12", log)
+    extra = {"PYTHON": "python3"} if given else {}
+    if given:  # PYTHON=... is the user's choice: refused, never replaced
+        _versioned_python(bin_dir / f"python{PINNED[0]}", f"{PINNED[0]}.9", log)
+    env = _env(project, PATH=str(bin_dir), HOME=str(tmp_path),
+               PYENV_ROOT=str(tmp_path / "no-pyenv"), **extra)  # fmt: skip
+    done = _run([shutil.which("bash"), "scripts/setup.sh"], project, env)
+    assert done.returncode == 1 and done.stdout == ""
+    none = f", and no python{PINNED[0]}..{PINNED[-1]} is on PATH or in pyenv"
+    assert done.stderr == (
+        f"[setup] ERROR: python3 is Python 3.10.12, which requirements.txt's pins "
+        f"have no wheels for ({NEEDED}){'' if given else none}. HINT: apt install "
+        "python3.11 python3.11-venv (Ubuntu 22.04), pyenv install 3.12, or module "
+        "load python/3.12 (a cluster); then PYTHON=python3.11 make setup\n"
+    )
+    # Asked its version only; no apt-get, no venv, no pip.
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["-c"]
+    assert not (tmp_path / "apt.log").exists()
+    assert not (project / ".venv").exists()
 
 
 def test_setup_refuses_an_unknown_argument(tmp_path):

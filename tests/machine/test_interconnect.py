@@ -86,12 +86,57 @@ def test_infiniband_port_counters_count_four_bytes_per_unit(tmp_path):
 def test_the_ring_model_and_the_measured_share():
     watch = AllreduceBytes("lo", 4, 16_000_000, 2, 2 * 4 * 24_000_000, [1, 2])
     assert watch.ring_model == 24_000_000  # 2(N-1)/N = 1.5 of the tensor
-    assert watch.per_rank == 24_000_000
-    line = watch.describe()
-    assert line.startswith("4 ranks: 24.00 MB sent per rank") and line.endswith(
+    assert watch.per_rank == 24_000_000  # no per-socket counts: the interface's
+    first, second = watch.describe().splitlines()
+    assert first.startswith("4 ranks: 24.00 MB sent per rank") and first.endswith(
         "(1.00x)"
     )
-    assert "= 24.00 MB" in line and len(line) <= 88
+    assert "= 24.00 MB" in first and len(first) <= 88
+    assert second == "  (as lo counted them: no per-socket counts)"
+
+
+def test_the_ranks_own_bytes_beside_what_the_interface_counted():
+    # The ranks' own connections sent exactly the model's bytes; the interface
+    # counted 0.1 % more in its fewest trial (headers), then 10 % more (others).
+    own = [2 * 4 * 24_000_000, 2 * 4 * 24_000_000 + 64]
+    near = AllreduceBytes("lo", 4, 16_000_000, 2, own[0] + 192_000, [1], own)
+    assert near.per_rank == 24_000_000 and near.interface_per_rank == 24_024_000
+    lines = near.describe().splitlines()
+    assert lines[0].startswith("4 ranks: 24.00 MB sent per rank")
+    assert lines[1] == (
+        "  lo counted 24.02 MB per rank, headers and acks included; "
+        "within 5% above: True"
+    )
+    assert all(len(line) <= 88 for line in lines)
+    far = AllreduceBytes("lo", 4, 16_000_000, 2, int(own[0] * 1.1), [1], own)
+    assert far.describe().endswith("within 5% above: False")
+    # Fewer bytes on the interface than the ranks sent cannot be the same traffic.
+    short = AllreduceBytes("lo", 4, 16_000_000, 2, own[0] - 1000, [1], own)
+    assert short.describe().endswith("within 5% above: False")
+
+
+def test_own_tcp_bytes_counts_this_processs_connections():
+    import socket
+
+    from workshop.machine.interconnect import _own_tcp_bytes
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        before = _own_tcp_bytes()
+        if before is None:
+            pytest.skip("this kernel gives no per-socket byte counts (TCP_INFO)")
+        client.sendall(b"x" * 100_000)
+        got = 0
+        while got < 100_000:
+            got += len(peer.recv(65536))
+        # Sent by this process's client socket; the peer's socket is ours too but
+        # sent nothing.
+        assert _own_tcp_bytes() - before == 100_000
+    finally:
+        for sock in (client, peer, server):
+            sock.close()
 
 
 def test_bad_input_is_explained():
@@ -115,4 +160,9 @@ def test_loopback_carries_what_the_ring_model_says(capfd):
     watch = workshop.watch_allreduce(4e6, world_size=2, repeats=2, trials=3)
     assert watch.interface in ("lo", "lo0") and len(watch.trials) == 3
     assert watch.sent == min(watch.trials)
-    assert 0.99 * watch.ring_model <= watch.per_rank <= 1.3 * watch.ring_model
+    assert 0.99 * watch.ring_model <= watch.interface_per_rank <= 1.3 * watch.ring_model
+    # The ranks' own connections: the model's bytes, plus a few hundred of the
+    # barriers around the reading, whatever else the machine sends.
+    assert len(watch.own_trials) == 3
+    assert watch.ring_model <= watch.per_rank <= 1.001 * watch.ring_model
+    assert watch.per_rank <= watch.interface_per_rank

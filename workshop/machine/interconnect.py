@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+import stat
+import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..comm.costmodel import bus_factor
@@ -132,13 +134,21 @@ def infiniband_ports(root: Path = _INFINIBAND) -> list[PortCounters]:
 class AllreduceBytes:
     """What :func:`watch_allreduce` measured.
 
+    Two counts of the same all-reduces. The ranks' own TCP connections count the
+    bytes gloo handed them (the kernel's per-socket ``tcpi_bytes_sent``): nothing
+    else on the machine can add to that. The interface's counter is what ``iftop``
+    and ``sar -n DEV`` see: the same bytes plus TCP/IP headers, acknowledgements, and
+    whatever other programs sent over that interface at the time.
+
     Attributes:
         interface: the interface watched.
         world_size: ranks that took part, all on this machine.
         size_bytes: the tensor's bytes.
         repeats: all-reduces per trial.
         sent: the fewest bytes the interface sent in one trial (all ranks together).
-        trials: the bytes sent in each trial.
+        trials: the bytes the interface sent in each trial.
+        own_trials: the bytes the ranks' own connections sent in each trial (all
+            ranks together); empty where the kernel gives no per-socket counts.
     """
 
     interface: str
@@ -147,11 +157,20 @@ class AllreduceBytes:
     repeats: int
     sent: int
     trials: list[int]
+    own_trials: list[int] = field(default_factory=list)
 
     @property
     def per_rank(self) -> float:
-        """Bytes each rank sent per all-reduce, measured (on one machine the
-        interface carries every rank's traffic)."""
+        """Bytes each rank sent per all-reduce on its own connections (the fewest of
+        the trials), or as the interface counted them where there are no per-socket
+        counts."""
+        sent = min(self.own_trials) if self.own_trials else self.sent
+        return sent / self.world_size / self.repeats
+
+    @property
+    def interface_per_rank(self) -> float:
+        """Bytes per rank per all-reduce as the interface counted them (on one
+        machine the interface carries every rank's traffic)."""
         return self.sent / self.world_size / self.repeats
 
     @property
@@ -160,37 +179,107 @@ class AllreduceBytes:
         return bus_factor(self.world_size) * self.size_bytes
 
     def describe(self) -> str:
-        """One line of at most 88 characters: measured against the model, in MB
-        (10^6 bytes), e.g. ``2 ranks: 16.02 MB sent per rank, ring model 16.00 MB
-        (1.00x)``."""
-        return (
+        """Two lines of at most 88 characters, in MB (10^6 bytes): what each rank's
+        connections sent against the ring model, e.g. ``2 ranks: 16.00 MB sent per
+        rank, ring model 2(N-1)/N x 16 MB = 16.00 MB (1.00x)``; then what the
+        interface counted, and whether that is within :data:`INTERFACE_MARGIN` above
+        it (headers, acknowledgements and other programs' traffic only add)."""
+        first = (
             f"{self.world_size} ranks: {self.per_rank / 1e6:.2f} MB sent per rank, "
             f"ring model 2(N-1)/N x {self.size_bytes / 1e6:g} MB = "
             f"{self.ring_model / 1e6:.2f} MB ({self.per_rank / self.ring_model:.2f}x)"
         )
+        if not self.own_trials:
+            return (
+                first + f"\n  (as {self.interface} counted them: no per-socket counts)"
+            )
+        within = (
+            self.per_rank
+            <= self.interface_per_rank
+            <= self.per_rank * (1 + INTERFACE_MARGIN)
+        )
+        return first + (
+            f"\n  {self.interface} counted {self.interface_per_rank / 1e6:.2f} MB per "
+            f"rank, headers and acks included; within {INTERFACE_MARGIN:.0%} above: "
+            f"{within}"
+        )
+
+
+# How far above the ranks' own bytes the interface's count may be and still be
+# called the same traffic: TCP/IP headers and acknowledgements add about 0.1 % on
+# loopback (64 KiB segments); the rest of the margin is for other programs' traffic in
+# the fewest of three trials, on a machine busy with other work.
+INTERFACE_MARGIN = 0.05
+
+
+def _own_tcp_bytes() -> int | None:
+    """Bytes this process's TCP connections have sent, summed over its sockets
+    (``TCP_INFO``'s ``tcpi_bytes_sent``, or ``tcpi_bytes_acked`` on a kernel older
+    than 4.19); None where the kernel gives no such count."""
+    total, found = 0, False
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        try:
+            fd = int(name)
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except (OSError, ValueError):
+            continue  # closed meanwhile (the listing's own descriptor), or no socket
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (
+                socket.AF_INET,
+                socket.AF_INET6,
+            ):
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except (OSError, AttributeError):
+            continue
+        finally:
+            sock.close()  # the duplicate only; gloo's descriptor stays open
+        # bytes_sent where the kernel has it; else bytes_acked, which lags by what
+        # is still in flight (none after a barrier that every rank has passed).
+        for offset in (_BYTES_SENT, _BYTES_ACKED):
+            if len(info) >= offset + 8:
+                total += struct.unpack_from("Q", info, offset)[0]
+                found = True
+                break
+    return total if found else None
+
+
+# Offsets in struct tcp_info (linux/tcp.h) of two u64 counters: tcpi_bytes_acked,
+# after 8 bytes of flags, 24 u32 fields, pacing_rate and max_pacing_rate (Linux 4.1);
+# tcpi_bytes_sent, further on (Linux 4.19): what the socket sent, retransmissions
+# included (none on loopback).
+_BYTES_ACKED = 120
+_BYTES_SENT = 200
 
 
 def _count_on_interface(
     interface: str, elements: int, repeats: int, trials: int
-) -> list[int] | None:
-    # Runs in each rank: rank 0 reads the counters, between barriers, around the
-    # all-reduces that every rank runs.
+) -> tuple[list[int | None], list[int] | None]:
+    # Runs in each rank: every rank counts its own connections' bytes and rank 0
+    # reads the interface's counters, between barriers, around the all-reduces that
+    # every rank runs.
     import torch
     import torch.distributed as dist
 
     tensor = torch.ones(elements, dtype=torch.float32)
     dist.all_reduce(tensor)  # a first all-reduce: any connection set-up happens here
-    sent = []
+    sent, own = [], []
     for _ in range(trials):
         dist.barrier()
         before = interface_bytes(interface)[1] if dist.get_rank() == 0 else 0
+        own_before = _own_tcp_bytes()
         dist.barrier()
         for _ in range(repeats):
             dist.all_reduce(tensor)
-        dist.barrier()
+        dist.barrier()  # every rank's all-reduces are done: their bytes are sent
+        own_after = _own_tcp_bytes()
         if dist.get_rank() == 0:
             sent.append(interface_bytes(interface)[1] - before)
-    return sent if dist.get_rank() == 0 else None
+        counted = None not in (own_before, own_after)
+        own.append(own_after - own_before if counted else None)
+    return own, (sent if dist.get_rank() == 0 else None)
 
 
 def watch_allreduce(
@@ -201,12 +290,13 @@ def watch_allreduce(
     interface: str | None = None,
 ) -> AllreduceBytes:
     """Start ``world_size`` gloo ranks on this machine, all-reduce a float32 tensor of
-    ``size_bytes`` ``repeats`` times, and count the bytes the interface sent.
+    ``size_bytes`` ``repeats`` times, and count the bytes sent: by the ranks' own TCP
+    connections, and by the interface.
 
     The ranks are CPU ranks on gloo even on a GPU node: the point is what the
     kernel's counters see, and gloo's TCP goes through them. The fewest bytes of
     ``trials`` trials are kept: other programs' traffic on the same interface can
-    only add bytes.
+    only add bytes to the interface's count, and cannot change the ranks' own.
 
     Args:
         size_bytes: the tensor's size in bytes (a multiple of 4 is used).
@@ -225,7 +315,8 @@ def watch_allreduce(
 
     Example:
         >>> print(watch_allreduce(16e6, world_size=2).describe())  # doctest: +SKIP
-        2 ranks: lo carried  16.00 MB per rank per all-reduce; ring model ...
+        2 ranks: 16.00 MB sent per rank, ring model 2(N-1)/N x 16 MB = 16.00 MB (1.00x)
+          lo counted 16.02 MB per rank, headers and acks included; within 5% above: True
     """
     from ..ranks.launcher import launch
 
@@ -257,9 +348,23 @@ def watch_allreduce(
         timeout=120,
         show="none",
     )
-    counts = result.returns[0]
+    counts = result.returns[0][1]
+    by_rank = [own for own, _ in result.returns]
+    own_trials = [
+        sum(trial)
+        for trial in zip(*by_rank, strict=True)
+        if None not in trial  # every rank counted its connections in this trial
+    ]
+    if len(own_trials) != trials:
+        own_trials = []
     return AllreduceBytes(
-        interface, world_size, elements * 4, repeats, min(counts), list(counts)
+        interface,
+        world_size,
+        elements * 4,
+        repeats,
+        min(counts),
+        list(counts),
+        own_trials,
     )
 
 

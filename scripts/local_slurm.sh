@@ -122,7 +122,10 @@ start() {
     mkdir -p "$DIR"/{state,log,run,munge}
     local host cpus node
     host="$(hostname -s)"
-    cpus="$(nproc)"
+    # nproc counts the cores this process may use, but caps them at OMP_NUM_THREADS
+    # (coreutils): a notebook run with OMP_NUM_THREADS=1 would get one-CPU nodes,
+    # on which a two-task job never starts.
+    cpus="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
     local nodes=(127.0.0.2 127.0.0.3) ports
     # The controller's port, then one for each node.
     read -r -a ports <<<"$(free_ports "$addr" 3)"

@@ -5,6 +5,9 @@ barrier and collects the ranks: the whole cost a learner waits for before the fi
 line of their own code runs. gloo on every machine, as in the torchrun no-op it is
 set against: on a GPU node "auto" would give NCCL, whose start-up (a CUDA context
 per rank) is another figure.
+
+Besides, a launch whose ranks build DDP + AdamW and step once is set against a trivial
+one, in a fresh process like a kernel: ``ranks/preload.py`` imports what ranks use.
 """
 
 from __future__ import annotations
@@ -80,6 +83,121 @@ def time_launch(method: str, world_size: int, repeats: int) -> LaunchTimes:
         _launch_barrier(world_size, method)
         times.seconds.append(time.perf_counter() - t0)
     return times
+
+
+# A DDP + AdamW launch may cost at most this much more than a trivial one (issue 32).
+OPTIMIZER_GOAL_S = 0.35
+
+
+def _nothing() -> None:
+    """A trivial rank: the launch sets up and tears down its process group."""
+
+
+def _ddp_adamw_step() -> None:
+    """A rank that builds DDP and AdamW and takes one step: what every lesson does."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+
+
+@dataclass
+class OptimizerLaunch:
+    """Trivial and DDP + AdamW launches timed in one fresh process."""
+
+    method: str
+    preload: bool = True
+    trivial: list[float] = field(default_factory=list)
+    ddp: list[float] = field(default_factory=list)
+    first: float = 0.0  # the process's first launch (trivial): one-time costs
+    preload_seconds: float | None = None  # the kernel's own import, fork path only
+    preload_rss_mb: float | None = None
+
+    @property
+    def extra(self) -> float:
+        """Seconds a DDP + AdamW launch costs more than a trivial one (medians)."""
+        return statistics.median(self.ddp) - statistics.median(self.trivial)
+
+
+def _fresh_process_launches(method: str, world_size: int, repeats: int) -> None:
+    """In the fresh process: a first (trivial) launch, then ``repeats`` trivial and
+    DDP + AdamW launches in turn; prints the figures as JSON on the last line."""
+    from ..ranks import preload
+    from ..ranks.launcher import launch
+
+    def timed(fn) -> float:
+        t0 = time.perf_counter()
+        launch(
+            fn, world_size=world_size, backend="gloo", start_method=method, show="none"
+        )
+        return time.perf_counter() - t0
+
+    figures: dict = {"first": timed(_nothing), "trivial": [], "ddp": []}
+    done = preload._DONE  # set by the fork path's first launch
+    if done is not None and not done.skipped:
+        figures.update(preload_seconds=done.seconds, preload_rss_mb=done.rss_mb)
+    for _ in range(repeats):
+        figures["trivial"].append(timed(_nothing))
+        figures["ddp"].append(timed(_ddp_adamw_step))
+    print(json.dumps(figures))
+
+
+def time_optimizer_launch(
+    method: str, world_size: int, repeats: int, preload: bool = True
+) -> OptimizerLaunch:
+    """Time trivial and DDP + AdamW launches in a fresh process that has imported
+    ``workshop``, as a fresh kernel has; ``preload=False`` sets
+    ``WORKSHOP_PRELOAD=0`` there, so each rank imports what it needs itself."""
+    from ..ranks.preload import PRELOAD_VAR
+
+    # Run from the folder that holds this package, so that it imports this one.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, **({} if preload else {PRELOAD_VAR: "0"}))
+    code = (
+        "import workshop\n"
+        "from workshop.bench.launch_bench import _fresh_process_launches\n"
+        f"_fresh_process_launches({method!r}, {world_size}, {repeats})\n"
+    )
+    command = [sys.executable, "-c", code]
+    run = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=env, cwd=root
+    )
+    if run.returncode != 0:
+        raise RuntimeError(
+            f"the fresh process timing {method} launches failed:\n{run.stderr[-2000:]}"
+        )
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    return OptimizerLaunch(method, preload, **figures)
+
+
+def print_optimizer_launches(rows: list[OptimizerLaunch], world_size: int) -> None:
+    """The table of :func:`time_optimizer_launch` rows, and whether the goal holds."""
+    print(
+        f"\na launch whose {world_size} ranks build DDP + AdamW and step once, "
+        "against a trivial\nlaunch, each path in a fresh process (medians; first: "
+        "its first launch):"
+    )
+    print(f"{'start path':<22}{'trivial s':>10}{'DDP s':>9}{'more s':>9}{'first s':>9}")
+    for row in rows:
+        label = row.method + ("" if row.preload else ", no preload")
+        print(
+            f"{label:<22}{statistics.median(row.trivial):>10.3f}"
+            f"{statistics.median(row.ddp):>9.3f}{row.extra:>9.3f}{row.first:>9.3f}"
+        )
+        if row.preload_seconds is not None:
+            print(
+                f"  ({row.method}: the kernel's one-time import at its first launch: "
+                f"{row.preload_seconds:.2f} s, {row.preload_rss_mb:.0f} MB of RSS)"
+            )
+    for row in (r for r in rows if r.preload):
+        verdict = "met" if row.extra <= OPTIMIZER_GOAL_S else "NOT met"
+        print(
+            f"{row.method}: DDP + AdamW launch - trivial launch = {row.extra:.3f} s "
+            f"(goal: at most {OPTIMIZER_GOAL_S}): {verdict}"
+        )
 
 
 def _bare_rank(rank: int, world_size: int, port: int) -> None:
@@ -212,6 +330,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip torchrun (ratios are then not printed)",
     )
+    parser.add_argument(
+        "--ddp-repeats",
+        type=int,
+        default=3,
+        help="timed DDP + AdamW and trivial launches of 2 ranks in a fresh process, "
+        "per path (default 3; 0 skips them)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
 
 
@@ -279,6 +404,15 @@ def main(args: argparse.Namespace) -> int:
             f"{row['hung']} hung, {row['failed']} failed; seconds min "
             f"{row['min']:.3f}, median {row['median']:.3f}, max {row['max']:.3f}"
         )
+    if args.ddp_repeats > 0:
+        fresh = []
+        for method in (m for m in methods if m in ("fork", "server")):
+            fresh.append(time_optimizer_launch(method, 2, args.ddp_repeats))
+            if method == "fork":  # the figure before preload.py: ranks import it
+                fresh.append(time_optimizer_launch(method, 2, args.ddp_repeats, False))
+        if fresh:
+            print_optimizer_launches(fresh, 2)
+            report["optimizer_launch"] = [asdict(r) | {"extra": r.extra} for r in fresh]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

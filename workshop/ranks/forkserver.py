@@ -72,9 +72,11 @@ def _serve(sock_fd: int, parent: int) -> None:
     import torch.distributed  # noqa: F401
 
     from . import worker  # noqa: F401
+    from .preload import preload
     from .rank import child_main, prepare_stdio, report_failed_start, reset_signals
     from .start import enter_request
 
+    preload()  # what ranks import on their first optimizer, DDP, FSDP, DTensor
     sock = socket.socket(fileno=sock_fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

@@ -30,6 +30,7 @@ from .checks import (
 from .forkable import EXPLANATIONS, choose_start_method
 from .forkserver import ForkServer
 from .output import RankOutput
+from .preload import preload
 from .rank import Job
 from .rendezvous import Rendezvous
 from .results import LaunchError, RunResult
@@ -179,6 +180,10 @@ def launch(
                 file=sys.stderr,
             )
             method, reason = "spawn", "the fork server could not start"
+    elif method == "fork":
+        # Once per kernel, before its first fork: what every rank would otherwise
+        # import by itself (torch._dynamo, on its first optimizer; see preload.py).
+        preload()
     header = (
         f"launch: world_size={world_size}, backend={backend}, start_method={method}"
         + (

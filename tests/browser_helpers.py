@@ -379,6 +379,13 @@ class Page:
             raise AssertionError(f"in the page: {got['error']}")
         return got["ok"]
 
+    def painted(self) -> None:
+        """Return once the page has painted what was changed before the call (the
+        second animation frame after it): a screenshot then shows it."""
+        self.js_await(
+            "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+        )
+
     def screenshot(self, name: str) -> Path:
         """Save what the page shows as ``shots/name.png``; print and return the path."""
         path = self.shots / f"{name}.png"

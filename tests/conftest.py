@@ -1,5 +1,7 @@
 """Shared test helpers: process checks, a way to run a small script as a 'kernel', and
-the environments launchers give the tasks they start.
+the environments launchers give the tasks they start; what the run starts once for
+all its tests (a private Slurm cluster, `make lab`), and how pytest-xdist's workers
+share the tests (`-n 2 --dist loadfile`).
 
 Also the run order and a guard that keep the test process forkable on a GPU node.
 Two things in the pytest process make forked ranks unusable there (see
@@ -13,6 +15,7 @@ every machine, as they must on a GPU node (the node's signal is stood in for).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop.cluster.commands import free_port  # noqa: F401  (the tests' import of it)
+from workshop.cluster.commands import free_port  # (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 # PMI_ and PMIX_ too: a test run started by srun (--mpi=pmix) or mpirun has them, and
@@ -95,6 +98,13 @@ def pytest_terminal_summary(terminalreporter) -> None:
         )
 
 
+def _run_group(item) -> int:
+    """0: the rest, 1: marked backward_in_process, 2: marked gpu."""
+    if item.get_closest_marker("gpu") is not None:
+        return 2
+    return int(item.get_closest_marker("backward_in_process") is not None)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Run the tests marked ``backward_in_process`` after the others, and those
     marked ``gpu`` last, each group in its collected order.
@@ -106,19 +116,98 @@ def pytest_collection_modifyitems(config, items) -> None:
     below.
     """
 
-    def group(item) -> int:
-        if item.get_closest_marker("gpu") is not None:
-            return 2
-        return int(item.get_closest_marker("backward_in_process") is not None)
-
-    items.sort(key=group)  # stable: each group keeps its collected order
-    gpu = {id(item) for item in items if group(item) == 2}
+    items.sort(key=_run_group)  # stable: each group keeps its collected order
+    gpu = {id(item) for item in items if _run_group(item) == 2}
     for item, following in zip(items, [*items[1:], None], strict=True):
         item.stash[_CHECK_FORKS_AFTER] = id(item) not in gpu and (
             following is None
             or id(following) in gpu
             or following.nodeid.split("::")[0] != item.nodeid.split("::")[0]
         )
+
+
+# --- pytest-xdist: which tests a worker runs together ------------------------------
+#
+# With `-n N --dist loadfile`, pytest-xdist hands each worker whole files in the
+# collected order (the order above), and a worker runs what it is given in that
+# order. Two things need more than files: the backward_in_process and gpu tests of a
+# file must stay behind every other test of the worker (not travel with their
+# file's first tests), and the files that use what the run starts once (its private
+# Slurm cluster, its `make lab`) must share one worker, or each worker would start
+# its own. (xdist's own `--dist loadgroup` would do the second with marks, but with
+# pytest 9.2 it ignores them: pytest-dev/pytest-xdist#1386.)
+
+# What a test file's source names when it uses the run's cluster or `make lab`.
+_SHARED_NAMES = ("private_slurm", "needs_private_slurm", "make_lab")
+_SHARED_SCOPE = "the run's cluster and make lab"
+
+
+def _xdist_scopes(nodeids: list[str], rootpath: Path) -> dict[str, str]:
+    """The work unit of each test: its file's tests in one stretch of the collected
+    order (a file whose late tests come back after other files' tests gets a unit
+    for each stretch), and the first stretch of every file that names one of
+    _SHARED_NAMES in one unit together."""
+    shared: dict[str, bool] = {}
+    stretches: dict[str, int] = {}
+    scopes, previous = {}, None
+    for nodeid in nodeids:
+        path = nodeid.split("::", 1)[0]
+        if path != previous:
+            stretches[path] = stretches.get(path, -1) + 1
+            previous = path
+        if path not in shared:
+            try:
+                text = (rootpath / path).read_text(errors="replace")
+            except OSError:
+                text = ""
+            named = any(name in text for name in _SHARED_NAMES)
+            shared[path] = path.endswith(".py") and named
+        stretch = stretches[path]
+        if stretch == 0 and shared[path]:
+            scopes[nodeid] = _SHARED_SCOPE
+        else:
+            scopes[nodeid] = f"{path}#{stretch}" if stretch else path
+    return scopes
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the two additions above; other modes as xdist has
+    them."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    # xdist would hand out the largest units first: the collected order is kept.
+    config.option.loadscopereorder = False
+
+    class Scheduling(LoadFileScheduling):
+        def __init__(self, config, log) -> None:
+            super().__init__(config, log)
+            self._scopes: dict[str, str] = {}
+
+        def schedule(self) -> None:
+            if self.collection is None and self.registered_collections:
+                collected = next(iter(self.registered_collections.values()))
+                self._scopes = _xdist_scopes(list(collected), config.rootpath)
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self._scopes.get(nodeid) or super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # The longest units first, so that no worker is left with one at the
+            # end: the run-wide unit, then the notebooks. Both hold tests of the
+            # first group only (none of the shared files has backward_in_process
+            # or gpu tests; keep it so), so they may go before any other of that
+            # group; the later groups' units keep their place at the end.
+            for scope in self.workqueue:
+                if scope == _SHARED_SCOPE or scope.endswith(".ipynb"):
+                    self.workqueue.move_to_end(scope, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return Scheduling(config, log)
 
 
 _CHECK_FORKS_AFTER = pytest.StashKey[bool]()
@@ -353,10 +442,79 @@ needs_private_slurm = pytest.mark.skipif(
 )
 
 
-def private_cluster(who: str):
-    """Start the private cluster ``slurm_cluster()`` starts here, for one test module
-    (``who`` names it in the skip reasons); yield it, then stop it. A generator for a
-    module's fixture: ``yield from private_cluster("these tests")``."""
+# --- one private Slurm cluster for the whole run ---------------------------------
+#
+# Starting and stopping a private cluster costs seconds each time, so one serves
+# every cluster test of a run: started when a module first asks for it
+# (``private_slurm``), stopped when the run ends. Between modules it is hidden, as
+# a module's own cluster was once stopped: SLURM_CONF is unset again and
+# slurm_cluster() no longer returns it. A module that left jobs behind does not
+# hand them to the next one: they are cancelled, and their processes waited for,
+# when it ends. Tests that need a cluster in another state (stopped, killed, never
+# started) start their own, and say so.
+
+
+# Children of this process that the run keeps for all its tests (the watchdog of its
+# private cluster, its `make lab`): not left behind by the test that sees them.
+_RUN_WIDE_CHILDREN: set[int] = set()
+
+
+def _hand_over(cluster, previous: str | None) -> None:
+    """Hide ``cluster`` from what runs next: SLURM_CONF as it was before (or unset),
+    and slurm_cluster() no longer answering with it."""
+    from workshop.cluster import slurm_cluster as module
+
+    if module._PRIVATE is cluster:
+        module._PRIVATE = None
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+
+
+def _slurm_quiet(cluster, *command: str) -> str:
+    from workshop.cluster.slurm_watchdog import _quiet
+
+    env = dict(os.environ, SLURM_CONF=str(cluster.folder / "slurm.conf"))
+    return _quiet(list(command), env, 30)
+
+
+def _cluster_at_rest(cluster, within: float = 60.0) -> str | None:
+    """Cancel every job of ``cluster`` and wait for the queue to empty, the jobs'
+    processes to end and every node to be idle; None when it is so, else what is
+    not (after ``within`` seconds; what is left of the jobs is killed then)."""
+    from workshop.cluster.slurm_watchdog import job_processes
+
+    jobs = _slurm_quiet(cluster, "squeue", "-h", "-o", "%A").split()
+    if jobs:
+        _slurm_quiet(cluster, "scancel", *jobs)
+    deadline = time.monotonic() + within
+    while True:
+        queued = _slurm_quiet(cluster, "squeue", "-h", "-o", "%A").split()
+        processes = job_processes(cluster.folder)
+        states = _slurm_quiet(cluster, "sinfo", "-h", "-N", "-o", "%T").split()
+        busy = [s for s in states if s != "idle"] or ([] if states else ["none"])
+        if not (queued or processes or busy):
+            return None
+        if time.monotonic() > deadline:
+            for pid in processes:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            return (
+                f"after {within:.0f} s: jobs {queued}, their processes {processes}, "
+                f"node states {states}"
+            )
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def _slurm_for_the_run():
+    """The private two-node cluster of this run (slurm_cluster() starts it in this
+    process), hidden until a module asks for it; stopped at the end of the run,
+    which must leave none of its processes."""
+    from workshop.cluster import slurm_cluster as module
     from workshop.cluster.slurm import slurm_cluster
 
     if shutil.which("slurmctld") is None or os.geteuid() != 0:
@@ -364,16 +522,63 @@ def private_cluster(who: str):
     before = os.environ.pop("SLURM_CONF", None)
     try:
         started = slurm_cluster()
-        if not started.available:
-            pytest.skip(f"no private cluster could start here: {started.reason}")
-        if started.kind != "private":
-            pytest.skip(f"a Slurm answers here already ({started}); {who} submit "
-                        "only to a private cluster of their own")  # fmt: skip
-        yield started
-        started.stop()
+        if started.available and started.kind != "private":
+            # A Slurm answers here already (this machine's own): the tests submit
+            # to a private cluster of their own all the same, started beside it.
+            try:
+                started = module._start_private()
+            except RuntimeError as error:
+                pytest.skip(f"a Slurm answers here ({started}), and no private "
+                            f"cluster could start beside it: {error}")  # fmt: skip
+            module._PRIVATE = started
     finally:
         if before is not None:
             os.environ["SLURM_CONF"] = before
+    if not started.available:
+        pytest.skip(f"no private cluster could start here: {started.reason}")
+    _hand_over(started, before)
+    folder = started.folder
+    watchdog = {started._watchdog.pid} if started._watchdog is not None else set()
+    _RUN_WIDE_CHILDREN.update(watchdog)
+    yield started
+    _RUN_WIDE_CHILDREN.difference_update(watchdog)
+    # Stopped as a notebook's kernel stops it: in use (SLURM_CONF set, returned by
+    # slurm_cluster()); stop() must put SLURM_CONF back and forget it.
+    module._PRIVATE = started
+    os.environ["SLURM_CONF"] = str(folder / "slurm.conf")
+    started.stop()
+    after = os.environ.pop("SLURM_CONF", None)
+    if before is not None:
+        os.environ["SLURM_CONF"] = before
+    assert after is None, f"stop() left SLURM_CONF={after}"
+    assert module._PRIVATE is None and not started.available
+    assert not folder.exists(), f"the run's private cluster left {folder}"
+    left = subprocess.run(["pgrep", "-af", str(folder)], capture_output=True,
+                          text=True).stdout.splitlines()  # fmt: skip
+    assert not [line for line in left if "pgrep" not in line], left
+
+
+@pytest.fixture(scope="module")
+def private_slurm(_slurm_for_the_run):
+    """The run's private cluster, lent to this module: as slurm_cluster() left it
+    when it started it here (SLURM_CONF set, slurm_cluster() answering with it), its
+    nodes idle and its queue empty. When the module ends its jobs are cancelled and
+    it is hidden again."""
+    from workshop.cluster import slurm_cluster as module
+
+    cluster = _slurm_for_the_run
+    assert cluster.available, f"the run's private cluster is gone: {cluster.reason}"
+    previous = os.environ.get("SLURM_CONF")
+    not_at_rest = _cluster_at_rest(cluster)
+    assert not_at_rest is None, f"the run's private cluster is busy: {not_at_rest}"
+    module._PRIVATE = cluster
+    os.environ["SLURM_CONF"] = str(cluster.folder / "slurm.conf")
+    try:
+        yield cluster
+    finally:
+        _hand_over(cluster, previous)
+        not_at_rest = _cluster_at_rest(cluster)
+    assert not_at_rest is None, f"this module's jobs would not end: {not_at_rest}"
 
 
 @pytest.fixture
@@ -384,6 +589,7 @@ def no_leftover_children():
 
     yield
     kept = {p.pid for p in (launcher.SERVER.popen, launcher._WATCHDOG) if p is not None}
+    kept |= _RUN_WIDE_CHILDREN
     deadline = time.monotonic() + 10
     while True:
         left = [p for p in children_of(os.getpid()) if p not in kept]
@@ -457,3 +663,106 @@ def script(tmp_path):
     yield start
     for s in started:
         s.kill()
+
+
+@contextlib.contextmanager
+def open_to_all(cluster):
+    """``cluster`` (private_slurm's) with its folder readable by every user while
+    the block runs, then private to root again; yields its slurm.conf. slurm_cluster()
+    makes the folder private to root, and a user's sbatch reads slurm.conf there
+    (munge's socket is open to all; its key stays root's)."""
+    mode = cluster.folder.stat().st_mode & 0o777
+    cluster.folder.chmod(0o755)
+    try:
+        yield cluster.folder / "slurm.conf"
+    finally:
+        cluster.folder.chmod(mode)
+
+
+# --- one `make lab` for the run ---------------------------------------------------
+
+
+class MadeLab:
+    """``make lab`` serving the real notebooks/ on a free loopback port (the README's
+    first command), as the tests of it started it: ``popen`` leads its process
+    group; ``url`` answers with ``?token=TOKEN``."""
+
+    def __init__(self, folder: Path):
+        self.port, self.token = free_port(), os.urandom(16).hex()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = folder / "lab.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            ["make", "lab", f"LAB_ARGS=--no-browser --port={self.port} "
+             f"--ServerApp.token={self.token} --ServerApp.port_retries=0"],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=repo_env(JUPYTER_RUNTIME_DIR=str(folder / "runtime")),
+        )  # fmt: skip
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def get(self, path: str, timeout: float = 5):
+        """The JSON that ``GET path`` answers (OSError while it does not)."""
+        import json
+        import urllib.request
+
+        url = f"{self.url}{path}?token={self.token}"
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.load(response)
+
+    def wait_ready(self, within: float = 120) -> None:
+        """Until /api/status says the server started; fail with its log if make
+        ends first or it does not answer in time."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                if "started" in self.get("/api/status"):
+                    return
+            except OSError:
+                pass
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"JupyterLab did not answer:\n{self.log()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """TERM the process group, 20 s of grace, then KILL; a group already gone
+        (make ended early, its JupyterLab never started) is no error."""
+        import signal
+
+        for sig, grace in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:  # no process of the group is left
+                break
+            try:
+                self.popen.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.popen.wait(10)
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def make_lab(tmp_path_factory):
+    """One ``make lab`` for the tests of it (tests/test_lab.py, and test_listening.py
+    on its sockets): started on first use, stopped at the end of the run, when
+    none of its processes may be left."""
+    from workshop.cluster.reaper import descendants
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    lab = MadeLab(tmp_path_factory.mktemp("make-lab"))
+    try:
+        lab.wait_ready()
+    except BaseException:
+        lab.stop()
+        raise
+    _RUN_WIDE_CHILDREN.add(lab.popen.pid)
+    yield lab
+    _RUN_WIDE_CHILDREN.discard(lab.popen.pid)
+    pids = {lab.popen.pid, *descendants(lab.popen.pid)}
+    lab.stop()
+    assert gone(pids, within=20) == [], f"make lab left {pids}"

@@ -188,7 +188,7 @@ def _look_at(page: Page, notebook: str) -> dict:
                 index,
                 k,
             )
-            time.sleep(0.2)  # a frame to paint the scrolled page before the shot
+            page.painted()  # the scrolled page, before the shot
             # Measured in view: the browser lays out cells far off screen lazily.
             image = page.images(index)[k]
             shot = page.screenshot(f"{stem}-{len(images) + 1}")

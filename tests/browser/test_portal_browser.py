@@ -44,7 +44,14 @@ from browser_helpers import (
     wait_gone,
     wait_until,
 )
-from conftest import needs_private_slurm
+from conftest import needs_private_slurm, open_to_all
+
+# The portal's packages (pip install -e ".[portal]": jupyterhub, batchspawner), which
+# a GPU node's wheelhouse rightly leaves out: there these tests skip, saying so.
+pytest.importorskip(
+    "batchspawner",
+    reason='the portal extra is not installed (pip install -e ".[portal]")',
+)
 
 from workshop.cluster import portal
 from workshop.cluster.portal_hub import COPY
@@ -195,13 +202,21 @@ def _kernel_jobs(user: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def learner():
-    """A portal with one learner, a browser, and the learner logged in through the
-    hub's login page; everything is stopped at the end, and the portal's stop must
-    have found nothing to force."""
+def learner(request):
+    """A portal with one learner on the run's private cluster (conftest's
+    private_slurm; portal.start's slurm_conf), a browser, and the learner logged in
+    through the hub's login page; everything is stopped at the end, and the
+    portal's stop must have found nothing to force."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
+    cluster = request.getfixturevalue("private_slurm")
+    with open_to_all(cluster) as conf:
+        yield from _learner(conf)
+
+
+def _learner(conf: Path):
+    """learner's body, on the cluster of ``conf``."""
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     for old in ARTEFACTS.glob("portal-*.png"):
         old.unlink()
@@ -211,7 +226,9 @@ def learner():
     try:
         begun = time.monotonic()
         try:
-            started = portal.start(folder, learners=1, prefix="browser")
+            started = portal.start(
+                folder, learners=1, prefix="browser", slurm_conf=conf
+            )
         except portal.PortalError as error:
             if str(error).startswith(CANNOT_START):
                 pytest.skip(str(error))
@@ -331,7 +348,7 @@ def _shot(learner: Learner, name: str, index: int | None = None) -> Path:
             "o.scrollIntoView({block: 'center'});",
             index,
         )
-        time.sleep(0.3)  # a frame to paint the scrolled page
+        page.painted()  # the scrolled page, before the shot
     path = page.screenshot(name)
     assert png_size(path) == SCREEN, path
     return path

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_private_slurm, private_cluster
+from conftest import ROOT, needs_private_slurm, open_to_all
 
 pytestmark = needs_private_slurm
 
@@ -110,30 +110,30 @@ def _interpreters() -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(private_slurm):
     """The private cluster, and how its jobs run as a user without privileges."""
-    running = private_cluster("the in-job tests")
-    cluster = next(running)
-    # slurm_cluster() makes its folder private to root; the user's sbatch needs to
-    # read slurm.conf there (munge's socket is open to all; its key stays root's).
-    cluster.folder.chmod(0o755)
-    folder = Path(tempfile.mkdtemp(prefix="in-job-", dir="/tmp"))
-    folder.chmod(0o777)  # the user writes its output here
-    conf = os.environ["SLURM_CONF"]
-    user, chosen = _user(), None
-    for python, path in _interpreters():
-        kernel = Kernel(user, python, path, folder, conf, uuid.uuid4().hex)
-        if kernel.run(python, "-c", "import torch, workshop").returncode == 0:
-            chosen = kernel
-            break
-    if chosen is None:  # no Python the user can run: the jobs run as root
-        chosen = Kernel(None, sys.executable, str(ROOT), folder, conf, uuid.uuid4().hex)
-    try:
-        yield chosen
-    finally:
-        next(running, None)  # stops the cluster, and whatever its jobs left
-        _kill_marked(chosen.mark)
-        shutil.rmtree(folder, ignore_errors=True)
+    with open_to_all(private_slurm):  # the user's sbatch reads its slurm.conf
+        folder = Path(tempfile.mkdtemp(prefix="in-job-", dir="/tmp"))
+        folder.chmod(0o777)  # the user writes its output here
+        conf = os.environ["SLURM_CONF"]
+        user, chosen = _user(), None
+        for python, path in _interpreters():
+            kernel = Kernel(user, python, path, folder, conf, uuid.uuid4().hex)
+            if kernel.run(python, "-c", "import torch, workshop").returncode == 0:
+                chosen = kernel
+                break
+        if chosen is None:  # no Python the user can run: the jobs run as root
+            chosen = Kernel(
+                None, sys.executable, str(ROOT), folder, conf, uuid.uuid4().hex
+            )
+        try:
+            yield chosen
+        finally:
+            # What the jobs started and left, as stopping the cluster ended it when
+            # this module had a cluster of its own; private_slurm then cancels
+            # whatever job is left.
+            _kill_marked(chosen.mark)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _marked(mark: str) -> list[int]:

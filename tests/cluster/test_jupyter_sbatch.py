@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, needs_private_slurm, private_cluster
+from conftest import ROOT, clean_env, needs_private_slurm
 
 from workshop.cluster import slurm_watchdog
 from workshop.cluster.slurm import submit
@@ -310,9 +310,9 @@ def test_a_term_to_the_script_stops_the_server(tmp_path, found):
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The private cluster slurm_cluster() starts here, for this module."""
-    yield from private_cluster("this test")
+def cluster(private_slurm):
+    """The private cluster slurm_cluster() started here: the run's one (conftest)."""
+    return private_slurm
 
 
 @needs_private_slurm

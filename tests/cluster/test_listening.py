@@ -19,7 +19,6 @@ cannot pass by seeing nothing."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import shutil
@@ -30,7 +29,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +37,9 @@ import pytest
 from conftest import (
     ROOT,
     clean_env,
-    free_port,
     gone,
     needs_private_slurm,
     needs_slurm,
-    repo_env,
 )
 
 from workshop.cluster import slurm_watchdog
@@ -342,7 +338,9 @@ def test_the_private_slurm_cluster_and_its_job_steps_listen_on_loopback_only(
     tmp_path,
 ):
     # The notebook's way: slurm_cluster() starts it (local_slurm.sh start, then a
-    # reconfigure), and stop() ends it with its jobs.
+    # reconfigure), and stop() ends it with its jobs. A cluster of its own, not the
+    # run's (conftest's private_slurm): the test stops it, and then checks that
+    # every daemon, job process and the watchdog are gone.
     marker = f"listening-{uuid.uuid4().hex}"
     before = os.environ.pop("SLURM_CONF", None)
     cluster = slurm_cluster()
@@ -472,32 +470,12 @@ def test_slurm_cluster_says_why_no_private_cluster_started(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
-def test_make_lab_listens_on_loopback_only(tmp_path):
-    port, token = free_port(), uuid.uuid4().hex
-    log = open(tmp_path / "lab.log", "w")  # noqa: SIM115 - closed in finally
-    lab = subprocess.Popen(
-        ["make", "lab", f"LAB_ARGS=--no-browser --port={port} "
-         f"--ServerApp.token={token} --ServerApp.port_retries=0"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env=repo_env(JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime")),
-    )  # fmt: skip
-    pids: set[int] = set()
-    try:
-
-        def answers() -> bool:
-            assert lab.poll() is None, (tmp_path / "lab.log").read_text()
-            url = f"http://127.0.0.1:{port}/api/status?token={token}"
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    return "started" in json.load(response)
-            except OSError:
-                return False
-
-        wait_until(answers, "JupyterLab answering")
-        pids = {lab.pid, *descendants(lab.pid)}
-        held = assert_loopback_only(pids, "make lab's JupyterLab")
-        assert port in {lst.port for lst, _ in held}, held
-    finally:
-        stop_group(lab)
-        log.close()
-    assert gone(pids, within=20) == []
+def test_make_lab_listens_on_loopback_only(make_lab):
+    # The run's one `make lab` (tests/conftest.py, which tests/test_lab.py uses
+    # too): it answers, and is stopped at the end of the run, where none of its
+    # processes may be left.
+    assert make_lab.popen.poll() is None, make_lab.log()
+    assert "started" in make_lab.get("/api/status")
+    pids = {make_lab.popen.pid, *descendants(make_lab.popen.pid)}
+    held = assert_loopback_only(pids, "make lab's JupyterLab")
+    assert make_lab.port in {lst.port for lst, _ in held}, held

@@ -18,7 +18,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import needs_private_slurm
+from conftest import needs_private_slurm, open_to_all
+
+# The portal's packages (pip install -e ".[portal]": jupyterhub, batchspawner), which
+# a GPU node's wheelhouse rightly leaves out: there these tests skip, saying so.
+pytest.importorskip(
+    "batchspawner",
+    reason='the portal extra is not installed (pip install -e ".[portal]")',
+)
 
 from workshop.cluster import portal
 from workshop.cluster.portal_classroom import classroom
@@ -42,14 +49,19 @@ needs_proxy = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def running():
+def running(private_slurm):
+    """A portal on the run's private cluster (it stops the portal's jobs, not the
+    cluster: start's slurm_conf)."""
     folder = Path(tempfile.mkdtemp(prefix="wp-", dir="/tmp"))
-    try:
-        started = portal.start(folder, learners=LEARNERS, prefix="pupil")
-    except portal.PortalError as error:
-        pytest.fail(f"the portal did not start: {error}")
-    yield started
-    portal.stop(folder)
+    with open_to_all(private_slurm) as conf:
+        try:
+            started = portal.start(
+                folder, learners=LEARNERS, prefix="pupil", slurm_conf=conf
+            )
+        except portal.PortalError as error:
+            pytest.fail(f"the portal did not start: {error}")
+        yield started
+        portal.stop(folder)
 
 
 def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
@@ -81,8 +93,9 @@ def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
 
 
 def _portal_pids(started: portal.Portal) -> set[int]:
-    """The hub and all it started (the proxy), the cluster's daemons and every
-    process of a learner."""
+    """The hub and all it started (the proxy), the cluster's daemons (those of its
+    own cluster, or of the one start's slurm_conf named) and every process of a
+    learner."""
     from workshop.cluster.reaper import descendants
 
     hub = int((started.folder / "run" / "hub.pid").read_text().split()[0])
@@ -97,7 +110,8 @@ def _portal_pids(started: portal.Portal) -> set[int]:
             command = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if str(started.folder) in command:  # slurmctld, slurmd: -f FOLDER/slurm...
+        # slurmctld, slurmd: -f FOLDER/slurm.conf, munged: --socket=FOLDER/run/...
+        if str(started.folder) in command or str(started.slurm_conf.parent) in command:
             pids.add(int(entry.name))
     return pids
 
@@ -291,7 +305,8 @@ def test_a_classroom_at_once_leaves_nothing_behind(running):
     assert result.launches == LEARNERS * 3
     assert " 0 reachable " in result.isolation
     assert "0 processes and 0 jobs left" in result.scancel
-    # The hub stopped; the cluster stopped; nothing of any learner is left.
+    # The hub stopped; the portal's jobs ended (the cluster, the run's, is stopped
+    # at the end of the run); nothing of any learner is left.
     made = json.loads((running.folder / "users.json").read_text())["made"]
     stopped = portal.stop(running.folder)
     assert (stopped.jobs_left, stopped.killed) == ([], [])

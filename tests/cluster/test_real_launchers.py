@@ -125,20 +125,10 @@ def test_the_allreduce_sweep_under_mpirun(mpirun_starts, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A private Slurm cluster for this module; its daemons stop afterwards."""
-    folder = tmp_path_factory.mktemp("slurm")
-    script = ROOT / "scripts" / "local_slurm.sh"
-    start = _run(["bash", str(script), "start", str(folder)], dict(os.environ), ROOT)
-    assert start.returncode == 0, start.stderr
-    try:
-        yield clean_env(SLURM_CONF=str(folder / "slurm.conf"))
-    finally:
-        _run(["bash", str(script), "stop", str(folder)], dict(os.environ), ROOT)
-        leftover = subprocess.run(
-            ["pgrep", "-f", str(folder)], capture_output=True, text=True
-        ).stdout.split()
-        assert leftover == [], f"daemons of the test cluster still run: {leftover}"
+def slurm(private_slurm):
+    """The environment to run Slurm's commands in, on the run's private cluster
+    (tests/conftest.py: stopped at the end of the run, with nothing left)."""
+    return clean_env(SLURM_CONF=str(private_slurm.folder / "slurm.conf"))
 
 
 @needs_slurm

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import pytest
-from conftest import ROOT, clean_env, needs_private_slurm, private_cluster
+from conftest import ROOT, clean_env, needs_private_slurm
 
 from workshop import load_scaling, plot_scaling
 from workshop.cluster import slurm as slurm_module
@@ -517,14 +517,11 @@ def _left_behind(
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The private cluster slurm_cluster() starts here, shared by this module."""
-    running = private_cluster("these tests")
-    started = next(running)
-    yield started
-    next(running, None)  # stops it
-    assert "SLURM_CONF" not in os.environ
-    assert not started.folder.exists()
+def cluster(private_slurm):
+    """The private cluster slurm_cluster() started here: the run's one, lent to this
+    module (tests/conftest.py); its stop, and what it leaves, are checked at the end
+    of the run, and by the tests below that start clusters of their own."""
+    return private_slurm
 
 
 @needs_private_slurm
@@ -769,6 +766,10 @@ def _folder(kernel: subprocess.Popen) -> Path:
             assert kind == "private", line
             return Path(folder)
     raise AssertionError(f"the kernel printed no folder; exit code {kernel.wait(5)}")
+
+
+# The next tests start clusters of their own, not the run's: each is stopped (at
+# exit, by its watchdog, by the stop script), and what it leaves is checked.
 
 
 @needs_private_slurm

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import needs_private_slurm, private_cluster
+from conftest import needs_private_slurm
 
 from workshop.cluster.slurm_time import scontrol_time_limit, time_limit_minutes
 
@@ -52,12 +52,11 @@ def _answers() -> bool:
 
 
 @pytest.fixture(scope="module")
-def slurm():
-    """A Slurm that answers: the machine's own, or else a private cluster."""
+def slurm(request):
+    """A Slurm that answers: the machine's own, or else the run's private cluster."""
     if _answers():
-        yield None
-    else:
-        yield from private_cluster("the --time test")
+        return None
+    return request.getfixturevalue("private_slurm")
 
 
 @needs_private_slurm

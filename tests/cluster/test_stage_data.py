@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, needs_private_slurm, private_cluster
+from conftest import ROOT, needs_private_slurm
 
 from workshop.cluster.slurm import submit
 
@@ -28,9 +28,9 @@ def test_the_script_follows_the_house_style():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The private cluster of this module (another module's is stopped by then)."""
-    yield from private_cluster("these tests")
+def cluster(private_slurm):
+    """The run's private cluster, lent to this module with its nodes idle."""
+    return private_slurm
 
 
 def _submit(cluster, tmp_path: Path, *args: str):

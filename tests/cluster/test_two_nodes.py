@@ -7,9 +7,11 @@ on each node. Both scripts pass ``bash -n`` and shellcheck."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -49,21 +51,11 @@ def test_a_folder_too_long_for_slurms_sockets_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A private two-node cluster for this module; stopped with all it ran after."""
-    folder = tmp_path_factory.mktemp("slurm")
-    started = subprocess.run(["bash", str(LOCAL_SLURM), "start", str(folder)],
-                             env=clean_env(), capture_output=True, text=True,
-                             timeout=120)  # fmt: skip
-    try:
-        assert started.returncode == 0, started.stderr
-        yield folder
-    finally:
-        subprocess.run(["bash", str(LOCAL_SLURM), "stop", str(folder)],
-                       capture_output=True, timeout=120)  # fmt: skip
-        left = subprocess.run(["pgrep", "-f", str(folder)], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
-        assert left == [], f"processes of the test cluster still run: {left}"
+def cluster(private_slurm):
+    """The folder of the run's private two-node cluster (local_slurm.sh's, started
+    by slurm_cluster()), lent to this module with its nodes idle; stopped with all
+    it ran at the end of the run (tests/conftest.py)."""
+    return private_slurm.folder
 
 
 def _env(folder: Path) -> dict[str, str]:
@@ -79,25 +71,38 @@ def _slurm(folder: Path, *command: str, timeout: float = 60) -> str:
     return done.stdout
 
 
+# The states a job ends in (squeue's JOB STATE CODES): COMPLETING is not one yet.
+_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+          "PREEMPTED", "BOOT_FAIL", "DEADLINE")  # fmt: skip
+
+
 def _sbatch(folder: Path, tmp_path: Path, *args: str, timeout: float = 180) -> tuple:
-    """Submit from the repository root and wait for the end (sbatch --wait); the job
-    id, its exit code and its output. A job still running at the timeout is
-    cancelled."""
-    command = ["sbatch", "--wait", "--parsable", f"--output={tmp_path}/%j.out", *args]
-    job = subprocess.Popen(command, env=_env(folder), cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        out, err = job.communicate(timeout=timeout)
-    finally:
-        if job.poll() is None:  # timed out: cancel the job, end sbatch
-            queued = _slurm(folder, "squeue", "-h", "-o", "%A").split()
-            if queued:
-                _slurm(folder, "scancel", *queued)
-            job.kill()
-            job.communicate(timeout=30)
-    job_id = out.strip().split(";")[0]
-    assert job_id.isdigit(), err
-    return job_id, job.returncode, (tmp_path / f"{job_id}.out").read_text()
+    """Submit from the repository root and wait for the end; the job id, its exit
+    code (as ``sbatch --wait`` gives it) and its output. A job still running at the
+    timeout is cancelled.
+
+    Polled every 0.2 s with scontrol: ``sbatch --wait`` polls too, but every 2, 4,
+    8, then 10 s, and so saw a job of 10 s end up to 20 s late."""
+    submitted = _slurm(folder, "sbatch", "--parsable", f"--output={tmp_path}/%j.out",
+                       *args)  # fmt: skip
+    job_id = submitted.strip().split(";")[0]
+    assert job_id.isdigit(), submitted
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = _slurm(folder, "scontrol", "show", "job", "-o", job_id)
+        state = re.search(r"\bJobState=(\S+)", shown)[1]
+        if state in _ENDED:
+            break
+        if time.monotonic() > deadline:
+            _slurm(folder, "scancel", job_id)
+            pytest.fail(f"job {job_id} is still {state} after {timeout:g} s")
+        time.sleep(0.2)
+    code, sig = map(int, re.search(r"\bExitCode=(\d+):(\d+)", shown).groups())
+    return (
+        job_id,
+        code or (128 + sig if sig else 0),
+        (tmp_path / f"{job_id}.out").read_text(),
+    )
 
 
 def _launched_on(folder: Path, step: str) -> list[str]:
@@ -113,7 +118,9 @@ def _launched_on(folder: Path, step: str) -> list[str]:
 @needs_private_slurm
 def test_two_nodes_each_with_its_own_slurmd(cluster):
     nodes = _slurm(cluster, "sinfo", "-h", "-N", "-o", "%N %T %c")
-    cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    # The cores this process may use, whatever OMP_NUM_THREADS says (nproc caps
+    # its count at it; the cluster's nodes do not).
+    cpus = str(len(os.sched_getaffinity(0)))
     assert nodes.splitlines() == [f"{node} idle {cpus}" for node in NODES]
     for node in NODES:  # a daemon each, with its own pid file, spool and log
         pid = int((cluster / "run" / f"slurmd-{node}.pid").read_text())

@@ -179,6 +179,7 @@ def start(
     cpus_per_server: int = 1,
     time_limit: str = "02:00:00",
     start_timeout: float = 120,
+    slurm_conf: str | os.PathLike[str] | None = None,
 ) -> Portal:
     """Start the private portal in ``folder`` (see the module's docstring).
 
@@ -190,6 +191,10 @@ def start(
         cpus_per_server: CPUs of each learner's Slurm job (``--cpus-per-task``).
         time_limit: each server job's ``--time``.
         start_timeout: seconds a learner's server may take to start.
+        slurm_conf: the ``slurm.conf`` of a private cluster that runs already, to
+            use instead of starting one in ``folder/slurm`` (the tests share one
+            this way); its folder must be readable by the learners. ``stop`` then
+            cancels the portal's jobs and leaves that cluster running.
 
     Returns:
         The running :class:`Portal`.
@@ -235,18 +240,21 @@ def start(
                 made.append(name)
         _write_json(folder / "users.json", {"made": made, "names": names})
         python, python_env = learner_python(folder, names[0])
-        started = subprocess.run(
-            ["bash", str(LOCAL_SLURM), "start", str(folder / "slurm")],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        if started.returncode != 0:
-            raise PortalError(
-                f"the private Slurm cluster did not start: {started.stderr.strip()}"
+        if slurm_conf is None:
+            started = subprocess.run(
+                ["bash", str(LOCAL_SLURM), "start", str(folder / "slurm")],
+                capture_output=True,
+                text=True,
+                timeout=90,
             )
-        conf = folder / "slurm" / "slurm.conf"
-        slurm_cluster._unique_job_ids(conf)
+            if started.returncode != 0:
+                raise PortalError(
+                    f"the private Slurm cluster did not start: {started.stderr.strip()}"
+                )
+            conf = folder / "slurm" / "slurm.conf"
+            slurm_cluster._unique_job_ids(conf)
+        else:
+            conf = Path(slurm_conf).resolve()
         passwords = {name: secrets.token_urlsafe(9) for name in names}
         salts = {name: secrets.token_bytes(16) for name in names}
         from .portal_hub import hash_password
@@ -274,6 +282,7 @@ def start(
             "python_env": python_env,
             "instructor": admin,
             "slurm_conf": str(conf),
+            "own_cluster": slurm_conf is None,
             "cpus_per_server": cpus_per_server,
             "time_limit": time_limit,
             "start_timeout": start_timeout,
@@ -346,7 +355,10 @@ def stop(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Stopped:
         A :class:`Stopped` saying what had to be forced.
     """
     folder = Path(folder).resolve()
-    conf = folder / "slurm" / "slurm.conf"
+    settings = {}
+    if (folder / "portal.json").exists():
+        settings = json.loads((folder / "portal.json").read_text())
+    conf = Path(settings.get("slurm_conf", folder / "slurm" / "slurm.conf"))
     users = {"made": [], "names": []}
     if (folder / "users.json").exists():
         users = json.loads((folder / "users.json").read_text())
@@ -355,10 +367,24 @@ def stop(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Stopped:
     _end(_pid(folder / "run" / "hub.pid"), 60)
     _end(_pid(folder / "run" / "proxy.pid"), 5)
     jobs_left: list[str] = []
-    if (folder / "slurm" / "run" / "slurmctld.pid").exists():
-        env = dict(os.environ, SLURM_CONF=str(conf))
-        jobs_left = slurm_watchdog._quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
-    slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    if not settings.get("own_cluster", True):
+        # A cluster the portal did not start (start's slurm_conf): it keeps
+        # running; only the jobs of the portal's users are cancelled.
+        if users["names"]:
+            queue = ["squeue", "-h", "-o", "%A", "-u", ",".join(users["names"])]
+            jobs_left = slurm_watchdog._quiet(queue, env, 15).split()
+        if jobs_left:
+            slurm_watchdog._quiet(["scancel", *jobs_left], env, 15)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and slurm_watchdog._quiet(queue, env, 15):
+                time.sleep(0.3)
+    else:
+        if (folder / "slurm" / "run" / "slurmctld.pid").exists():
+            jobs_left = slurm_watchdog._quiet(
+                ["squeue", "-h", "-o", "%A"], env, 15
+            ).split()
+        slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
     killed = processes_of(users["names"])
     for pid, _, _ in killed:
         try:

@@ -59,6 +59,17 @@ if not ipaddress.ip_address(addresses[0]).is_loopback:
 print(addresses[0])' "$1"
 }
 
+# Whether a process runs. A daemon that has exited but was never reaped (a container
+# whose PID 1 reaps no orphans) still answers kill -0; its state in /proc/PID/stat,
+# after the command's closing parenthesis, is then Z.
+running() {
+    local stat
+    kill -0 "$1" 2>/dev/null || return 1
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    stat="${stat##*) }"
+    [[ "${stat:0:1}" != Z ]]
+}
+
 stop_daemons() {
     # slurmd and slurmctld first (they talk to munge), then munged; TERM, then KILL.
     # run/slurmd-NODE.pid: one file per node daemon.
@@ -67,7 +78,7 @@ stop_daemons() {
         [[ -f "$file" ]] || continue
         pid="$(cat "$file")"
         kill -TERM "$pid" 2>/dev/null || continue
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
         kill -KILL "$pid" 2>/dev/null || true
     done
     rm -f "$DIR"/run/*.pid

@@ -191,10 +191,9 @@ def start(
         cpus_per_server: CPUs of each learner's Slurm job (``--cpus-per-task``).
         time_limit: each server job's ``--time``.
         start_timeout: seconds a learner's server may take to start.
-        slurm_conf: the ``slurm.conf`` of a private cluster that runs already, to
-            use instead of starting one in ``folder/slurm`` (the tests share one
-            this way); its folder must be readable by the learners. ``stop`` then
-            cancels the portal's jobs and leaves that cluster running.
+        slurm_conf: the ``slurm.conf`` of a running private cluster (its folder
+            readable by the learners) to use instead of one in ``folder/slurm``, as
+            the tests do; ``stop`` then cancels only the portal's jobs.
 
     Returns:
         The running :class:`Portal`.
@@ -355,9 +354,8 @@ def stop(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Stopped:
         A :class:`Stopped` saying what had to be forced.
     """
     folder = Path(folder).resolve()
-    settings = {}
-    if (folder / "portal.json").exists():
-        settings = json.loads((folder / "portal.json").read_text())
+    found = folder / "portal.json"
+    settings = json.loads(found.read_text()) if found.exists() else {}
     conf = Path(settings.get("slurm_conf", folder / "slurm" / "slurm.conf"))
     users = {"made": [], "names": []}
     if (folder / "users.json").exists():

@@ -139,6 +139,44 @@ def test_own_tcp_bytes_counts_this_processs_connections():
             sock.close()
 
 
+def test_own_tcp_bytes_leaves_out_retransmissions(monkeypatch):
+    # A busy machine drops loopback segments too, and tcpi_bytes_sent counts each
+    # resent one again: the count is sent less retransmitted, or acked on a kernel
+    # whose tcp_info ends before those fields.
+    import socket
+    import struct
+
+    from workshop.machine import interconnect
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        sockets = interconnect._own_tcp_bytes()
+        if sockets is None:
+            pytest.skip("this kernel gives no per-socket byte counts (TCP_INFO)")
+
+        def counted(length, acked, sent, retrans):
+            info = bytearray(256)
+            struct.pack_into("Q", info, interconnect._BYTES_ACKED, acked)
+            struct.pack_into("QQ", info, interconnect._BYTES_SENT, sent, retrans)
+
+            class Told(socket.socket):
+                def getsockopt(self, *args):
+                    return bytes(info[:length])
+
+            monkeypatch.setattr(socket, "socket", Told)
+            try:
+                return interconnect._own_tcp_bytes()
+            finally:
+                monkeypatch.undo()
+
+        ones = counted(256, 1, 1, 0)  # this process's TCP sockets, the server's too
+        assert ones >= 1
+        assert counted(256, 700, 1000, 300) == 700 * ones
+        assert counted(interconnect._BYTES_ACKED + 8, 700, 1000, 300) == 700 * ones
+    finally:
+        server.close()
+
+
 def test_bad_input_is_explained():
     with pytest.raises(ValueError, match=r"size_bytes must be 4 or more .*got 2"):
         watch_allreduce(2)

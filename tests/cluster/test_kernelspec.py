@@ -33,6 +33,7 @@ from workshop.cluster.kernelspec import (
     plan_kernel_spec,
     write_kernel_spec,
 )
+from workshop.cluster.kernelspec_probe import _shell_pythonpath
 
 TIMEOUT = 90.0  # a kernel that imports torch started in about 5 s here
 FAKE_INIT = """\
@@ -60,17 +61,42 @@ def fake_init(tmp_path) -> Path:
     return path
 
 
-def _venv(folder: Path, sees: Path | None) -> Path:
+def _venv(folder: Path, *sees: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(folder)],
         check=True,
         timeout=60,
     )
-    if sees is not None:
+    if sees:
         version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
         site = folder / "lib" / version / "site-packages"
-        (site / "sees.pth").write_text(f"{sees}\n")
+        (site / "sees.pth").write_text("".join(f"{path}\n" for path in sees))
     return folder / "bin" / "python"
+
+
+def _shell_folders() -> list[Path]:
+    """This shell's PYTHONPATH, less the checkout: on a node with a --target install
+    (make test-site) ipykernel is found there, and not in this Python."""
+    return [
+        Path(folder).resolve()
+        for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if folder and Path(folder).is_dir() and Path(folder).resolve() != ROOT
+    ]
+
+
+@pytest.fixture(scope="module")
+def carried() -> dict[str, str]:
+    """What a spec of this Python carries besides --env: nothing where it imports
+    ipykernel by itself; this shell's PYTHONPATH where that is how it finds it."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import ipykernel"],
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        timeout=60,
+    )
+    if done.returncode == 0:
+        return {}
+    return {"PYTHONPATH": _shell_pythonpath()}
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +112,12 @@ def pythons(tmp_path_factory) -> dict[str, Path]:
             (root / "packages" / folder / package).mkdir(parents=True)
             (root / "packages" / folder / package / "__init__.py").write_text("")
     return {
-        "torch": _venv(root / "torch", Path(sysconfig.get_paths()["purelib"])),
+        "torch": _venv(
+            root / "torch", Path(sysconfig.get_paths()["purelib"]), *_shell_folders()
+        ),
         "stub": _venv(root / "stub", root / "packages" / "stub"),
         "stubs": _venv(root / "stubs", root / "packages" / "stubs"),
-        "bare": _venv(root / "bare", None),
+        "bare": _venv(root / "bare"),
     }
 
 
@@ -99,7 +127,7 @@ def _spec(folder: Path) -> dict:
 
 # ------------------------------------------------------------------ real kernels
 def test_a_kernel_of_this_python_starts_and_imports_the_workshop(
-    tmp_path, no_leftover_children
+    tmp_path, carried, no_leftover_children
 ):
     plan = plan_kernel_spec(
         env={"OMP_NUM_THREADS": "3"}, where=kernels_dir(prefix=tmp_path)
@@ -107,7 +135,8 @@ def test_a_kernel_of_this_python_starts_and_imports_the_workshop(
     folder = write_kernel_spec(plan)
     assert folder == tmp_path / "share/jupyter/kernels/scaling-pytorch-hpc"
     spec = _spec(folder)
-    # The workshop is installed in this Python: nothing goes on PYTHONPATH.
+    # The workshop is installed in this Python (or comes with the shell's
+    # PYTHONPATH, on a node's --target install): nothing else goes on PYTHONPATH.
     assert spec["argv"] == [
         sys.executable,
         "-m",
@@ -115,7 +144,7 @@ def test_a_kernel_of_this_python_starts_and_imports_the_workshop(
         "-f",
         "{connection_file}",
     ]
-    assert spec["env"] == {"OMP_NUM_THREADS": "3"}
+    assert spec["env"] == {"OMP_NUM_THREADS": "3", **carried}
     assert spec["display_name"] == "Scaling PyTorch on HPC"
     assert not (folder / "kernel-wrapper.sh").exists()
 
@@ -123,7 +152,7 @@ def test_a_kernel_of_this_python_starts_and_imports_the_workshop(
     assert check.python == sys.executable
     assert check.torch_version.startswith(plan.torch_version)
     assert Path(check.workshop_file) == ROOT / "workshop" / "__init__.py"
-    assert check.env == {"OMP_NUM_THREADS": "3"}
+    assert check.env == {"OMP_NUM_THREADS": "3", **carried}
     assert check.cuda_available == bool(check.gpus)
     assert check.loaded_modules is None
     assert 1 <= check.cpus <= check.node_cpus
@@ -185,9 +214,36 @@ def test_the_command_loads_modules_and_puts_the_checkout_on_pythonpath(
     assert f"export JUPYTER_PATH={tmp_path / 'share/jupyter'}" in out
 
 
-def test_check_says_why_a_kernel_cannot_import_the_workshop(
-    tmp_path, pythons, no_leftover_children
+def test_a_target_install_found_through_pythonpath_goes_into_the_spec(
+    tmp_path, pythons, monkeypatch, no_leftover_children
 ):
+    # As on a node without internet (README, form (b)): the packages were installed
+    # with pip --target, and the shell that writes the spec finds them through
+    # PYTHONPATH only. The server that starts the kernel has no such PYTHONPATH.
+    bare = pythons["bare"]
+    target = [Path(sysconfig.get_paths()["purelib"]).resolve(), *_shell_folders()]
+    shell_path = os.pathsep.join(map(str, dict.fromkeys(target)))
+    monkeypatch.setenv("PYTHONPATH", shell_path + os.pathsep + "/no/such/folder")
+    plan = plan_kernel_spec(python=str(bare), where=tmp_path)
+    carried = plan.kernel_json["env"]["PYTHONPATH"]
+    assert carried in (shell_path, f"{ROOT}{os.pathsep}{shell_path}")
+    assert any(
+        note.startswith(f"{bare} finds ipykernel and torch through this shell's ")
+        and note.endswith(f"the spec sets PYTHONPATH={shell_path}")
+        for note in plan.notes
+    ), plan.notes
+    folder = write_kernel_spec(plan)
+    monkeypatch.delenv("PYTHONPATH")
+    check = check_kernel(folder, timeout=TIMEOUT)
+    assert check.python == str(bare)
+    assert check.torch_version.startswith(plan.torch_version)
+    assert check.env["PYTHONPATH"] == carried
+
+
+def test_check_says_why_a_kernel_cannot_import_the_workshop(
+    tmp_path, pythons, monkeypatch, no_leftover_children
+):
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # the server's has no checkout
     plan = plan_kernel_spec(python=str(pythons["torch"]), where=tmp_path)
     env = {k: v for k, v in plan.kernel_json["env"].items() if k != "PYTHONPATH"}
     folder = write_kernel_spec(
@@ -202,9 +258,11 @@ def test_check_says_why_a_kernel_cannot_import_the_workshop(
 
 
 def test_check_shows_the_output_of_a_kernel_that_dies(
-    tmp_path, pythons, no_leftover_children
+    tmp_path, pythons, monkeypatch, no_leftover_children
 ):
-    # Stubs of ipykernel and torch pass the probe; the kernel cannot run.
+    # Stubs of ipykernel and torch pass the probe; the kernel cannot run (where the
+    # server's PYTHONPATH gives it no real ipykernel either).
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     plan = plan_kernel_spec(python=str(pythons["stubs"]), where=tmp_path)
     folder = write_kernel_spec(plan)
     with pytest.raises(
@@ -234,7 +292,7 @@ def test_check_says_when_the_kernels_command_is_gone(tmp_path, no_leftover_child
 
 # ------------------------------------------------------------------ without a kernel
 def test_dry_run_prints_the_spec_and_the_wrapper_and_writes_nothing(
-    tmp_path, fake_init, capsys
+    tmp_path, fake_init, carried, capsys
 ):
     status = main(
         [
@@ -257,7 +315,7 @@ def test_dry_run_prints_the_spec_and_the_wrapper_and_writes_nothing(
     block = out.split("--- kernel.json\n")[1].split("--- kernel-wrapper.sh")[0]
     spec = json.loads(block)
     assert spec["argv"][0] == str(folder / "kernel-wrapper.sh")
-    assert spec["env"] == {"OMP_NUM_THREADS": "4"}  # this Python has the workshop
+    assert spec["env"] == {"OMP_NUM_THREADS": "4", **carried}  # it has the workshop
     assert "--- kernel-wrapper.sh (executable)\n#!/bin/bash\n" in out
     assert "module load pytorch/2.4 || fail" in out
     assert not (tmp_path / "share").exists()

@@ -16,8 +16,11 @@ the spec puts this checkout first on ``PYTHONPATH``, ahead of whatever the serve
 environment holds there (``${PYTHONPATH}``, which Jupyter fills in at start), so the
 folders a site's module puts there still count. Where the workshop is installed in
 that Python, nothing is added: the installed copy is the one to use.
+Where that Python finds ipykernel and torch only through this shell's
+``PYTHONPATH`` (a ``pip install --target``), the spec carries that ``PYTHONPATH``
+(:mod:`.kernelspec_probe`).
 
-Imports only :mod:`.kernelspec_wrapper` of the package.
+Imports only :mod:`.kernelspec_probe` and :mod:`.kernelspec_wrapper` of the package.
 """
 
 from __future__ import annotations
@@ -26,14 +29,13 @@ import json
 import os
 import re
 import shutil
-import string
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .kernelspec_probe import KernelSpecError, or_with_shell_path, probe
 from .kernelspec_wrapper import wrapper_script
 
 __all__ = [
@@ -54,27 +56,6 @@ MIN_PYTHON = (3, 10)  # pyproject.toml: requires-python
 TIMEOUT_S = 120.0
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # what Jupyter accepts as a kernel name
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Run by the kernel's Python (through the wrapper, with --module) before writing:
-# what it has. find_spec imports nothing, so this takes a fraction of a second.
-_PROBE = """\
-import importlib.metadata as m, importlib.util as u, json, sys
-def version(name):
-    if u.find_spec(name) is None:
-        return None
-    try:
-        return m.version(name)
-    except m.PackageNotFoundError:
-        return "found"
-spec = u.find_spec("workshop")
-print(json.dumps({"python": sys.executable, "version": sys.version_info[:2],
-    "ipykernel": version("ipykernel"), "torch": version("torch"),
-    "workshop": spec.origin if spec else None}))
-"""
-
-
-class KernelSpecError(ValueError):
-    """A kernel spec that cannot be written as asked, or a kernel that fails its
-    check."""
 
 
 @dataclass(frozen=True)
@@ -206,43 +187,6 @@ def _python(python: str | None, venv: str | Path | None, modules: Sequence[str])
     return path
 
 
-def _substituted(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with ``${VAR}`` filled in from this environment, as Jupyter fills a
-    kernel's ``env`` in from the server's (an unset name stays as written)."""
-    return {k: string.Template(v).safe_substitute(os.environ) for k, v in env.items()}
-
-
-def _without_pythonpath() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def _probe(argv: list[str], env: Mapping[str, str], timeout: float, shown: str) -> dict:
-    """Run the probe with ``argv`` (the Python, or the wrapper), in an empty folder
-    and without this shell's ``PYTHONPATH`` (the server's may not hold it), so that
-    only that Python, its modules and ``env`` can make the workshop importable."""
-    with tempfile.TemporaryDirectory(prefix="kernel-spec-") as tmp:
-        try:
-            done = subprocess.run(
-                [*argv, "-c", _PROBE],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                cwd=tmp,
-                env={**_without_pythonpath(), **_substituted(env)},
-            )
-        except subprocess.TimeoutExpired as e:
-            raise KernelSpecError(
-                f"{shown} did not answer within {timeout:.0f} s. HINT: a "
-                "slow module load or file system: try again with a longer --timeout"
-            ) from e
-    if done.returncode != 0:
-        said = "\n".join((done.stderr or done.stdout).strip().splitlines()[-12:])
-        raise KernelSpecError(
-            f"{shown} failed (exit status {done.returncode}); it said:\n{said}"
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def plan_kernel_spec(
     name: str = DEFAULT_NAME,
     display_name: str | None = None,
@@ -315,7 +259,8 @@ def plan_kernel_spec(
             trial.chmod(0o755)
             argv_python = [str(trial)]
         shown = exe + (f" (after module load {' '.join(modules)})" if modules else "")
-        found = _probe(argv_python, env, timeout, shown)
+        found = probe(argv_python, env, timeout, shown)
+        found = or_with_shell_path(found, argv_python, env, timeout, shown, notes)
     if tuple(found["version"]) < MIN_PYTHON:
         raise KernelSpecError(
             f"{shown} is Python {'.'.join(map(str, found['version']))}; the workshop "

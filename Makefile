@@ -83,7 +83,15 @@ lab: environment
 # addresses. pytest's exit code 5 means nothing was collected: a failure here.
 # --durations=20: every run ends with its 20 slowest tests.
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(NBVAL) \
+# TEST_WORKERS pytest-xdist workers share the files (tests/conftest.py says how: the
+# files that use the run's one Slurm cluster and make lab go to one worker together,
+# each notebook to one worker). Most tests wait on processes, so 2 help even on 2
+# cores. TEST_WORKERS=1, or a Python without pytest-xdist (it is in
+# requirements.txt, not in the test extra): one process, as before.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),$(if $(shell $(RUN_PYTHON) -c \
+	'import xdist' 2>/dev/null && echo yes),-n $(TEST_WORKERS) --dist loadfile))
+PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(XDIST) $(NBVAL) \
 	tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
 
 # $(1): the pytest command line; exit code 5 (nothing collected) is a failure.

@@ -17,6 +17,7 @@ test's interpreter: nothing is installed, nothing is downloaded.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -235,6 +236,36 @@ def test_make_prefers_the_venv_where_there_is_one(tmp_path):
     assert done.stdout.startswith("bash scripts/setup.sh\n"), done.stdout
     assert ".venv/bin/python -m pytest --timeout=600" in done.stdout
     assert str(python3) not in done.stdout
+
+
+def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_path):
+    # Two workers by default; one process with TEST_WORKERS=1, or where the Python
+    # has no pytest-xdist (it is in requirements.txt, not in the test extra).
+    project = _project(tmp_path)
+    python3 = _python(tmp_path / "bin" / "python3")
+    env = _env(project, python3.parent)
+    shared = "-n 2 --dist loadfile --nbval"
+    for args, has_xdist, workers in [
+        ([], True, shared),
+        (["TEST_WORKERS=3"], True, "-n 3 --dist loadfile --nbval"),
+        (["TEST_WORKERS=1"], True, "--durations=20  --nbval"),
+        ([], False, "--durations=20  --nbval"),
+    ]:
+        stand_in = tmp_path / "no-xdist"
+        (stand_in / "xdist").mkdir(parents=True, exist_ok=True)
+        # A package that fails on import hides the real one.
+        (stand_in / "xdist" / "__init__.py").write_text("raise ImportError('hidden')")
+        path = (
+            env["PYTHONPATH"]
+            if has_xdist
+            else f"{stand_in}{os.pathsep}{env['PYTHONPATH']}"
+        )
+        done = _run(["make", "--no-print-directory", "-n", "test", *args], project,
+                    {**env, "PYTHONPATH": path})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        if has_xdist and importlib.util.find_spec("xdist") is None:
+            workers = "--durations=20  --nbval"  # this Python has none either
+        assert workers in done.stdout, (args, has_xdist, done.stdout)
 
 
 # --- setup.sh: a .venv made another way; apt-get without network ---------------------

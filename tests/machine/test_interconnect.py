@@ -34,6 +34,28 @@ def test_interface_counters_are_read_and_a_missing_one_is_named(tmp_path):
         interface_bytes("eth9", net=tmp_path)
 
 
+def test_this_network_namespaces_counts_come_from_proc(tmp_path):
+    # /sys/class/net shows the namespace of whoever mounted /sys; /proc/self/net/dev
+    # this process's, which a job or container in a namespace of its own needs.
+    from workshop.machine.interconnect import _proc_net_dev
+
+    dev = tmp_path / "dev"
+    dev.write_text(
+        "Inter-|   Receive                            |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes ...\n"
+        "    lo: 5120      40    0    0    0     0          0         0     6144"
+        "      48    0    0    0     0       0          0\n"
+        "  eth0:  100       1    0    0    0     0          0         0      200"
+        "       2    0    0    0     0       0          0\n"
+    )
+    assert _proc_net_dev(dev) == {"lo": (5120, 6144), "eth0": (100, 200)}
+    assert _proc_net_dev(tmp_path / "absent") == {}
+    here = _proc_net_dev()
+    if "lo" in here:  # Linux: the default reads them, and they only grow
+        received, sent = interface_bytes("lo")
+        assert received >= here["lo"][0] and sent >= here["lo"][1]
+
+
 def test_the_job_interface_comes_from_the_variables_then_the_route(
     tmp_path, monkeypatch
 ):

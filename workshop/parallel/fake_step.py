@@ -269,43 +269,53 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 "DDP: the third step is recorded (the first reduces all "
                 "gradients in one bucket, the second rebuilds the buckets)"
             )
+        counted: dict[str, int] = {}
+
+        def add_counts(mode) -> None:
+            for k, v in mode.get_comm_counts().items():
+                counted[str(k)] = counted.get(str(k), 0) + v
+
         if job["step"]:
             with cdm, no_arithmetic():
                 measured = run_step(
                     model, optimizer, shape, layout, stage, tokens, recorder, run
                 )
-                if run < blocks:
+            add_counts(cdm)
+            per_mb = measured
+            if run < blocks:
+                # In a CommDebugMode of its own: torch 2.11's adds a module's hook
+                # each time the module runs in it, and a module run in two steps
+                # (the last norm) then leaves its stack twice and fails.
+                cdm = _get("comm_debug_mode")()
+                with cdm, no_arithmetic():
                     root = run_step(
                         model, optimizer, shape, layout, stage, tokens, recorder, 0
                     )
-                    each = _minus(measured, root)
-                    whole = {
-                        k: (
-                            root.get(k, (0, 0))[0] + blocks * n // run,
-                            root.get(k, (0, 0))[1] + blocks * b // run,
-                        )
-                        for k, (n, b) in each.items()
-                    }
-                    per_mb = dict(sorted({**root, **whole}.items()))
-                    notes.append(
-                        f"step ran {run} of the stage's {blocks} blocks (and once "
-                        "none, for the root's share); per-block collectives scaled to "
-                        f"{blocks} blocks"
+                add_counts(cdm)
+                each = _minus(measured, root)
+                whole = {
+                    k: (
+                        root.get(k, (0, 0))[0] + blocks * n // run,
+                        root.get(k, (0, 0))[1] + blocks * b // run,
                     )
-                else:
-                    per_mb = measured
+                    for k, (n, b) in each.items()
+                }
+                per_mb = dict(sorted({**root, **whole}.items()))
+                notes.append(
+                    f"step ran {run} of the stage's {blocks} blocks (and once "
+                    "none, for the root's share); per-block collectives scaled to "
+                    f"{blocks} blocks"
+                )
         times["step"] = timed() - t
         t = timed()
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         before = recorder.snapshot()
-        counted = {str(k): v for k, v in cdm.get_comm_counts().items()}
         cdm = _get("comm_debug_mode")()  # entering it again would clear its counts
         with cdm, recorder.mode:
             optimizer.step()
-        for k, v in cdm.get_comm_counts().items():
-            counted[str(k)] = counted.get(str(k), 0) + v
+        add_counts(cdm)
         in_optimizer = _minus(recorder.snapshot(), before)
         times["optimizer"] = timed() - t
         collectives = (

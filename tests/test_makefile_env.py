@@ -244,28 +244,27 @@ def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_pat
     project = _project(tmp_path)
     python3 = _python(tmp_path / "bin" / "python3")
     env = _env(project, python3.parent)
-    shared = "-n 2 --dist loadfile --nbval"
-    for args, has_xdist, workers in [
-        ([], True, shared),
-        (["TEST_WORKERS=3"], True, "-n 3 --dist loadfile --nbval"),
-        (["TEST_WORKERS=1"], True, "--durations=20  --nbval"),
-        ([], False, "--durations=20  --nbval"),
+    # A package that fails on import hides the real one.
+    stand_in = tmp_path / "no-xdist"
+    (stand_in / "xdist").mkdir(parents=True)
+    (stand_in / "xdist" / "__init__.py").write_text("raise ImportError('hidden')")
+    hidden = f"{stand_in}{os.pathsep}{env['PYTHONPATH']}"
+    one = "--durations=20  --nbval"
+    here = importlib.util.find_spec("xdist") is not None  # else none of them has it
+    for args, path, workers in [
+        ([], env["PYTHONPATH"], "-n 2 --dist loadfile --nbval" if here else one),
+        (
+            ["TEST_WORKERS=3"],
+            env["PYTHONPATH"],
+            "-n 3 --dist loadfile --nbval" if here else one,
+        ),
+        (["TEST_WORKERS=1"], env["PYTHONPATH"], one),
+        ([], hidden, one),
     ]:
-        stand_in = tmp_path / "no-xdist"
-        (stand_in / "xdist").mkdir(parents=True, exist_ok=True)
-        # A package that fails on import hides the real one.
-        (stand_in / "xdist" / "__init__.py").write_text("raise ImportError('hidden')")
-        path = (
-            env["PYTHONPATH"]
-            if has_xdist
-            else f"{stand_in}{os.pathsep}{env['PYTHONPATH']}"
-        )
         done = _run(["make", "--no-print-directory", "-n", "test", *args], project,
                     {**env, "PYTHONPATH": path})  # fmt: skip
         assert done.returncode == 0, done.stderr
-        if has_xdist and importlib.util.find_spec("xdist") is None:
-            workers = "--durations=20  --nbval"  # this Python has none either
-        assert workers in done.stdout, (args, has_xdist, done.stdout)
+        assert workers in done.stdout, (args, path, done.stdout)
 
 
 # --- setup.sh: a .venv made another way; apt-get without network ---------------------

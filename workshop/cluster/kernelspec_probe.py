@@ -117,7 +117,7 @@ def or_with_shell_path(
         return found
     env["PYTHONPATH"] = shell_path
     notes.append(
-        f"{argv[0] if len(argv) == 1 else shown} finds ipykernel and torch through "
+        f"{shown} finds ipykernel and torch through "
         f"this shell's PYTHONPATH only (a pip --target install): the spec sets "
         f"PYTHONPATH={shell_path}"
     )

@@ -58,20 +58,17 @@ def interface_bytes(interface: str, net: Path = _NET) -> tuple[int, int]:
     Example:
         >>> received, sent = interface_bytes("lo")  # doctest: +SKIP
     """
-    if Path(net) == _NET:
-        counts = _proc_net_dev()
-        if interface in counts:
-            return counts[interface]
+    namespace = _proc_net_dev() if Path(net) == _NET else {}
+    if interface in namespace:
+        return namespace[interface]
     stats = Path(net) / interface / "statistics"
     try:
         received = int((stats / "rx_bytes").read_text())
         sent = int((stats / "tx_bytes").read_text())
     except (OSError, ValueError) as e:
         folder = Path(net)
-        there = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-        if Path(net) == _NET:
-            there |= set(_proc_net_dev())
-        there = sorted(there)
+        listed = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+        there = sorted(listed | set(namespace))
         raise ValueError(
             f"no byte counters for interface {interface!r} in {net}; this machine has "
             f"{', '.join(there) or 'none'}; pass one of those"

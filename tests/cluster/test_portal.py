@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import socket
 import stat
 import subprocess
@@ -59,6 +61,8 @@ def running(private_slurm):
                 folder, learners=LEARNERS, prefix="pupil", slurm_conf=conf
             )
         except portal.PortalError as error:
+            if str(error).startswith("the private portal cannot start here"):
+                pytest.skip(str(error))  # no root, no Slurm, or a private clone
             pytest.fail(f"the portal did not start: {error}")
         yield started
         portal.stop(folder)
@@ -171,6 +175,34 @@ def test_without_root_it_says_why_and_what_to_do(tmp_path, monkeypatch):
         portal.PortalError, match=r"it needs root .*HINT: run it as root"
     ):
         portal.start(tmp_path / "p", learners=1)
+
+
+def test_an_environment_other_users_cannot_enter_is_refused_before_anything_starts(
+    monkeypatch, request
+):
+    # Under /tmp itself: pytest's own tmp_path sits in a folder of mode 0700.
+    tmp_path = Path(tempfile.mkdtemp(prefix="wp-closed-", dir="/tmp"))
+    tmp_path.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path))
+    closed = tmp_path / "clone"
+    (closed / ".venv").mkdir(parents=True)
+    closed.chmod(0o700)
+    readable = tmp_path / "open"
+    readable.mkdir(mode=0o755)
+    readable.chmod(0o755)
+    monkeypatch.setattr(
+        portal, "_environment_folders", lambda: [closed / ".venv", readable]
+    )
+    before = {user.pw_name for user in pwd.getpwall()}
+    with pytest.raises(portal.PortalError) as caught:
+        portal.start(tmp_path / "p", learners=1, prefix="closed")
+    message = str(caught.value)
+    assert message.startswith("the private portal cannot start here")
+    assert f"{closed} (mode 0700) cannot be entered by other users" in message
+    assert f"chmod o+rx {closed}" in message
+    assert str(readable) + " (" not in message
+    assert {user.pw_name for user in pwd.getpwall()} == before  # nobody was made
+    assert not (tmp_path / "p").exists()
 
 
 def test_status_and_stop_of_a_folder_without_a_portal(tmp_path):

@@ -130,6 +130,16 @@ def _check_can_start(folder: Path) -> None:
     for tool in ("slurmctld", "slurmd", "munged", "useradd", "runuser"):
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not installed")
+    closed = _closed_to_others(_environment_folders())
+    if closed:
+        problems.append(
+            "the learners' jobs run this environment's Python as their own users, "
+            "but "
+            + ", ".join(f"{path} (mode {mode:04o})" for path, mode in closed)
+            + " cannot be entered by other users: chmod o+rx "
+            + " ".join(str(path) for path, _ in closed)
+            + ", or clone the workshop into a folder every user can read"
+        )
     if len(str(folder)) > MAX_FOLDER:
         problems.append(
             f"the folder {folder} has {len(str(folder))} characters; Slurm's "
@@ -142,6 +152,33 @@ def _check_can_start(folder: Path) -> None:
             "installs them as root), or offer the workshop on a real site's "
             "JupyterHub (docs/portal.md)"
         )
+
+
+def _environment_folders() -> list[Path]:
+    """The folders a learner's job reads the workshop from: this environment, its
+    site-packages (a venv's may be a link elsewhere) and the checkout."""
+    import sysconfig
+
+    return [
+        Path(sys.prefix),
+        Path(sysconfig.get_paths()["purelib"]).resolve(),
+        ROOT,
+    ]
+
+
+def _closed_to_others(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Every folder on the way to ``paths`` that other users cannot enter (no o+x),
+    with its mode: a clone made in ``mktemp -d`` (0700) is one."""
+    closed: dict[Path, int] = {}
+    for path in paths:
+        for folder in reversed([path, *path.parents]):
+            try:
+                mode = folder.stat().st_mode & 0o7777
+            except OSError:
+                continue
+            if folder.is_dir() and not mode & 0o001:
+                closed.setdefault(folder, mode)
+    return sorted(closed.items())
 
 
 def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float) -> None:

@@ -29,7 +29,7 @@ pytest.importorskip(
     reason='the portal extra is not installed (pip install -e ".[portal]")',
 )
 
-from workshop.cluster import portal
+from workshop.cluster import portal, portal_python
 from workshop.cluster.portal_classroom import classroom
 from workshop.cluster.portal_client import Hub, Kernel
 from workshop.cluster.portal_hub import BATCH_SCRIPT, hash_password
@@ -191,7 +191,7 @@ def test_an_environment_other_users_cannot_enter_is_refused_before_anything_star
     readable.mkdir(mode=0o755)
     readable.chmod(0o755)
     monkeypatch.setattr(
-        portal, "_environment_folders", lambda: [closed / ".venv", readable]
+        portal_python, "_environment_folders", lambda: [closed / ".venv", readable]
     )
     before = {user.pw_name for user in pwd.getpwall()}
     with pytest.raises(portal.PortalError) as caught:

@@ -3,7 +3,11 @@ images, seeded loaders and the loader timer."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,10 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from workshop.training.data import (
+    _ARRAYS,
+    _digits_arrays,
+    _digits_cache_file,
+    _split_digits,
     digits,
     make_loader,
     synthetic,
@@ -72,6 +80,83 @@ def test_digits_are_deterministic_and_the_seed_changes_the_split():
 
 def test_digits_upsamples_to_any_size():
     assert digits("test", size=28).tensors[0].shape == (360, 1, 28, 28)
+
+
+def _fresh_python(cache: Path, code: str) -> str:
+    """Run ``code`` after ``import workshop.training.data as data`` in a new Python
+    whose cache folder is ``cache``; what it printed."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    done = subprocess.run(
+        [sys.executable, "-c", "import workshop.training.data as data\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+SPLIT_AND_SAY = """
+import sys
+train = data.digits("train")
+print(float(train.tensors[0].sum()), int(train.tensors[1].sum()), len(train))
+print("sklearn" in sys.modules)
+"""
+
+
+def test_a_fresh_process_takes_the_split_from_the_cache_without_scikit_learn(
+    tmp_path,
+):
+    first = _fresh_python(tmp_path, SPLIT_AND_SAY).splitlines()
+    assert first[1] == "True"  # nothing kept yet: scikit-learn split the images
+    (kept,) = (tmp_path / "scaling-pytorch-hpc").glob("digits-*.npz")
+    again = _fresh_python(tmp_path, SPLIT_AND_SAY).splitlines()
+    assert again == [first[0], "False"]  # the same split, and no scikit-learn
+    with np.load(kept) as saved:
+        computed = _split_digits(0)
+        for name, array in zip(_ARRAYS, computed, strict=True):
+            assert saved[name].dtype == array.dtype
+            assert np.array_equal(saved[name], array), name
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A cache folder of the test's own, and no split kept in this process."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _digits_arrays.cache_clear()
+    yield tmp_path / "scaling-pytorch-hpc"
+    _digits_arrays.cache_clear()
+
+
+def test_a_damaged_copy_is_split_again_and_replaced(own_cache):
+    computed = _digits_arrays(0)
+    (kept,) = own_cache.glob("digits-*.npz")
+    whole = kept.read_bytes()
+    kept.write_bytes(whole[: len(whole) // 2])  # a disk that filled up mid-write
+    _digits_arrays.cache_clear()
+    again = _digits_arrays(0)
+    assert all(np.array_equal(a, b) for a, b in zip(computed, again, strict=True))
+    assert kept.read_bytes() == whole
+    assert [p.name for p in own_cache.iterdir()] == [kept.name]  # no partial left
+
+
+def test_a_cache_folder_that_cannot_be_written_only_costs_time(tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    said = _fresh_python(blocked, SPLIT_AND_SAY).splitlines()
+    assert said[1] == "True"
+    train = digits("train")
+    assert said[0] == (
+        f"{float(train.tensors[0].sum())} {int(train.tensors[1].sum())} {len(train)}"
+    )
+
+
+def test_the_copy_is_named_after_the_seed_and_the_data_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    names = {_digits_cache_file(seed).name for seed in (0, 0, 1)}
+    assert len(names) == 2
+    assert _digits_cache_file(0).parent == tmp_path / "scaling-pytorch-hpc"
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .._procs import is_alive
 from . import slurm_cluster, slurm_watchdog
-from .portal_python import learner_python
+from .portal_python import closed_to_others, learner_python
 from .portal_users import (
     PortalError,
     _end,
@@ -73,8 +73,7 @@ class Portal:
     instructor: str = INSTRUCTOR
 
     def token(self) -> str:
-        """The API token of the hub's admin service (``DIR/secrets/api_token``):
-        for scripts and tests that drive the hub's REST API."""
+        """The hub's admin API token (``DIR/secrets/api_token``), for REST calls."""
         return (self.folder / "secrets" / "api_token").read_text().strip()
 
 
@@ -130,16 +129,7 @@ def _check_can_start(folder: Path) -> None:
     for tool in ("slurmctld", "slurmd", "munged", "useradd", "runuser"):
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not installed")
-    closed = _closed_to_others(_environment_folders())
-    if closed:
-        problems.append(
-            "the learners' jobs run this environment's Python as their own users, "
-            "but "
-            + ", ".join(f"{path} (mode {mode:04o})" for path, mode in closed)
-            + " cannot be entered by other users: chmod o+rx "
-            + " ".join(str(path) for path, _ in closed)
-            + ", or clone the workshop into a folder every user can read"
-        )
+    problems.extend(closed_to_others())
     if len(str(folder)) > MAX_FOLDER:
         problems.append(
             f"the folder {folder} has {len(str(folder))} characters; Slurm's "
@@ -152,33 +142,6 @@ def _check_can_start(folder: Path) -> None:
             "installs them as root), or offer the workshop on a real site's "
             "JupyterHub (docs/portal.md)"
         )
-
-
-def _environment_folders() -> list[Path]:
-    """The folders a learner's job reads the workshop from: this environment, its
-    site-packages (a venv's may be a link elsewhere) and the checkout."""
-    import sysconfig
-
-    return [
-        Path(sys.prefix),
-        Path(sysconfig.get_paths()["purelib"]).resolve(),
-        ROOT,
-    ]
-
-
-def _closed_to_others(paths: list[Path]) -> list[tuple[Path, int]]:
-    """Every folder on the way to ``paths`` that other users cannot enter (no o+x),
-    with its mode: a clone made in ``mktemp -d`` (0700) is one."""
-    closed: dict[Path, int] = {}
-    for path in paths:
-        for folder in reversed([path, *path.parents]):
-            try:
-                mode = folder.stat().st_mode & 0o7777
-            except OSError:
-                continue
-            if folder.is_dir() and not mode & 0o001:
-                closed.setdefault(folder, mode)
-    return sorted(closed.items())
 
 
 def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float) -> None:

@@ -54,6 +54,45 @@ def _link_file(source: str | os.PathLike[str], target: str | os.PathLike[str]) -
         shutil.copy2(source, target)
 
 
+def _environment_folders() -> list[Path]:
+    """The folders a learner's job reads the workshop from: this environment, its
+    site-packages (a venv's may be a link elsewhere) and the checkout."""
+    return [
+        Path(sys.prefix),
+        Path(sysconfig.get_paths()["purelib"]).resolve(),
+        Path(__file__).resolve().parents[2],
+    ]
+
+
+def closed_to_others() -> list[str]:
+    """What stops the learners from reading the workshop's packages: one problem
+    or none.
+
+    A copied interpreter gets around a private Python (:func:`learner_python`), but
+    not around a private folder above the packages or the checkout: a clone made in
+    ``mktemp -d`` (mode 0700) is one. Each folder on the way that other users
+    cannot enter (no o+x) is named, with its mode.
+    """
+    closed: dict[Path, int] = {}
+    for path in _environment_folders():
+        for folder in reversed([path, *path.parents]):
+            try:
+                mode = folder.stat().st_mode & 0o7777
+            except OSError:
+                continue
+            if folder.is_dir() and not mode & 0o001:
+                closed.setdefault(folder, mode)
+    if not closed:
+        return []
+    where = [f"{path} (mode {mode:04o})" for path, mode in sorted(closed.items())]
+    return [
+        "the learners' jobs run this environment's Python as their own users, but "
+        f"{', '.join(where)} cannot be entered by other users: chmod o+rx "
+        + " ".join(str(path) for path in sorted(closed))
+        + ", or clone the workshop into a folder every user can read"
+    ]
+
+
 def learner_python(folder: Path, user: str) -> tuple[Path, dict[str, str]]:
     """The interpreter ``user`` runs the workshop with, and the variables it needs.
 

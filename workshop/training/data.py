@@ -20,7 +20,13 @@ delivers samples.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.util
+import os
+import zipfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,13 +53,76 @@ def _check_split(split: str) -> None:
         raise ValueError(f'split={split!r} is not known; pass split="train" or "test"')
 
 
+# The four arrays of a split, in the order train_test_split returns them.
+_ARRAYS = ("x_train", "x_test", "y_train", "y_test")
+_CACHE_FORMAT = 1  # raise it when what a cache file holds changes
+
+
+def _digits_cache_file(seed: int) -> Path | None:
+    """Where this user's copy of a split lives, named after the scikit-learn data
+    file it came from (its path, size and time) and the seed; None where there is no
+    scikit-learn or no home to keep it in.
+
+    Every rank that torchrun, srun, mpirun or a spawn starts is a fresh Python:
+    without the copy each one imports scikit-learn to split the same 1,797 images,
+    about a second of CPU, more than the epoch it then trains on a laptop.
+    """
+    spec = importlib.util.find_spec("sklearn")  # finds it, does not import it
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz"
+    try:
+        stat = source.stat()
+        home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except (OSError, RuntimeError):  # RuntimeError: no home for this user
+        return None
+    key = f"{_CACHE_FORMAT}|{source}|{stat.st_size}|{stat.st_mtime_ns}|{seed}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return home / "scaling-pytorch-hpc" / f"digits-{digest}.npz"
+
+
+def _read_cached(path: Path) -> tuple[np.ndarray, ...] | None:
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return tuple(saved[name] for name in _ARRAYS)
+    # None yet, or a file cut short (zip's checksums catch a damaged one).
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
+
+
+def _write_cached(path: Path, arrays: tuple[np.ndarray, ...]) -> None:
+    """Write the copy whole or not at all: ranks starting together may each write
+    it, and each renames a finished file of its own into place."""
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(partial, **dict(zip(_ARRAYS, arrays, strict=True)))
+        os.replace(partial, path)
+    except OSError:  # a home that is full or read-only: the next rank splits again
+        with contextlib.suppress(OSError):
+            partial.unlink()
+
+
 @functools.lru_cache(maxsize=4)
 def _digits_arrays(seed: int) -> tuple[np.ndarray, ...]:
     """The digits as float32 images in [0, 1], split 80/20, stratified by label.
 
     Cached: a notebook asks for the train and the test split one after the other, and
-    both must come from the same split of the same data.
+    both must come from the same split of the same data; and on disk, for the next
+    process (:func:`_digits_cache_file`).
     """
+    cache = _digits_cache_file(seed)
+    if cache is not None:
+        cached = _read_cached(cache)
+        if cached is not None:
+            return cached
+    arrays = _split_digits(seed)
+    if cache is not None:
+        _write_cached(cache, arrays)
+    return arrays
+
+
+def _split_digits(seed: int) -> tuple[np.ndarray, ...]:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -79,7 +148,8 @@ def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset
     has more room to work on 16x16 than on 8x8), then normalised with the mean and
     standard deviation of the training split at that size; the test split uses the
     training split's statistics, as it must. No download: the data ships inside
-    scikit-learn.
+    scikit-learn. The split is kept in ``~/.cache/scaling-pytorch-hpc`` (or
+    ``$XDG_CACHE_HOME``), so that a fresh rank need not import scikit-learn again.
 
     Args:
         split: "train" or "test".

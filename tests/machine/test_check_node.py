@@ -269,6 +269,17 @@ def test_a_missing_tool_is_failed_with_the_pip_line(
     assert result.fix.startswith(pip) and 'pip install -e ".[lab,test]"' in result.fix
 
 
+def test_without_a_gpu_the_gpu_tests_are_not_collected_only_to_skip(
+    monkeypatch, tmp_path
+):
+    (tmp_path / "tests").mkdir()
+    ran = []
+    monkeypatch.setattr(check_steps, "_run", lambda *args, **kw: ran.append(args))
+    result = check_steps.STEP_FUNCTIONS["gpu-tests"](context(tmp_path, gpus=0))
+    assert (result.status, ran) == ("SKIPPED", [])
+    assert result.summary == "no GPU visible (the tests marked gpu need one; not run)"
+
+
 def test_train_step_reports_both_loops_and_never_divides_by_zero(monkeypatch, tmp_path):
     rates = {"workshop": 900.0, "bare": 0.0}
 

@@ -62,8 +62,9 @@ def _env(project: Path, bin_dir: Path | None = None, **extra: str) -> dict[str, 
     ``bin_dir`` first on PATH, no CI variable, and ``extra``."""
     before = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     kept = [p for p in before if p and Path(p).resolve() != ROOT]
-    # Not CI's variable, nor those of a make this suite may run under.
-    dropped = ("CI", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    # Not CI's variable, nor those of a make this suite may run under (make exports
+    # a variable given on its command line, as in `make test TEST_WORKERS=1`).
+    dropped = ("CI", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "TEST_WORKERS", "PYTEST_ARGS")
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["PYTHONPATH"] = os.pathsep.join([str(project), *kept])
     if bin_dir is not None:
@@ -239,7 +240,7 @@ def test_make_prefers_the_venv_where_there_is_one(tmp_path):
 
 
 def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_path):
-    # Two workers by default; one process with TEST_WORKERS=1, or where the Python
+    # Three workers by default; one process with TEST_WORKERS=1, or where the Python
     # has no pytest-xdist (it is in requirements.txt, not in the test extra).
     project = _project(tmp_path)
     python3 = _python(tmp_path / "bin" / "python3")
@@ -252,11 +253,11 @@ def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_pat
     one = "--durations=20  --nbval"
     here = importlib.util.find_spec("xdist") is not None  # else none of them has it
     for args, path, workers in [
-        ([], env["PYTHONPATH"], "-n 2 --dist loadfile --nbval" if here else one),
+        ([], env["PYTHONPATH"], "-n 3 --dist loadfile --nbval" if here else one),
         (
-            ["TEST_WORKERS=3"],
+            ["TEST_WORKERS=2"],
             env["PYTHONPATH"],
-            "-n 3 --dist loadfile --nbval" if here else one,
+            "-n 2 --dist loadfile --nbval" if here else one,
         ),
         (["TEST_WORKERS=1"], env["PYTHONPATH"], one),
         ([], hidden, one),

@@ -3,7 +3,6 @@ images, seeded loaders and the loader timer."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import repo_env
 from torch.utils.data.distributed import DistributedSampler
 
 from workshop.training.data import (
@@ -85,7 +85,7 @@ def test_digits_upsamples_to_any_size():
 def _fresh_python(cache: Path, code: str) -> str:
     """Run ``code`` after ``import workshop.training.data as data`` in a new Python
     whose cache folder is ``cache``; what it printed."""
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    env = repo_env(XDG_CACHE_HOME=str(cache))
     done = subprocess.run(
         [sys.executable, "-c", "import workshop.training.data as data\n" + code],
         capture_output=True,
@@ -139,6 +139,17 @@ def test_a_damaged_copy_is_split_again_and_replaced(own_cache):
     assert all(np.array_equal(a, b) for a, b in zip(computed, again, strict=True))
     assert kept.read_bytes() == whole
     assert [p.name for p in own_cache.iterdir()] == [kept.name]  # no partial left
+
+
+def test_an_interrupted_write_leaves_no_partial_file(own_cache, monkeypatch):
+    def cut_short(file, **arrays):
+        Path(file).write_bytes(b"half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        _digits_arrays(0)
+    assert list(own_cache.iterdir()) == []
 
 
 def test_a_cache_folder_that_cannot_be_written_only_costs_time(tmp_path):

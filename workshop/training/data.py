@@ -98,9 +98,12 @@ def _write_cached(path: Path, arrays: tuple[np.ndarray, ...]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(partial, **dict(zip(_ARRAYS, arrays, strict=True)))
         os.replace(partial, path)
-    except OSError:  # a home that is full or read-only: the next rank splits again
+    except BaseException as error:  # an interrupt too: leave no partial file behind
         with contextlib.suppress(OSError):
             partial.unlink()
+        if not isinstance(error, OSError):
+            raise
+        # A home that is full or read-only: the next rank splits again.
 
 
 @functools.lru_cache(maxsize=4)

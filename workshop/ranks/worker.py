@@ -122,6 +122,48 @@ def _old_gloo_would_deadlock(backend: str) -> bool:
     )
 
 
+# The key under which each rank says it reached the end of its block; torchrun's
+# restarted ranks meet under a new one (its store outlives a restart).
+LEFT_KEY = "workshop/left/{restart}/{rank}"
+
+
+def leave_together(store, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Return once every rank has reached the end of its ``process_group`` block.
+
+    ``init_process_group`` is no barrier: it returns on a rank as soon as that rank's
+    own gloo connections are made, while a slower rank may still be making its own.
+    A rank that then leaves at once (a function with no collective, a hello-world)
+    closes its connections under the slower rank, whose set-up fails with gloo's
+    "Connection closed by peer" (pytorch/pytorch#61396): plain torch.distributed, 4
+    ranks that join and leave, six such launches at once on two cores, failed 7
+    times in 180. So no rank closes anything until all are done: one key each in
+    the store they already share, two round trips to it and no collective (no NCCL
+    communicator is made for it).
+
+    Args:
+        store: the store the ranks met at (None: return at once).
+        rank, world_size: this rank and how many there are.
+        timeout: how long to wait for the others before raising.
+    """
+    if store is None or world_size < 2:
+        return
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store.set(LEFT_KEY.format(restart=restart, rank=rank), "1")
+    store.wait(
+        [LEFT_KEY.format(restart=restart, rank=r) for r in range(world_size)], timeout
+    )
+
+
+def _default_store():
+    """The store of the default process group that torch made, or None."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        return c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 def _settle_gloo_at_exit() -> None:
     # At exit, not at once: atexit handlers run before Python stops other threads
     # from taking the GIL, and a rank of workshop.launch leaves by os._exit, which
@@ -276,6 +318,7 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             RuntimeWarning,
             stacklevel=3,
         )
+    store = None
     if launcher_hosts_store():
         # workshop.launch serves the store from the notebook kernel on a port it bound
         # itself, so every rank connects as a client and no port is ever raced for.
@@ -297,10 +340,15 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
             world_size=info.world_size,
             timeout=wait,
         )
+    # Kept now: a body that destroys the group itself also ends the default store.
+    meeting = store if store is not None else _default_store()
     try:
         if backend == "nccl":
             _check_one_gpu_per_rank(info)
         yield info
+        # Only after a body that ended well: a rank that raised leaves at once, and
+        # its launcher (workshop.launch, torchrun, mpirun) stops the others.
+        leave_together(meeting, info.rank, info.world_size, wait)
     finally:
         # torch 2.4 can hang in destroy_process_group: freeing the gloo group joins
         # its worker threads while holding the GIL, and a worker that still holds the

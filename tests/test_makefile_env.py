@@ -237,10 +237,12 @@ def test_make_prefers_the_venv_where_there_is_one(tmp_path):
     assert done.stdout.startswith("bash scripts/setup.sh\n"), done.stdout
     assert ".venv/bin/python -m pytest --timeout=600" in done.stdout
     assert str(python3) not in done.stdout
+    # The package is compiled once before the suite starts its many fresh Pythons.
+    assert ".venv/bin/python -m compileall -q workshop" in done.stdout
 
 
 def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_path):
-    # Two workers by default; one process with TEST_WORKERS=1, or where the Python
+    # Three workers by default; one process with TEST_WORKERS=1, or where the Python
     # has no pytest-xdist (it is in requirements.txt, not in the test extra).
     project = _project(tmp_path)
     python3 = _python(tmp_path / "bin" / "python3")
@@ -253,11 +255,11 @@ def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_pat
     one = "--durations=20  --nbval"
     here = importlib.util.find_spec("xdist") is not None  # else none of them has it
     for args, path, workers in [
-        ([], env["PYTHONPATH"], "-n 2 --dist loadfile --nbval" if here else one),
+        ([], env["PYTHONPATH"], "-n 3 --dist loadfile --nbval" if here else one),
         (
-            ["TEST_WORKERS=3"],
+            ["TEST_WORKERS=2"],
             env["PYTHONPATH"],
-            "-n 3 --dist loadfile --nbval" if here else one,
+            "-n 2 --dist loadfile --nbval" if here else one,
         ),
         (["TEST_WORKERS=1"], env["PYTHONPATH"], one),
         ([], hidden, one),

@@ -294,7 +294,7 @@ def test_detail_debugging_set_in_the_kernel_reaches_forked_ranks(monkeypatch):
         )
 
 
-# --- ranks leave together --------------------------------------------------------------
+# --- ranks leave together ----------------------------------------------------------
 #
 # init_process_group is no barrier: a rank whose block ends at once would close its gloo
 # connections while a slower rank is still making its own, and that rank's set-up would

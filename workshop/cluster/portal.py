@@ -31,7 +31,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from .portal_users import (
     _pid,
     processes_of,
 )
+from .ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
@@ -75,17 +75,6 @@ class Portal:
     def token(self) -> str:
         """The hub's admin API token (``DIR/secrets/api_token``), for REST calls."""
         return (self.folder / "secrets" / "api_token").read_text().strip()
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _private_file(path: Path, text: str) -> None:
@@ -270,7 +259,8 @@ def start(
         _private_file(folder / "secrets" / "cookie_secret", secrets.token_hex(32))
         _private_file(folder / "secrets" / "proxy_token", secrets.token_hex(32))
         _private_file(folder / "secrets" / "api_token", secrets.token_hex(32))
-        port, hub_port, api_port = _free_ports(3)
+        # Below the system's own port range: no outgoing connection takes them.
+        port, hub_port, api_port = quiet_ports(3)
         settings = {
             "root": str(ROOT),
             "port": port,

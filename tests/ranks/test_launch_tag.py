@@ -103,3 +103,27 @@ def test_a_rank_gets_the_job_but_not_the_kernels_slurm_task(monkeypatch):
     assert not {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID", "PMI_RANK",
                 "SLURM_STEP_NUM_TASKS", "SLURM_CPU_BIND"} & set(env)  # fmt: skip
     assert workshop.rank_info(env).launcher == "workshop"
+
+
+def _stat_line(name: str, state: str, flags: int, start: int) -> bytes:
+    # pid (comm) state ppid pgrp session tty tpgid flags ... starttime (field 22)
+    rest = [state, "1", "1", "1", "0", "-1", str(flags)] + ["0"] * 12 + [str(start)]
+    return f"4242 ({name}) {' '.join(rest)} 0 0\n".encode()
+
+
+def test_a_process_inside_exit_counts_as_gone_not_as_left_running():
+    from workshop.ranks.sweep import PF_EXITING, parse_stat
+
+    # A name with a space and a parenthesis, as a rank's tag never has but a
+    # program may: the name is what lies between the first "(" and the last ")".
+    alive = _stat_line("w1a.3 (x)", "S", 0x400040, 123456)
+    assert parse_stat(alive) == ("w1a.3 (x)", b"S", 123456)
+    exiting = _stat_line("w1a.3", "R", 0x400040 | PF_EXITING, 123456)
+    assert parse_stat(exiting) == ("w1a.3", b"X", 123456)
+
+
+def test_this_process_parses_as_running_with_its_own_start_time():
+    from workshop.ranks.sweep import _stat, start_ticks
+
+    _name, state, start = _stat(str(os.getpid()))
+    assert state in (b"R", b"S") and start == start_ticks() > 0

@@ -57,6 +57,22 @@ def launch_tag(number: int, pid: int | None = None) -> str:
     return kernel_prefix(pid) + _base36(number)
 
 
+# The kernel's flag for a process inside exit(): it holds nothing a sweep could stop
+# (its memory and files are being released) and is gone a moment later. Seen: the
+# middle process of a daemon's double fork, still exiting when a launch ended, was
+# reported as left running with no command line ("pid 27963: ?").
+PF_EXITING = 0x4
+
+
+def parse_stat(data: bytes) -> tuple[str, bytes, int]:
+    """(name, state, start time in clock ticks) from a ``/proc/PID/stat`` line; a
+    process inside exit() has the state ``b"X"``, as one already gone."""
+    name = data[data.index(b"(") + 1 : data.rindex(b")")].decode(errors="replace")
+    fields = data[data.rindex(b")") + 2 :].split()
+    state = b"X" if int(fields[6]) & PF_EXITING else fields[0]
+    return name, state, int(fields[19])
+
+
 def _stat(pid: str) -> tuple[str, bytes, int] | None:
     """(name, state, start time in clock ticks) of ``pid``; None once it is gone."""
     try:
@@ -64,9 +80,7 @@ def _stat(pid: str) -> tuple[str, bytes, int] | None:
             data = f.read()
     except OSError:
         return None
-    name = data[data.index(b"(") + 1 : data.rindex(b")")].decode(errors="replace")
-    fields = data[data.rindex(b")") + 2 :].split()
-    return name, fields[0], int(fields[19])
+    return parse_stat(data)
 
 
 def start_ticks(pid: int | None = None) -> int:

@@ -1,7 +1,7 @@
 """Shared test helpers: process checks, a way to run a small script as a 'kernel', and
 the environments launchers give the tasks they start; what the run starts once for
 all its tests (a private Slurm cluster, `make lab`), and how pytest-xdist's workers
-share the tests (`-n 2 --dist loadfile`).
+share the tests (`-n 3 --dist loadfile`).
 
 Also the run order and a guard that keep the test process forkable on a GPU node.
 Two things in the pytest process make forked ranks unusable there (see

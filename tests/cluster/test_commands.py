@@ -232,11 +232,15 @@ def test_mpirun_command_rejects_bad_values(kwargs, message):
         mpirun_command(TRAIN, **kwargs)
 
 
-def test_free_port_can_be_bound():
+def test_free_port_can_be_bound_and_lies_below_the_systems_own_range():
     import socket
 
+    from workshop.cluster.ports import ephemeral_start
+
+    port = free_port()
     with socket.socket() as s:
-        s.bind(("127.0.0.1", free_port()))
+        s.bind(("127.0.0.1", port))
+    assert port < ephemeral_start() or ephemeral_start() - 10000 < 1000
 
 
 def test_docstring_examples_run(monkeypatch):

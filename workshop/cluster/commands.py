@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from ..env import slurm_allocation, usable_cores
 from .gpu_split import split_for
+from .ports import quiet_ports
 from .run import check_program, failure_message, run_all, timeout_message
 
 __all__ = [
@@ -37,16 +37,16 @@ __all__ = [
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (another program may still
-    take it before it is used).
+    """A TCP port on 127.0.0.1 that was free a moment ago. It lies below the range
+    the system hands out by itself (``ports.py``), so that no outgoing connection
+    takes it before torchrun or a test binds it; a program asking for that very
+    number still could.
 
     Example:
         >>> 0 < free_port() < 65536
         True
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return quiet_ports(1)[0]
 
 
 def torchrun_command(

@@ -239,6 +239,8 @@ def test_make_prefers_the_venv_where_there_is_one(tmp_path):
     assert str(python3) not in done.stdout
     # The package is compiled once before the suite starts its many fresh Pythons.
     assert ".venv/bin/python -m compileall -q workshop" in done.stdout
+    # OpenMP's threads sleep between parallel regions, unless told otherwise.
+    assert "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}" in done.stdout
 
 
 def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_path):

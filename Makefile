@@ -106,8 +106,9 @@ COMPILE = $(RUN_PYTHON) -m compileall -q workshop > /dev/null 2>&1 || true
 # OpenMP's threads, by default, spin for a while after each parallel region waiting
 # for the next; on a full machine that spinning takes CPU from the others' work
 # (docs/benchmarks.md: a part of the suite used 506 CPU-seconds spinning, 369
-# passive). PASSIVE makes them sleep instead. It changes no result: the numbers depend on how many threads, not on how
-# they wait. An OMP_WAIT_POLICY already set is kept.
+# passive). PASSIVE makes them sleep instead. It changes no result: the numbers
+# depend on how many threads, not on how they wait. An OMP_WAIT_POLICY already set
+# is kept.
 WAIT_POLICY = export OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE}
 
 # $(1): the pytest command line; exit code 5 (nothing collected) is a failure.

@@ -171,6 +171,82 @@ def test_no_import_cycle_between_wings():
     assert order[0] == "comm" and order[-1] == "machine"  # sources sits beside comm
 
 
+def module_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The circles among modules: each group of modules that reach one another
+    through imports (Tarjan's strongly connected components), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(imports.get(module, ())):
+            if target not in imports:
+                continue
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1 or module in imports.get(module, ()):
+                found.append(sorted(group))
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def test_no_import_cycle_between_modules():
+    # A module that must import back from the one that imports it was split at the
+    # wrong place: what both need belongs in a third module below them.
+    assert module_cycles(IMPORTS) == []
+
+
+def test_the_cycle_check_finds_a_circle_through_a_lazy_import():
+    fake = {
+        "ranks.a": imported_modules("from .b import x\n", "ranks.a", False),
+        "ranks.b": imported_modules(
+            "def f():\n    from .c import y\n", "ranks.b", False
+        ),
+        "ranks.c": imported_modules(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from .a import z\n",
+            "ranks.c",
+            False,
+        ),
+        "ranks.d": imported_modules("from .a import x\n", "ranks.d", False),
+    }
+    assert module_cycles(fake) == [["ranks.a", "ranks.b", "ranks.c"]]
+
+
+def test_every_import_comes_before_the_code():
+    # An import at the bottom of a file (after its functions) is how a circle is
+    # usually hidden; none is needed.
+    late = []
+    for path in MODULES.values():
+        tree = ast.parse(path.read_text())
+        code = [
+            node.lineno
+            for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
+        late += [
+            f"workshop/{path.relative_to(PACKAGE)}:{node.lineno}"
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and code
+            and node.lineno > code[0]
+        ]
+    assert late == []
+
+
 def test_draw_never_starts_ranks_nor_imports_torch_distributed():
     # Everything draw reaches, through the package's own modules: a picture can be
     # redrawn from a saved file on a machine where torch.distributed is unusable.

@@ -145,15 +145,16 @@ from .parallel.layout import (
     NETWORKS,
     Layout,
     ModelShape,
-    build_transformer,
     model_shape,
 )
-from .parallel.layout_estimate import best_layouts, estimate
+from .parallel.layout_estimate import estimate
 from .parallel.layout_measured import (
     layout_machine,
     measure_layout,
     measured_against_estimate,
 )
+from .parallel.layout_modules import build_transformer
+from .parallel.layout_search import best_layouts
 from .parallel.param_server import (
     allreduce_baseline,
     async_parameter_server,

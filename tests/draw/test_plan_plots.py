@@ -28,7 +28,8 @@ from workshop.draw.plan_plots import (
 )
 from workshop.draw.plots import COLOURS
 from workshop.draw.projector import MIN_LABEL_PX, projector_fit
-from workshop.parallel.layout import GPUS, NETWORKS, Estimate, Layout, model_shape
+from workshop.parallel.layout import GPUS, NETWORKS, Layout, model_shape
+from workshop.parallel.layout_estimate import Estimate
 
 GB = 1e9
 

@@ -19,7 +19,9 @@ from workshop.lessons.exercises import judge
 from workshop.lessons.exercises_plan import FIT, TP_NODES, best_fit, tp_nodes_ratio
 from workshop.lessons.planner import plan, plan_table, split_gpus
 from workshop.lessons.planner_widget import Planner
-from workshop.parallel.layout import GPUS, MODELS, NETWORKS, Estimate, Layout
+from workshop.parallel.fake_compare import compare
+from workshop.parallel.layout import GPUS, MODELS, NETWORKS, Layout
+from workshop.parallel.layout_estimate import Estimate
 
 ipywidgets = pytest.importorskip("ipywidgets")
 
@@ -101,7 +103,7 @@ def test_plan_prints_the_estimators_table_and_draws_it(capsys, monkeypatch):
 
 
 def test_plan_of_several_layouts_prints_a_line_each_and_draws_them(capsys, monkeypatch):
-    from workshop.parallel.layout_estimate import table
+    from workshop.parallel.layout_search import table
 
     shown = []
     monkeypatch.setattr(planner, "_show_figure", shown.append)
@@ -146,7 +148,6 @@ def test_the_widgets_replan_on_a_change_and_show_why_a_layout_fails():
 
 
 def test_the_fake_backend_button_prints_the_comparison():
-    compare = planner_widget._compare()
     p = planner_widget.planner(
         model="tiny", nodes=2, gpus_per_node=4, tp=2, pp=1, checkpointing="none"
     )

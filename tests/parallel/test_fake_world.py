@@ -16,7 +16,8 @@ import torch
 from workshop.parallel import fake_record, fake_world
 from workshop.parallel.fake_compare import Row, compare
 from workshop.parallel.fake_world import FakeReport, fake_features, fake_run, fake_runs
-from workshop.parallel.layout import GPUS, NETWORKS, Estimate, Layout, model_shape
+from workshop.parallel.layout import GPUS, NETWORKS, Layout, model_shape
+from workshop.parallel.layout_estimate import Estimate
 
 pytestmark = pytest.mark.skipif(
     fake_features()["missing"] is not None, reason="this torch lacks the fake world"

@@ -24,19 +24,17 @@ from workshop.parallel.layout import (
     NETWORKS,
     Layout,
     ModelShape,
-    build_transformer,
 )
 from workshop.parallel.layout_estimate import (
     activation_bytes,
-    best_layouts,
-    describe,
     estimate,
     layer_activation_bytes,
     ring_time,
     saved_tensor_bytes,
     stage_parameters,
-    table,
 )
+from workshop.parallel.layout_modules import build_transformer
+from workshop.parallel.layout_search import best_layouts, describe, table
 from workshop.parallel.zero_memory import zero_bytes
 
 H100, NET = GPUS["H100 80GB"], NETWORKS["NVLink 4 + NDR 400G"]

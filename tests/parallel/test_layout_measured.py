@@ -9,13 +9,14 @@ import pytest
 
 from workshop import launch
 from workshop.env import visible_gpu_count
-from workshop.parallel.layout import MODELS, Layout, build_transformer
+from workshop.parallel.layout import MODELS, Layout
 from workshop.parallel.layout_estimate import estimate
 from workshop.parallel.layout_measured import (
     layout_machine,
     measure_layout,
     measured_against_estimate,
 )
+from workshop.parallel.layout_modules import build_transformer
 from workshop.parallel.zero_memory import _fully_shard
 
 TINY = MODELS["tiny"]

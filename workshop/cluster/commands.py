@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..env import slurm_allocation, usable_cores
+from .arguments import check_count, check_script
 from .gpu_split import split_for
 from .ports import quiet_ports
 from .run import check_program, failure_message, run_all, timeout_message
+from .srun import srun_command
 
 __all__ = [
     "CommandError",
@@ -85,10 +87,10 @@ def torchrun_command(
         >>> torchrun_command("slurm/train_ddp.py", "--epochs", 1, nproc_per_node=2)[1:]
         ['--standalone', '--nproc_per_node=2', 'slurm/train_ddp.py', '--epochs', '1']
     """
-    _check_count("nproc_per_node", nproc_per_node, 1, "nproc_per_node=2")
-    _check_count("nnodes", nnodes, 1, "nnodes=2")
-    _check_count("max_restarts", max_restarts, 0, "max_restarts=1")
-    _check_script(script)
+    check_count("nproc_per_node", nproc_per_node, 1, "nproc_per_node=2")
+    check_count("nnodes", nnodes, 1, "nnodes=2")
+    check_count("max_restarts", max_restarts, 0, "max_restarts=1")
+    check_script(script)
     if nnodes > 1 and rdzv_endpoint is None:
         raise ValueError(
             f"nnodes={nnodes} needs rdzv_endpoint='host:port', where the torchrun of "
@@ -158,7 +160,7 @@ def mpirun_command(
         >>> mpirun_command("slurm/train_ddp.py", np=2, master_port=29400)[:3]
         ['mpirun', '-np', '2']
     """
-    _check_count("np", np, 1, "np=2")
+    check_count("np", np, 1, "np=2")
     if master_port is not None and (
         isinstance(master_port, bool)
         or not isinstance(master_port, int)
@@ -174,7 +176,7 @@ def mpirun_command(
             f"{_listed(options)}"
         )
     check_program("mpirun", os.environ.get("PATH"))
-    _check_script(script)
+    check_script(script)
     words = ["mpirun", "-np", str(np)]
     if np > usable_cores():  # inside a Slurm job: the job's cores on this node
         words.append("--oversubscribe")  # more ranks than cores: allowed, but slower
@@ -387,25 +389,3 @@ def _words(command: object, what: str) -> list[str]:
             f"got {command!r}"
         )
     return [str(word) for word in command]
-
-
-def _check_count(name: str, value: object, least: int, example: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(
-            f"{name} must be a whole number, {least} or more; got {value!r}. "
-            f"Pass {example}, for example"
-        )
-
-
-def _check_script(script: str | os.PathLike) -> None:
-    if not Path(script).is_file():
-        raise FileNotFoundError(
-            f"script {os.fspath(script)!r} not found; relative paths start from the "
-            f"current folder, {os.getcwd()}. Pass the script's path from there, or "
-            "an absolute path"
-        )
-
-
-# Last: srun.py uses this module's checks. Re-exported beside torchrun_command and
-# mpirun_command, the other launchers' lines.
-from .srun import srun_command  # noqa: E402

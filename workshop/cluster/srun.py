@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 
 from ..env import slurm_allocation
-from .commands import _check_count, _check_script
+from .arguments import check_count, check_script
 from .run import check_program
 
 __all__ = ["srun_command"]
@@ -66,13 +66,13 @@ def srun_command(
         ...              environ={"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0"})[:3]
         ['srun', '--overlap', '--ntasks=2']
     """
-    _check_count("ntasks", ntasks, 1, "ntasks=2")
+    check_count("ntasks", ntasks, 1, "ntasks=2")
     for name, value in (("nodes", nodes), ("cpus_per_task", cpus_per_task)):
         if value is not None:
-            _check_count(name, value, 1, f"{name}=1")
+            check_count(name, value, 1, f"{name}=1")
     env = os.environ if environ is None else environ
     check_program("srun", env.get("PATH"))
-    _check_script(script)
+    check_script(script)
     words = ["srun"]
     if slurm_allocation(env).in_step:
         words.append("--overlap")  # share what the kernel's own step holds

@@ -7,80 +7,21 @@ exercise on pipeline bubbles), so the answers are tested with the package.
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..comm.costmodel import bus_factor, ring_allreduce_time
+from .exercises_cluster import CLUSTER_EXERCISES
+from .exercises_plan import PLAN_EXERCISES
+from .judges import Exercise, close, first_wrong_case
 
 __all__ = ["EXERCISES", "check", "judge"]
 
 
-@dataclass(frozen=True)
-class Exercise:
-    """An exercise: how to judge an answer, and a hint for a wrong one."""
-
-    question: str
-    # True when right; False, or a line saying what was wrong, when not.
-    judge: Callable[[Any], bool | str]
-    hint: str
-
-
-def _close(expected: float, tolerance: float = 0.01) -> Callable[[Any], bool]:
-    def judge(answer: Any) -> bool:
-        return isinstance(answer, (int, float)) and math.isclose(
-            answer, expected, rel_tol=tolerance, abs_tol=tolerance / 100
-        )
-
-    return judge
-
-
-def _first_wrong_case(
-    answer: Any,
-    name: str,
-    cases: list[tuple[Any, ...]],
-    expected: Callable[..., Any],
-    same: Callable[[Any, Any], bool] | None = None,
-) -> bool | str:
-    """True when ``answer(*case)`` agrees with ``expected(*case)`` for every case;
-    otherwise a line showing the first case that does not, the learner's value beside
-    the right one: what a unit test would show, so a wrong function can be debugged."""
-    if not callable(answer):
-        return (
-            f"{name} should be a function, but it is {type(answer).__name__} {answer!r}"
-        )
-    same = same or (
-        lambda got, want: (
-            isinstance(got, (int, float))
-            and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-15)
-        )
-    )
-    for case in cases:
-        got, want = answer(*case), expected(*case)
-        if not same(got, want):
-            args = ", ".join(_show(v) for v in case)
-            return f"{name}({args}) returned {_show(got)}; it should be {_show(want)}"
-    return True
-
-
-def _show(value: Any) -> str:
-    # 4000.0 as 4000 and 5e-06 as 5e-06: whole numbers without ".0", others in %g.
-    if isinstance(value, float):
-        return (
-            str(int(value))
-            if value.is_integer() and abs(value) < 1e15
-            else f"{value:.6g}"
-        )
-    return repr(value)
-
-
 def _bubble_function(answer: Any) -> bool | str:
     cases = [(1, 1), (2, 1), (2, 4), (4, 8), (8, 32), (3, 3)]
-    return _first_wrong_case(
-        answer, "bubble", cases, lambda s, m: (s - 1) / (m + s - 1)
-    )
+    return first_wrong_case(answer, "bubble", cases, lambda s, m: (s - 1) / (m + s - 1))
 
 
 def _matches_all_reduce(ring: Callable[[Any], Any], n_elements: int) -> bool | str:
@@ -147,7 +88,7 @@ def _bytes_function(answer: Any) -> bool | str:
         (10, 2, 1),
         (7, 4, 3),
     ]
-    return _first_wrong_case(
+    return first_wrong_case(
         answer, "ring_bytes", cases, lambda p, b, n: bus_factor(n) * p * b
     )
 
@@ -184,7 +125,7 @@ def _resume_function(answer: Any) -> bool:
 
 def _placement_function(answer: Any) -> bool | str:
     cases = [(0, 4), (3, 4), (4, 4), (7, 4), (13, 8), (5, 1), (0, 1), (11, 2)]
-    return _first_wrong_case(
+    return first_wrong_case(
         answer,
         "placement",
         cases,
@@ -201,7 +142,7 @@ def _ring_time_function(answer: Any) -> bool | str:
         (1e9, 8, 0.0, 25e9),
         (1000, 1, 1e-6, 1e9),
     ]
-    return _first_wrong_case(answer, "ring_time", cases, ring_allreduce_time)
+    return first_wrong_case(answer, "ring_time", cases, ring_allreduce_time)
 
 
 def _matches_row_split(
@@ -244,7 +185,7 @@ def _row_split_function(answer: Any) -> bool | str:
 
 def _server_bytes_function(answer: Any) -> bool | str:
     cases = [(8, 4e6), (2, 1000), (1, 4), (64, 25_557_032 * 4)]
-    return _first_wrong_case(answer, "server_bytes", cases, lambda w, b: 2 * w * b)
+    return first_wrong_case(answer, "server_bytes", cases, lambda w, b: 2 * w * b)
 
 
 EXERCISES: dict[str, Exercise] = {
@@ -319,24 +260,20 @@ EXERCISES: dict[str, Exercise] = {
     ),
     "04.bubble": Exercise(
         "the idle fraction of a GPipe pipeline of 4 stages and 8 micro-batches",
-        _close(3 / 11),
+        close(3 / 11),
         "(stages - 1) / (micro_batches + stages - 1)",
     ),
     "01.speedup": Exercise(
         "speed-up of 4 GPUs over 1 for a step of 6 ms fixed cost plus 2 ms of "
         "per-sample work, the batch split 4 ways",
-        _close(8 / 6.5),
+        close(8 / 6.5),
         "only the per-sample part shrinks: 2 ms becomes 0.5 ms; the 6 ms stay",
     ),
 }
 
-# Notebook 05's exercises live in a module of their own.
-from .exercises_cluster import CLUSTER_EXERCISES  # noqa: E402
-
+# Notebook 05's exercises live in a module of their own,
 EXERCISES.update((name, Exercise(*spec)) for name, spec in CLUSTER_EXERCISES.items())
-# So do notebook 04's planner exercises (section 8).
-from .exercises_plan import PLAN_EXERCISES  # noqa: E402
-
+# and so do notebook 04's planner exercises (section 8).
 EXERCISES.update((name, Exercise(*spec)) for name, spec in PLAN_EXERCISES.items())
 
 

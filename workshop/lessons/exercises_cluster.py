@@ -3,8 +3,8 @@
 ``workshop.check("05.purge", answer)`` like the others.
 
 Each entry is (what the exercise wants, its judge, a hint): the fields of
-:class:`workshop.lessons.exercises.Exercise`. This module imports nothing of
-``exercises`` at import time, so ``exercises`` can import it.
+:class:`workshop.lessons.judges.Exercise`; its function judges are
+:func:`~workshop.lessons.judges.first_wrong_case`, as the other notebooks' are.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from ..comm.costmodel import bus_factor
 from ..training.profiler_schedule import recorded_steps
+from .judges import first_wrong_case
 
 __all__ = ["CLUSTER_EXERCISES", "FILE_SYSTEMS", "WHERE_ITEMS"]
 
@@ -26,8 +27,6 @@ def _purge_expected(mtimes: dict[str, float], now: float, days: float) -> list[s
 
 
 def _purge_function(answer: Any) -> bool | str:
-    from .exercises import _first_wrong_case
-
     now = 1_800_000_000.0
     cases = [
         ({"a.log": now - 90 * DAY, "b.log": now - DAY}, now, 60),
@@ -41,7 +40,7 @@ def _purge_function(answer: Any) -> bool | str:
     def same(got: Any, want: list[str]) -> bool:
         return isinstance(got, (list, tuple, set)) and sorted(got) == want
 
-    return _first_wrong_case(answer, "to_purge", cases, _purge_expected, same)
+    return first_wrong_case(answer, "to_purge", cases, _purge_expected, same)
 
 
 def _counters_expected(
@@ -53,8 +52,6 @@ def _counters_expected(
 
 
 def _counters_function(answer: Any) -> bool | str:
-    from .exercises import _first_wrong_case
-
     cases = [
         (1_000, 32_001_000, 2, 16e6),
         (5_000, 96_005_000, 4, 16e6),
@@ -72,7 +69,7 @@ def _counters_function(answer: Any) -> bool | str:
             )
         )
 
-    return _first_wrong_case(answer, "per_rank", cases, _counters_expected, same)
+    return first_wrong_case(answer, "per_rank", cases, _counters_expected, same)
 
 
 def _schedule_expected(
@@ -82,8 +79,6 @@ def _schedule_expected(
 
 
 def _schedule_function(answer: Any) -> bool | str:
-    from .exercises import _first_wrong_case
-
     cases = [
         (12, 1, 1, 3, 2),
         (12, 1, 1, 3, 0),
@@ -96,7 +91,7 @@ def _schedule_function(answer: Any) -> bool | str:
     def same(got: Any, want: list[int]) -> bool:
         return isinstance(got, (list, tuple)) and list(got) == want
 
-    return _first_wrong_case(answer, "recorded", cases, _schedule_expected, same)
+    return first_wrong_case(answer, "recorded", cases, _schedule_expected, same)
 
 
 #: The file systems a learner may name in "05.where", and the items to place.

@@ -3,7 +3,7 @@
 ``workshop.check("04.fit8b", answer)`` like the others.
 
 Each entry is (what the exercise wants, its judge, a hint): the fields of
-:class:`workshop.lessons.exercises.Exercise`. The judges ask the estimator
+:class:`workshop.lessons.judges.Exercise`. The judges ask the estimator
 (:mod:`workshop.parallel.layout_estimate`) when they run, not at import, so that
 ``exercises`` can import this module cheaply and the right answers are always the
 estimator's own.
@@ -54,8 +54,8 @@ BUBBLE = {"stages": 4, "under": 0.10}
 
 def best_fit() -> Any:
     """The estimator's best layout for 04.fit8b: an
-    :class:`~workshop.parallel.layout.Estimate` (the fastest that fits)."""
-    from ..parallel.layout_estimate import best_layouts
+    :class:`~workshop.parallel.layout_estimate.Estimate` (the fastest that fits)."""
+    from ..parallel.layout_search import best_layouts
 
     ranked = best_layouts(
         model_shape(FIT["model"]),

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..parallel.layout import Estimate, Layout, check_counts, model_shape
+from ..parallel.layout import Layout, check_counts, model_shape
+from ..parallel.layout_estimate import Estimate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -177,7 +178,7 @@ def plan(
     """Estimate a layout, print its table and draw it: the planner without widgets.
 
     Given several layouts, prints one line for each (the estimator's
-    :func:`~workshop.parallel.layout_estimate.table`) and draws them side by side.
+    :func:`~workshop.parallel.layout_search.table`) and draws them side by side.
 
     Args:
         model: a name of :data:`~workshop.parallel.layout.MODELS`
@@ -195,7 +196,7 @@ def plan(
             notebook.
 
     Returns:
-        The :class:`~workshop.parallel.layout.Estimate`, or a list of them.
+        The :class:`~workshop.parallel.layout_estimate.Estimate`, or a list of them.
 
     Raises:
         ValueError: an unknown model, GPU or network, or a layout the model cannot
@@ -217,7 +218,7 @@ def plan(
         raise ValueError(
             f"layout={layout!r}: give a Layout, or a list of Layouts to compare"
         )
-    from ..parallel.layout_estimate import table
+    from ..parallel.layout_search import table
 
     found = [_estimate(model, one, gpu, network, gpus_per_node, mfu) for one in layout]
     first = found[0]

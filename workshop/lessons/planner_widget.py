@@ -15,7 +15,8 @@ import io
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..parallel.layout import GPUS, MODELS, NETWORKS, Estimate, Layout, model_shape
+from ..parallel.layout import GPUS, MODELS, NETWORKS, Layout, model_shape
+from ..parallel.layout_estimate import Estimate
 from .planner import (
     DEFAULT_GPU,
     DEFAULT_NETWORK,
@@ -65,7 +66,7 @@ class Planner:
         plot_out: the ``Output`` with the table and the picture, or the message
             saying why the layout cannot be planned.
         fake_out: the ``Output`` with the fake-backend comparison.
-        estimate: the current :class:`~workshop.parallel.layout.Estimate`, None
+        estimate: the current :class:`~workshop.parallel.layout_estimate.Estimate`, None
             while the inputs make no layout.
         message: why there is no estimate ("" when there is one).
         report: the last fake-backend report, None before the button is pressed.
@@ -136,9 +137,8 @@ class Planner:
         if self.estimate is None:
             self.fake_out.outputs = (_stream(f"Nothing to run: {self.message}"),)
             return
+        from ..parallel.fake_compare import compare
         from ..parallel.fake_world import fake_run
-
-        compare = _compare()
 
         rank = self.controls["rank"].value
         est = self.estimate
@@ -196,15 +196,6 @@ class Planner:
         if self._png:
             bundle["image/png"] = base64.b64encode(self._png).decode("ascii")
         return bundle
-
-
-def _compare() -> Any:
-    """The fake-world check's ``compare(estimate, report)``, wherever it lives."""
-    try:
-        from ..parallel.fake_compare import compare
-    except ImportError:
-        from ..parallel.fake_world import compare
-    return compare
 
 
 def planner(

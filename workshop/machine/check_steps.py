@@ -1,10 +1,11 @@
 """The steps of the node check (:mod:`workshop.machine.check_node`).
 
 Each step is a function of the check's settings that returns a
-:class:`~workshop.machine.check_node.StepResult`. A step that needs a process of its own
-(a launch, the NCCL run, a notebook) runs a probe of ``check_probes.py`` in one. Every
-command runs under the keeper of :func:`workshop.cluster.commands.run_command`: at its
-timeout, on Ctrl-C, or when this process dies, its whole process tree is stopped.
+:class:`~workshop.machine.check_results.StepResult`. A step that needs a process of
+its own (a launch, the NCCL run, a notebook) runs a probe of ``check_probes.py`` in
+one. Every command runs under the keeper of
+:func:`workshop.cluster.commands.run_command`: at its timeout, on Ctrl-C, or when
+this process dies, its whole process tree is stopped.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, TextIO
 
-from .check_node import FAILED, PASS, SKIPPED, StepResult, TrainSettings
 from .check_probes import ANSWER
+from .check_results import FAILED, PASS, SKIPPED, StepResult, TrainSettings
 
 START_PATHS = ("fork", "server", "spawn")
 NCCL_BYTES = 256 * 2**20

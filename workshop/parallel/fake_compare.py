@@ -1,7 +1,7 @@
 """The estimate beside the framework: formula against fake-backend measurement.
 
-:func:`compare` puts an :class:`~workshop.parallel.layout.Estimate` (the estimator's
-formulas, :mod:`workshop.parallel.layout_estimate`) next to a
+:func:`compare` puts an :class:`~workshop.parallel.layout_estimate.Estimate` (the
+estimator's formulas, :mod:`workshop.parallel.layout_estimate`) next to a
 :class:`~workshop.parallel.fake_world.FakeReport` (what FSDP2, DTensor and DDP
 really held and sent on one rank of the fake world), term by term, and says why each
 term that differs by more than the tolerance differs: padding, a dtype the framework
@@ -22,7 +22,8 @@ import textwrap
 from dataclasses import dataclass
 
 from .fake_world import FakeReport
-from .layout import Estimate, Layout
+from .layout import Layout
+from .layout_estimate import Estimate
 
 __all__ = ["TOLERANCE", "Comparison", "Row", "compare"]
 

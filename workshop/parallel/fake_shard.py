@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .fake_record import _get
-from .layout import Layout, ModelShape, build_transformer
+from .layout import Layout, ModelShape
+from .layout_modules import build_transformer
 
 
 def tensor_parallel(model: nn.Module, mesh: Any, tied: bool, notes: list[str]) -> None:

@@ -6,7 +6,8 @@ the fake-backend check (:mod:`workshop.parallel.fake_world`) and the lesson's pl
 
 - :class:`ModelShape`: a decoder-only transformer by its layers, hidden size, heads,
   vocabulary and sequence length (its parameter count is a formula, and
-  :func:`build_transformer` builds the very module the formula counts), or any
+  :func:`~workshop.parallel.layout_modules.build_transformer` builds the very module
+  the formula counts), or any
   ``nn.Module`` by a builder (ResNet-50, the workshop's own models);
 - :class:`Layout`: the degrees of data, tensor and pipeline parallelism, the ZeRO stage
   (3 is FSDP), micro-batches, activation checkpointing and precision;
@@ -23,21 +24,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layout_hardware import GPU, GPUS, NETWORKS, Estimate, Network, pick
-from .layout_modules import Block, Transformer, build_transformer
+from .layout_hardware import GPU, GPUS, NETWORKS, Network, pick
 
 __all__ = [
     "GPU",
     "GPUS",
     "MODELS",
     "NETWORKS",
-    "Block",
-    "Estimate",
     "Layout",
     "ModelShape",
     "Network",
-    "Transformer",
-    "build_transformer",
     "check_counts",
     "model_shape",
 ]

@@ -2,15 +2,13 @@
 
 :func:`estimate` takes a model (:class:`~workshop.parallel.layout.ModelShape` or its
 name), a :class:`~workshop.parallel.layout.Layout`, a GPU and a network, and returns an
-:class:`~workshop.parallel.layout.Estimate`: every figure in it is a formula, written
-with its derivation in :mod:`workshop.parallel.layout_memory` (parameters, gradients,
-optimizer state, activations, buffers) and :mod:`workshop.parallel.layout_time`
-(compute, communication, the pipeline bubble), and summed up with its source in
-:data:`FORMULAS`; ``Estimate.formulas`` repeats each with its numbers.
-:func:`best_layouts` tries every layout of a number of GPUs and ranks those that fit;
-:func:`describe` and :func:`table` print estimates in 88 columns
-(:mod:`workshop.parallel.layout_search`). The names of both modules are re-exported
-here, so that ``from workshop.parallel.layout_estimate import ...`` finds them all.
+:class:`Estimate`: every figure in it is a formula, written with its derivation in
+:mod:`workshop.parallel.layout_memory` (parameters, gradients, optimizer state,
+activations, buffers) and :mod:`workshop.parallel.layout_time` (compute, communication,
+the pipeline bubble), and summed up with its source in :data:`FORMULAS`;
+``Estimate.formulas`` repeats each with its numbers. Searching layouts with it and
+printing its estimates are in :mod:`workshop.parallel.layout_search`
+(:func:`best_layouts`, :func:`describe`, :func:`table`), which imports this module.
 
 Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
 V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
@@ -19,9 +17,10 @@ t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .layout import (
     GPU,
-    Estimate,
     Layout,
     ModelShape,
     Network,
@@ -35,7 +34,6 @@ from .layout_memory import (
     saved_tensor_bytes,
     stage_parameters,
 )
-from .layout_search import best_layouts, describe, table
 from .layout_time import (
     DEFAULT_MFU,
     MEASURED,
@@ -51,9 +49,8 @@ __all__ = [
     "FORMULAS",
     "MEASURED",
     "MFU_SOURCE",
+    "Estimate",
     "activation_bytes",
-    "best_layouts",
-    "describe",
     "estimate",
     "gpu_record",
     "layer_activation_bytes",
@@ -61,8 +58,47 @@ __all__ = [
     "ring_time",
     "saved_tensor_bytes",
     "stage_parameters",
-    "table",
 ]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the estimator says of one layout, per GPU; every figure is a formula's.
+
+    ``memory``: bytes one GPU holds at its peak, by term: "parameters",
+    "gradients", "optimizer", "activations", "buffers" (communication buffers and
+    the unsharded copies FSDP gathers).
+    ``time``: seconds of one step, by term: "compute", "dp comm", "tp comm",
+    "pp comm", "bubble" (communication that overlaps compute is still listed, with
+    the overlap said in ``formulas``; ``step`` adds what does not overlap).
+    ``collectives``: per step, ``{"all_gather dp": (count, bytes), ...}``: how many
+    calls of each collective on each mesh dimension, and the bytes of the full
+    tensors they carry (an all-gather's output, a reduce-scatter's input, an
+    all-reduce's tensor), summed: what CommDebugMode and a trace can count.
+    ``formulas``: for each term, the formula in words and its source.
+    """
+
+    model: ModelShape
+    layout: Layout
+    gpu: GPU
+    network: Network
+    gpus_per_node: int
+    memory: dict[str, float]
+    time: dict[str, float]
+    collectives: dict[str, tuple[int, float]]
+    formulas: dict[str, str]
+    step: float
+
+    @property
+    def memory_total(self) -> float:
+        """Bytes per GPU, all terms."""
+        return sum(self.memory.values())
+
+    @property
+    def fits(self) -> bool:
+        """Whether the memory per GPU is within the GPU's memory."""
+        return self.memory_total <= self.gpu.memory_bytes
+
 
 _SOURCES = {
     "zero": "Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion "
@@ -188,7 +224,7 @@ def estimate(
             needs more memory).
 
     Returns:
-        The :class:`~workshop.parallel.layout.Estimate`.
+        The :class:`~workshop.parallel.layout_estimate.Estimate`.
 
     Raises:
         ValueError: an unknown model, GPU or network; a layout that cannot split the

@@ -1,18 +1,16 @@
 """The hardware a layout planner plans for: a GPU, the links of a node and a network,
-each with its vendor's published figures, and the record of an estimate.
+each with its vendor's published figures.
 
-Split from :mod:`workshop.parallel.layout`, which re-exports every name here.
+:mod:`workshop.parallel.layout` re-exports every name here beside the model and the
+layout records.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .layout import Layout, ModelShape
-
-__all__ = ["GPU", "GPUS", "NETWORKS", "Estimate", "Network", "pick"]
+__all__ = ["GPU", "GPUS", "NETWORKS", "Network", "pick"]
 
 
 @dataclass(frozen=True)
@@ -45,45 +43,6 @@ class Network:
     alpha_intra: float
     alpha_inter: float
     source: str
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """What the estimator says of one layout, per GPU; every figure is a formula's.
-
-    ``memory``: bytes one GPU holds at its peak, by term: "parameters",
-    "gradients", "optimizer", "activations", "buffers" (communication buffers and
-    the unsharded copies FSDP gathers).
-    ``time``: seconds of one step, by term: "compute", "dp comm", "tp comm",
-    "pp comm", "bubble" (communication that overlaps compute is still listed, with
-    the overlap said in ``formulas``; ``step`` adds what does not overlap).
-    ``collectives``: per step, ``{"all_gather dp": (count, bytes), ...}``: how many
-    calls of each collective on each mesh dimension, and the bytes of the full
-    tensors they carry (an all-gather's output, a reduce-scatter's input, an
-    all-reduce's tensor), summed: what CommDebugMode and a trace can count.
-    ``formulas``: for each term, the formula in words and its source.
-    """
-
-    model: ModelShape
-    layout: Layout
-    gpu: GPU
-    network: Network
-    gpus_per_node: int
-    memory: dict[str, float]
-    time: dict[str, float]
-    collectives: dict[str, tuple[int, float]]
-    formulas: dict[str, str]
-    step: float
-
-    @property
-    def memory_total(self) -> float:
-        """Bytes per GPU, all terms."""
-        return sum(self.memory.values())
-
-    @property
-    def fits(self) -> bool:
-        """Whether the memory per GPU is within the GPU's memory."""
-        return self.memory_total <= self.gpu.memory_bytes
 
 
 _NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"

@@ -1,11 +1,11 @@
 """The planner's estimate against a real run: 2 to 4 ranks train the same transformer.
 
 :func:`measure_layout` runs on every rank of a :func:`workshop.launch` (gloo on CPUs,
-NCCL on GPUs). It builds the planner's transformer (:func:`~workshop.parallel.layout.
-build_transformer`), splits it as a :class:`~workshop.parallel.layout.Layout` says
-with PyTorch's own tools (DDP for ``zero=0``; FSDP2's ``fully_shard`` for ``zero=3``;
-DTensor tensor parallelism on a ``(dp, tp)`` device mesh), trains a few Adam steps
-and measures:
+NCCL on GPUs). It builds the planner's transformer
+(:func:`~workshop.parallel.layout_modules.build_transformer`), splits it as a
+:class:`~workshop.parallel.layout.Layout` says with PyTorch's own tools (DDP for
+``zero=0``; FSDP2's ``fully_shard`` for ``zero=3``; DTensor tensor parallelism on a
+``(dp, tp)`` device mesh), trains a few Adam steps and measures:
 
 - the bytes each rank holds: parameters, gradients, optimizer state (each storage
   once, a sharded tensor by its local shard), and the activations one forward pass
@@ -37,10 +37,10 @@ from .layout import (
     GPU,
     Layout,
     Network,
-    build_transformer,
     check_counts,
     model_shape,
 )
+from .layout_modules import build_transformer
 from .zero_memory import _fully_shard, held_bytes
 
 __all__ = ["layout_machine", "measure_layout", "measured_against_estimate"]

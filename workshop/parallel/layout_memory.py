@@ -32,8 +32,8 @@ Memory per GPU (bytes)
   bf16 parameters from the forward to the backward pass: 2 Ψ + 16 Ψ / N at its peak,
   against the paper's 2 Ψ + 14 Ψ / N. The totals are close; the terms differ.
 - activations: the bytes autograd saves for the backward pass, counted for this
-  package's own block (:class:`~workshop.parallel.layout.Block`: RMSNorm written out,
-  grouped-query attention through ``repeat_interleave`` and a fused SDPA kernel,
+  package's own block (:class:`~workshop.parallel.layout_modules.Block`: RMSNorm written
+  out, grouped-query attention through ``repeat_interleave`` and a fused SDPA kernel,
   SwiGLU or GELU), in the way of Korthikanti et al. 2022 (section 4), per layer::
 
       e s b (6 h + 2)  +  [e s b (4 h + k f) + 4 s b a] / t      k = 4 SwiGLU, 2 GELU
@@ -131,8 +131,8 @@ def stage_parameters(
     tensor parallelism: ``L/pp`` blocks (matrices split over ``tp``, RMSNorm weights
     whole), the embedding on the first stage, the final norm and head on the last.
 
-    With ``tp=1`` this is what :func:`~workshop.parallel.layout.build_transformer`
-    builds for that stage.
+    With ``tp=1`` this is what
+    :func:`~workshop.parallel.layout_modules.build_transformer` builds for that stage.
 
     Raises:
         ValueError: a module, or a layout that cannot split the model (via
@@ -163,8 +163,8 @@ def layer_activation_bytes(
 
         e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t     (k = 4 SwiGLU, 2 GELU)
 
-    derived for :class:`~workshop.parallel.layout.Block` as Korthikanti et al. (2022,
-    section 4) derive theirs; see the module docstring for each term.
+    derived for :class:`~workshop.parallel.layout_modules.Block` as Korthikanti et
+    al. (2022, section 4) derive theirs; see the module docstring for each term.
 
     Raises:
         ValueError: a module, a micro-batch or ``tp`` below 1, ``tp`` not dividing the

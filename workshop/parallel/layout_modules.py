@@ -1,7 +1,8 @@
 """The transformer a :class:`~workshop.parallel.layout.ModelShape` describes, as a
 real ``nn.Module``: the one the fake-backend check shards and the real run trains.
 
-Split from :mod:`workshop.parallel.layout`, which re-exports every name here.
+Its shapes come from :class:`~workshop.parallel.layout.ModelShape`; the estimator's
+activation formulas (:mod:`workshop.parallel.layout_memory`) count this very block.
 """
 
 from __future__ import annotations

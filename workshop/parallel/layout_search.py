@@ -1,6 +1,6 @@
 """Reading estimates and searching layouts: :func:`describe` and :func:`table` print
-:class:`~workshop.parallel.layout.Estimate` records in 88 columns, :func:`best_layouts`
-tries every layout of a number of GPUs with
+:class:`~workshop.parallel.layout_estimate.Estimate` records in 88 columns, and
+:func:`best_layouts` tries every layout of a number of GPUs with
 :func:`~workshop.parallel.layout_estimate.estimate` and ranks those that fit.
 """
 
@@ -11,13 +11,13 @@ from collections.abc import Iterable, Sequence
 
 from .layout import (
     GPU,
-    Estimate,
     Layout,
     ModelShape,
     Network,
     check_counts,
     model_shape,
 )
+from .layout_estimate import Estimate, estimate
 from .layout_time import gpu_record, network_record
 
 __all__ = ["best_layouts", "describe", "table"]
@@ -152,9 +152,6 @@ def best_layouts(
         >>> best.fits, best.layout.world_size
         (True, 64)
     """
-    # Imported here: layout_estimate re-exports this module's names.
-    from .layout_estimate import estimate
-
     shape = model_shape(model)
     check_counts(
         "best_layouts",

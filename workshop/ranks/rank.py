@@ -22,6 +22,8 @@ from typing import Any
 
 import cloudpickle
 
+from .stacks import register_stack_dump
+
 _HEADER = struct.Struct("!Q")
 
 
@@ -244,8 +246,6 @@ def child_main(job: Job, result_fd: int) -> None:
     try:
         reset_signals()
         _take_launch_name()
-        from .stacks import register_stack_dump
-
         register_stack_dump()  # the launcher may ask where this rank is (SIGUSR1)
         code = _in_fresh_thread(run_rank, job, result_fd)
     except KeyboardInterrupt:

@@ -24,10 +24,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Iterable
-from typing import IO, TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from .start import RankHandle
+from typing import IO, NamedTuple, Protocol
 
 __all__ = [
     "STACK_FILE_VAR",
@@ -214,6 +211,17 @@ def format_frames(
     return lines
 
 
+class RunningRank(Protocol):
+    """What :meth:`StackDumps.collect` needs of a rank: its number, whether it still
+    runs, and a way to signal it alone (``start.RankHandle`` has all three)."""
+
+    rank: int
+
+    def poll(self) -> int | None: ...
+
+    def signal_rank(self, sig: int) -> None: ...
+
+
 class StackDumps:
     """The launcher's side: a private folder with one stack file per rank, the
     signal that fills them, and their removal."""
@@ -232,7 +240,7 @@ class StackDumps:
         except OSError:
             return -1
 
-    def collect(self, handles: Iterable[RankHandle], wait: float = 2.0) -> dict:
+    def collect(self, handles: Iterable[RunningRank], wait: float = 2.0) -> dict:
         """Ask every rank of ``handles`` still running for its stack, and wait at most
         ``wait`` seconds for the answers; returns (and keeps) rank -> dump text.
 

@@ -30,7 +30,8 @@ DOCS = ROOT / "docs"
 GUIDE = DOCS / "instructor.md"
 GLOSSARY = DOCS / "glossary.md"
 PORTAL = DOCS / "portal.md"
-PAGES = (GUIDE, GLOSSARY, PORTAL)
+ARCHITECTURE = DOCS / "architecture.md"
+PAGES = (GUIDE, GLOSSARY, PORTAL, ARCHITECTURE)
 
 # Terms the notebooks and the other docs link to: their anchors must exist.
 REQUIRED_TERMS = (

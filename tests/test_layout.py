@@ -8,11 +8,13 @@ lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workshop"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 # The modules at the top of workshop/ that every wing may read (allocation.py and
 # _cgroup.py: what the process may use, which env.py re-exports).
@@ -245,6 +247,18 @@ def test_every_import_comes_before_the_code():
             and node.lineno > code[0]
         ]
     assert late == []
+
+
+def test_docs_architecture_has_this_table_of_wings():
+    # docs/architecture.md is the page a maintainer reads; it must say what this
+    # test enforces: its rows "| `wing` | what it holds | `base`, `comm` |".
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ((?:`\w+`(?:, )?)+) \|$", text, re.M)
+    documented = {wing: set(re.findall(r"`(\w+)`", below)) for wing, below in rows}
+    assert documented == ALLOWED
+    # And its list of the bottom modules is BASE.
+    base = text.split("At the bottom, `base` is", 1)[1].split("\n\n", 1)[0]
+    assert set(re.findall(r"`(\w+)\.py`", base)) == BASE
 
 
 def test_draw_never_starts_ranks_nor_imports_torch_distributed():

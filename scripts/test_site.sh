@@ -2,7 +2,7 @@
 # Run every test and notebook as a GPU node without internet runs them, on this
 # machine: the node's python3 is a site's virtual environment with torch (2.11 on
 # Python 3.12), the workshop's other packages come from the wheelhouse installed with
-# pip --target (the README's "Offline install on a compute node", form (b)), and
+# pip --target (docs/install.md, "Offline install on a compute node", form (b)), and
 # nothing of what setup.sh installs on a workshop machine is there: no Open MPI, no
 # Slurm or munge, no shellcheck, no Chromium; no ssh either, no root, no network.
 #
@@ -202,7 +202,7 @@ install_target() {
         say "target: up to date ($target)"
         return
     fi
-    say "target: the wheelhouse into $target, as the README's form (b):"
+    say "target: the wheelhouse into $target, as docs/install.md's form (b):"
     local install=("$SITE/venv/bin/python" -m pip install --quiet --no-index
         --find-links "$WHEELHOUSE" --target "$target"
         -r "$WHEELHOUSE/requirements-offline.txt")

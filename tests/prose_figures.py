@@ -488,8 +488,8 @@ OUTSIDE = "from an outside source the text names"
 VERSION_NAMED = "a version of the software named beside it"
 RUN_TIME = "the time the command printed when its run ended; the file keeps none"
 NOT_FROM_OUTPUTS = {
-    ("README.md", "0.02"): "launch's bounded-output test (tests/ranks), not a cell",
-    ("README.md", "1,024"): "the world size 04 §8 plans for, not a result",
+    ("launching.md", "0.02"): "launch's bounded-output test (tests/ranks), not a cell",
+    ("notebooks.md", "1,024"): "the world size 04 §8 plans for, not a result",
     # notebook 01
     ("01", "1,797"): CONSTANT + ": scikit-learn's digits, 1,437 train + 360 test",
     ("01", "23.5"): DERIVED

@@ -31,7 +31,7 @@ from prose_figures import (
 
 TEXTS = prose_texts()
 FILES = sorted({t.name.split(" cell ")[0] for t in TEXTS})
-GUIDES = ["README.md", "instructor.md"]
+GUIDES = ["notebooks.md", "instructor.md"]
 
 
 def _of(name: str) -> list[Prose]:

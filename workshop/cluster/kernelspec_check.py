@@ -165,8 +165,8 @@ def check_kernel(folder: str | Path, timeout: float = TIMEOUT_S) -> KernelCheck:
                     raise KernelSpecError(
                         f"kernel {name} started, but 'import workshop, torch' failed: "
                         f"{failed.get('ename')}: {failed.get('evalue')}. HINT: install "
-                        "the workshop's requirements into that Python (README, 'On a "
-                        "cluster'), then run --check again"
+                        "the workshop's requirements into that Python "
+                        "(docs/cluster.md, 'On a cluster'), then run --check again"
                     )
             finally:
                 if client is not None:

@@ -270,13 +270,13 @@ def plan_kernel_spec(
         raise KernelSpecError(
             f"{shown} has no ipykernel, so it cannot run a Jupyter kernel. HINT: "
             f"{exe} -m pip install ipykernel, or install the workshop into a venv "
-            "on top of it (README, 'On a cluster')"
+            "on top of it (docs/cluster.md, 'On a cluster')"
         )
     if found["torch"] is None:
         raise KernelSpecError(
             f"{shown} has no torch. HINT: --module with the site's PyTorch module "
             "('module avail pytorch'), or --python/--venv of the environment that "
-            "has it (README, 'On a cluster')"
+            "has it (docs/cluster.md, 'On a cluster')"
         )
     workshop_file = found["workshop"]
     if workshop_file is None:

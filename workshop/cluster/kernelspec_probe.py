@@ -104,9 +104,9 @@ def or_with_shell_path(
     shell's ``PYTHONPATH`` supplies both, what it found with that, after putting it
     into ``env`` and saying so in ``notes``.
 
-    That is a ``pip install --target`` (README, "Offline install on a compute
-    node"): its packages are found through the shell's ``PYTHONPATH`` only, which
-    the server that starts the kernel may not have, so the spec carries it."""
+    That is a ``pip install --target`` (docs/install.md, "Offline install on a
+    compute node"): its packages are found through the shell's ``PYTHONPATH`` only,
+    which the server that starts the kernel may not have, so the spec carries it."""
     shell_path = _shell_pythonpath()
     if None not in (found["ipykernel"], found["torch"]) or not shell_path:
         return found

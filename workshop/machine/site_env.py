@@ -341,7 +341,7 @@ def apply(python: SitePython, venv: Path) -> SitePython:
         f"making {venv}",
         f"a Debian or Ubuntu system Python needs python3-venv. Remove {venv} before "
         "you try again, or take the form without a venv (pip install --target) in "
-        "the README.",
+        "docs/install.md.",
     )
     made = venv / "bin" / "python"
     asked = _run([str(made), __file__, "--json"], "asking it for torch", "see above")

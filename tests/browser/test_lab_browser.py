@@ -164,14 +164,31 @@ def _look_at(page: Page, notebook: str) -> dict:
           });
         });"""
     )
+    # The notebook draws only the cells near the view (a windowed list): the output
+    # area is measured on the first cell with outputs, scrolled into view first.
+    first = next(i for i, outputs in enumerate(cells) if outputs)
+    page.js_await("panel().content.scrollToItem(arguments[0], 'start')", first)
+    wait_until(
+        f"{notebook}: the outputs of cell {first} drawn",
+        lambda: page.js(
+            """const o = cellAt(arguments[0]).outputArea.node
+              .querySelector('.jp-OutputArea-output');
+            return !!o && o.isConnected && o.clientWidth > 0;""",
+            first,
+        ),
+        timeout=30,
+        poll=0.1,
+    )
     area = page.js(
         """const outer = panel().node.querySelector('.jp-WindowedPanel-outer');
-        const output = panel().node.querySelector('.jp-OutputArea-output');
+        const output = cellAt(arguments[0]).outputArea.node
+          .querySelector('.jp-OutputArea-output');
         return {page: [window.innerWidth, window.innerHeight],
                 notebook_area: [outer.clientWidth, outer.clientHeight],
                 output_area_width: output ? output.clientWidth : null,
                 left_open: !app.shell.leftCollapsed,
-                right_open: !app.shell.rightCollapsed};"""
+                right_open: !app.shell.rightCollapsed};""",
+        first,
     )
     images = []
     stem = Path(notebook).stem

@@ -156,7 +156,7 @@ wheelhouse:
 clean:
 	rm -rf $(VENV)
 
-# The private cluster portal (workshop/cluster/portal.py, docs/portal.md): starts in
+# The private cluster portal (workshop/instructor/portal.py, docs/portal.md): starts in
 # the background and returns; portal-stop stops the hub, every learner's job, the
 # cluster, and removes the learners it made.
 PORTAL_ARGS ?=

@@ -234,7 +234,7 @@ print("[setup] torch", torch.__version__, "| CUDA build", torch.version.cuda)'
 
 # JupyterHub's proxy (configurable-http-proxy, a Node.js program) for the private
 # portal, at the versions of portal/package-lock.json, into .venv/proxy, where
-# workshop.cluster.portal looks for it. Without node and npm the portal cannot start
+# workshop.instructor.portal looks for it. Without node and npm the portal cannot start
 # (it says so) and its tests skip; nothing else needs them. In CI they must be there.
 install_proxy() {
     local proxy="$VENV/proxy"

@@ -214,7 +214,7 @@ Copy it to the cluster, next to the project (the workshop wheel is in it too):
 On the node, with no internet, in the project folder:
 (a) a venv on top of the site's torch module (the module's torch is used, not installed)
   module load pytorch                  # its Python must be $PY
-  python workshop/machine/site_env.py --apply
+  python workshop/instructor/site_env.py --apply
   #   (makes .venv as the module's Python needs: python -m venv --system-site-packages
   #   misses the module's torch where that Python is itself a venv; without --apply
   #   it only says what it found and prints the lines)
@@ -225,7 +225,7 @@ On the node, with no internet, in the project folder:
   # without the source tree: site_env.py from the workshop's wheel for the second
   # line, and the workshop's wheel instead of -e . in the fourth:
   python -m zipfile -e wheelhouse/scaling_pytorch_hpc-*.whl workshop-wheel
-  python workshop-wheel/workshop/machine/site_env.py --apply
+  python workshop-wheel/workshop/instructor/site_env.py --apply
   .venv/bin/pip install --no-index --find-links wheelhouse --no-deps scaling-pytorch-hpc
 (b) no venv: the packages into a folder, found through PYTHONPATH
   module load pytorch

@@ -9,7 +9,7 @@ one variable that mpirun exported to it (-x), then exits.
 import os
 import socket
 
-from workshop import rank_info
+from workshop.env import rank_info
 
 
 def main() -> None:

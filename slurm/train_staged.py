@@ -49,8 +49,8 @@ def pack(archive: Path, size: int) -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         for split in ("train", "test"):
-            workshop.write_image_files(Path(folder) / split, split, size=size)
-        workshop.pack_tar(folder, archive)
+            workshop.training.write_image_files(Path(folder) / split, split, size=size)
+        workshop.training.pack_tar(folder, archive)
     with tarfile.open(archive) as tar:
         files = sum(member.isfile() for member in tar)
     print(f"packed {files} PNG files into {archive} "
@@ -79,8 +79,8 @@ def train(data: Path, results: Path, epochs: int, batch: int) -> None:
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "1"))
     workers = max(cpus - 1, 0)
     torch.set_num_threads(max(cpus - workers, 1))
-    train_set = workshop.ImageFiles(data / "train", transform=augment)
-    test_set = workshop.ImageFiles(data / "test", transform=normalise)
+    train_set = workshop.training.ImageFiles(data / "train", transform=augment)
+    test_set = workshop.training.ImageFiles(data / "test", transform=normalise)
     loader = workshop.make_loader(
         train_set, batch, shuffle=True, num_workers=workers,
         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,

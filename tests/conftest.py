@@ -543,7 +543,7 @@ def _slurm_for_the_run():
     process), hidden until a module asks for it; stopped at the end of the run,
     which must leave none of its processes."""
     from workshop.cluster import slurm_cluster as module
-    from workshop.cluster.slurm import slurm_cluster
+    from workshop.cluster.slurm_cluster import slurm_cluster
 
     if shutil.which("slurmctld") is None or os.geteuid() != 0:
         pytest.skip("needs Slurm's daemons and root (make setup installs slurm-wlm)")

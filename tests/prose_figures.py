@@ -507,7 +507,7 @@ NOT_FROM_OUTPUTS = {
     ("03", "600"): CONSTANT + ": torchrun's default join_timeout",
     ("03", "5.0"): VERSION_NAMED + " (Open MPI)",
     ("03", "1.45"): DERIVED + ": keras-v100-batch8192's speed-up on 8 GPUs, which "
-    "the cell draws and workshop.document_table prints",
+    "the cell draws and workshop.sources.document_table prints",
     ("03", "25.6"): DERIVED + ": ResNet-50's 25,557,032 parameters (01's first cell)",
     ("03", "102"): DERIVED + ": 25,557,032 parameters x 4 bytes",
     ("03", "150"): ASSUMED + ": the compute time the cell sets",
@@ -607,8 +607,8 @@ def results_output(name: str) -> str:
     if not path.exists():
         return ""
     if path.is_dir() or "scaling" in path.name:
-        return workshop.load_scaling(str(path)).report()
-    result = workshop.load_allreduce(str(path))
+        return workshop.bench.load_scaling(str(path)).report()
+    result = workshop.bench.load_allreduce(str(path))
     return result.table() + "\n" + result.summary()
 
 

@@ -11,18 +11,20 @@ import torch
 import torch.distributed as dist
 
 from workshop import env
+from workshop.allocation import (
+    SlurmAllocation,
+    job_variables,
+    slurm_allocation,
+    task_variables,
+)
 from workshop.env import (
     RankInfo,
-    SlurmAllocation,
     backend_name,
     choose_backend,
     default_world_size,
     group_backend,
-    job_variables,
     launcher_hosts_store,
     rank_info,
-    slurm_allocation,
-    task_variables,
     torchrun_restart_risk,
     visible_gpu_count,
 )

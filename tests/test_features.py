@@ -127,9 +127,9 @@ def _drawn_by_cell(marker: str, collective: str, gloo_has_it: bool, monkeypatch)
         result = workshop.launch(
             fn, world_size=world_size, trace=True, show="none", backend="gloo"
         )
-        call = workshop.collectives(result.traces)[0]
+        call = workshop.comm.collectives(result.traces)[0]
         drawn.append(call)
-        return workshop.draw_collective(call)
+        return workshop.draw.draw_collective(call)
 
     cell = _notebook_02_cell(marker)
     exec(cell, {"workshop": workshop, "torch": torch, "dist": dist, "show": show})

@@ -8,6 +8,7 @@ lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 # The modules at the top of workshop/ that every wing may read (allocation.py and
 # _cgroup.py: what the process may use, which env.py re-exports).
-BASE = {"env", "allocation", "features", "_cgroup", "_procs", "_version"}
+BASE = {"env", "allocation", "features", "_cgroup", "_procs", "_version", "_exports"}
 # What sits above every wing: the public API, the commands, and the gallery (which
 # runs examples to draw them).
 TOP = {"", "__main__", "gallery"}
@@ -30,10 +31,21 @@ ALLOWED = {
     "ranks": {"base", "comm"},
     "cluster": {"base", "ranks"},
     "training": {"base", "ranks"},
-    "parallel": {"base", "comm", "ranks", "training"},
-    "lessons": {"base", "sources", "comm", "draw", "ranks", "training", "parallel"},
+    "planner": {"base", "comm", "draw", "ranks", "training"},
+    "parallel": {"base", "comm", "ranks", "training", "planner"},
+    "lessons": {
+        "base",
+        "sources",
+        "comm",
+        "draw",
+        "ranks",
+        "training",
+        "planner",
+        "parallel",
+    },
     "bench": {"base", "sources", "comm", "draw", "ranks", "training"},
-    "machine": {
+    "machine": {"base", "sources", "comm", "draw", "ranks", "training", "bench"},
+    "instructor": {
         "base",
         "sources",
         "comm",
@@ -42,6 +54,7 @@ ALLOWED = {
         "cluster",
         "training",
         "bench",
+        "machine",
     },
 }
 MAX_LINES = 420  # "about 400": a module past this wants splitting
@@ -170,7 +183,11 @@ def test_no_import_cycle_between_wings():
         order += free
         for w in free:
             del graph[w]
-    assert order[0] == "comm" and order[-1] == "machine"  # sources sits beside comm
+    assert order[0] == "comm"  # sources sits beside comm
+    # The two tops: the learners' lessons and the instructors' tools; nothing
+    # imports either.
+    assert order[-2:] == ["instructor", "lessons"]
+    assert not {"instructor", "lessons"} & set().union(*ALLOWED.values())
 
 
 def module_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
@@ -290,11 +307,56 @@ def test_each_wing_says_what_it_is_for_and_imports_nothing_itself(wing):
     assert doc and "import" in doc.lower(), (
         f"{init}: say what the wing is for and imports"
     )
-    # An __init__ that imports nothing keeps "from ..comm import tracing" cheap and
-    # the wings free of cycles through their __init__.
-    assert not [
-        n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-    ]
+    # An __init__ that imports none of its modules keeps "from ..comm import tracing"
+    # cheap and the wings free of cycles through their __init__: a topic offers its
+    # names through _exports.offer, which imports each one when it is first used.
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [(n.level, n.module) for n in imports] in ([], [(2, "_exports")])
+
+
+def test_each_name_a_topic_offers_is_defined_in_the_module_it_names():
+    import workshop
+
+    for wing in sorted(ALLOWED):
+        topic = importlib.import_module(f"workshop.{wing}")
+        names = getattr(topic, "_NAMES", {})
+        assert sorted(names) == sorted(getattr(topic, "__all__", [])), wing
+        for name, module in names.items():
+            source = MODULES[f"{wing}.{module}"].read_text()
+            assert re.search(rf"^(def|class) {name}\b|^{name}\b.*=", source, re.M), (
+                f"workshop.{wing}.{name} is not defined in workshop/{wing}/{module}.py"
+            )
+            assert getattr(topic, name) is getattr(
+                importlib.import_module(f"workshop.{wing}.{module}"), name
+            )
+    assert workshop.planner.estimate.__module__ == "workshop.planner.estimator"
+
+
+def test_a_module_lists_in_its_all_only_what_it_defines():
+    # One definition, re-exported at most once (by a topic): no module passes on
+    # another's names, so "go to definition" lands where the name is defined.
+    passed_on = {}
+    for module, path in MODULES.items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        defined, listed = set(), []
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else ([node.target] if isinstance(node, ast.AnnAssign) else [])
+            )
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    defined.add(target.id)
+                    if target.id == "__all__":
+                        listed = [e.value for e in node.value.elts]
+        if set(listed) - defined:
+            passed_on[module] = sorted(set(listed) - defined)
+    assert passed_on == {}
 
 
 def test_no_module_is_much_over_400_lines():
@@ -312,3 +374,37 @@ def test_the_tests_mirror_the_wings():
     assert folders == set(ALLOWED)
     for wing in ALLOWED:
         assert list((tests / wing).glob("test_*.py")), f"tests/{wing} has no tests"
+
+
+# What a learner types in every notebook; the rest is reached by topic.
+TOP_NAMES = {
+    "ranks": ["launch", "LaunchError", "process_group", "rank_device", "backend_name",
+              "RankInfo"],
+    "training": ["digits", "cifar10", "make_loader", "per_rank_batch", "SmallCNN",
+                 "resnet", "count_parameters", "train", "train_step", "evaluate",
+                 "Progress", "save_checkpoint", "load_checkpoint", "has_collective"],
+    "the workshop": ["doctor", "check", "quiz"],
+    "topics": ["draw", "comm", "bench", "cluster", "parallel", "planner", "training",
+               "machine", "lessons", "sources"],
+}  # fmt: skip
+
+
+def test_the_package_offers_a_learner_s_names_and_its_topics():
+    import pydoc
+
+    import workshop
+
+    expected = sorted(set().union(*map(set, TOP_NAMES.values())))
+    assert sorted(workshop.__all__) == expected
+    assert len(workshop.__all__) <= 40
+    # help(workshop) reads as a table of contents: every name and every topic in it.
+    text = pydoc.render_doc(workshop, renderer=pydoc.plaintext)
+    contents = text.split("PACKAGE CONTENTS")[0]
+    missing = [n for n in expected if not re.search(rf"\b{n}\b", contents)]
+    assert missing == []
+    for topic in TOP_NAMES["topics"]:
+        module = getattr(workshop, topic)
+        assert module.__doc__ and set(module.__all__) <= set(dir(module))
+        doc = module.__doc__
+        missing = [n for n in module.__all__ if not re.search(rf"\b{n}\b", doc)]
+        assert missing == [], f"workshop.{topic}'s docstring does not name {missing}"

@@ -280,13 +280,13 @@ def test_the_closing_lines_make_the_venv_with_site_env_not_a_bare_venv(
         "module load pytorch                  # its Python must be 3.12"
     )
     assert commands[start + 1 : start + 4] == [
-        "python workshop/machine/site_env.py --apply",
+        "python workshop/instructor/site_env.py --apply",
         ".venv/bin/pip install --no-index --find-links wheelhouse "
         "-r wheelhouse/requirements-offline.txt",
         ".venv/bin/pip install --no-index --find-links wheelhouse --no-deps -e .",
     ]
     assert not [c for c in commands if "-m venv" in c], "a bare venv is back"
     # The path named is the script's, in the tree and inside the workshop's wheel.
-    wheel_copy = "python workshop-wheel/workshop/machine/site_env.py --apply"
+    wheel_copy = "python workshop-wheel/workshop/instructor/site_env.py --apply"
     assert wheel_copy in commands
     assert (ROOT / "workshop" / "machine" / "site_env.py").is_file()

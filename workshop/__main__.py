@@ -26,7 +26,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .machine.check_node import run_from_args
+    from .instructor.check_node import run_from_args
 
     try:
         return run_from_args(args)
@@ -37,7 +37,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .machine.check_node import add_arguments as check_arguments
+    from .instructor.check_node import add_arguments as check_arguments
 
     parser = argparse.ArgumentParser(
         prog="python -m workshop",
@@ -72,12 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         help="sample CPU, memory, disk, network and GPUs into a CSV file",
         description="Sample this node every --interval seconds into a CSV file, "
         "one row per sample, until --seconds pass or SIGTERM; draw it with "
-        "workshop.plot_monitor(workshop.load_samples(path)).",
+        "workshop.machine.plot_monitor(workshop.machine.load_samples(path)).",
     )
     monitor_arguments(monitor)
     monitor.set_defaults(run=run_monitor)
-    from .cluster.portal_cli import add_arguments as portal_arguments
-    from .cluster.portal_cli import run_from_args as run_portal
+    from .instructor.portal_cli import add_arguments as portal_arguments
+    from .instructor.portal_cli import run_from_args as run_portal
 
     portal = commands.add_parser(
         "portal",
@@ -88,9 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     portal_arguments(portal)
     portal.set_defaults(run=run_portal)
-    # Before anything is installed: python workshop/machine/site_env.py (no imports).
-    from .machine.site_env import add_arguments as site_env_arguments
-    from .machine.site_env import run_from_args as run_site_env
+    # Before anything is installed: python workshop/instructor/site_env.py (no imports).
+    from .instructor.site_env import add_arguments as site_env_arguments
+    from .instructor.site_env import run_from_args as run_site_env
 
     site_env = commands.add_parser(
         "site-env",
@@ -102,8 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     site_env_arguments(site_env)
     site_env.set_defaults(run=run_site_env)
     # For a portal (docs/portal.md): python -m workshop kernel-spec --check
-    from .cluster.kernelspec import add_arguments as kernel_spec_arguments
-    from .cluster.kernelspec import run_from_args as run_kernel_spec
+    from .instructor.kernelspec import add_arguments as kernel_spec_arguments
+    from .instructor.kernelspec import run_from_args as run_kernel_spec
 
     kernel_spec = commands.add_parser(
         "kernel-spec",

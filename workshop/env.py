@@ -35,28 +35,17 @@ from dataclasses import dataclass
 # What the process may use (CPUs, memory, its Slurm job) is read in allocation.py;
 # its public names are this module's too, as they always were.
 from .allocation import (
-    SlurmAllocation,
-    available_memory,
-    job_variables,
-    slurm_allocation,
-    task_variables,
     usable_cores,
 )
 
 __all__ = [
     "BACKENDS",
     "RankInfo",
-    "SlurmAllocation",
-    "available_memory",
     "backend_name",
     "choose_backend",
     "default_world_size",
     "group_backend",
-    "job_variables",
     "rank_info",
-    "slurm_allocation",
-    "task_variables",
-    "usable_cores",
     "visible_gpu_count",
 ]
 

@@ -128,3 +128,25 @@ def has_collective(name: str, backend: str = "gloo") -> bool:
             return True
         _ANSWERS[name] = _answer_in_child(name) != _NO
     return _ANSWERS[name]
+
+
+def fsdp2_fully_shard() -> tuple[Callable | None, str]:
+    """FSDP2's ``fully_shard`` and where it was found, or None and why not."""
+    import torch
+
+    try:  # public from torch 2.6
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard, "torch.distributed.fsdp.fully_shard"
+    except ImportError:
+        pass
+    try:  # torch 2.4 and 2.5
+        from torch.distributed._composable.fsdp import fully_shard
+
+        return fully_shard, "torch.distributed._composable.fsdp.fully_shard"
+    except ImportError as exc:
+        return None, (
+            f"torch {torch.__version__} has no FSDP2 fully_shard ({exc}); it came "
+            "with torch 2.4 (as torch.distributed._composable.fsdp) and is public "
+            "from 2.6: install torch 2.4 or later"
+        )

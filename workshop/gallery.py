@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .comm.ring import ring_allreduce_steps
+from .comm.ring import ring_all_reduce_steps
 from .draw import (
     collective_diagram,
     comm_diagrams,
@@ -227,7 +227,7 @@ def write_gallery(outdir: str | Path) -> list[Path]:
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     events = example_events()
-    steps = ring_allreduce_steps(
+    steps = ring_all_reduce_steps(
         [[float(r * 4 + i) for i in range(4)] for r in range(WORLD)]
     )
     drawings: list[tuple[str, Callable[[], Any]]] = [

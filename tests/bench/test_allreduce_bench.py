@@ -15,20 +15,23 @@ import pytest
 from conftest import clean_env, repo_env
 from figure_helpers import texts_on
 
-from workshop.bench.allreduce_bench import (
+from workshop.bench.allreduce_plots import plot_allreduce
+from workshop.bench.allreduce_result import (
     FIT_TOLERANCE,
     AllreduceResult,
-    allreduce_sweep,
+    human_size,
     load_allreduce,
-    measure_allreduce,
     message_sizes,
     parse_size,
     save_allreduce,
 )
-from workshop.bench.allreduce_plots import plot_allreduce
-from workshop.bench.allreduce_result import human_size
-from workshop.bench.allreduce_worker import check_reference, check_sweep
-from workshop.comm.costmodel import ring_allreduce_time
+from workshop.bench.allreduce_worker import (
+    allreduce_sweep,
+    check_reference,
+    check_sweep,
+    measure_allreduce,
+)
+from workshop.comm.costmodel import ring_all_reduce_time
 
 matplotlib.use("Agg")
 
@@ -57,7 +60,7 @@ def _synthetic(world_size=2, alpha=3e-4, beta=1e9, sizes=SMALL, wobble=0.0):
     ``wobble``, the median exactly on it): known figures without a launch."""
     seconds = []
     for size in sizes:
-        t = ring_allreduce_time(size, world_size, alpha, beta)
+        t = ring_all_reduce_time(size, world_size, alpha, beta)
         seconds.append([t * (1 - wobble), t, t * (1 + wobble)])
     return AllreduceResult(
         backend="gloo",
@@ -392,7 +395,7 @@ def test_table_and_summary_read_like_nccl_tests():
         "error",
     ]
     assert len(lines) == 1 + len(SMALL)
-    t = ring_allreduce_time(1 << 20, 4, 1e-4, 2e9)
+    t = ring_all_reduce_time(1 << 20, 4, 1e-4, 2e9)
     assert lines[3].split() == [
         "1048576",
         "262144",

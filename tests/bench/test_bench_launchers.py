@@ -10,7 +10,8 @@ from pathlib import Path
 
 from conftest import free_port, task_env
 
-from workshop import load_allreduce, load_scaling
+from workshop.bench.allreduce_result import load_allreduce
+from workshop.bench.scaling_files import load_scaling
 
 
 def _run_job(launcher: str, cwd: Path, *args: str) -> list[str]:

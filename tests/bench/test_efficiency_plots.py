@@ -28,7 +28,7 @@ def test_a_table_in_seconds_and_a_run_in_rates_give_the_same_kind_of_series():
 def test_the_figure_draws_every_series_and_the_ideal():
     import workshop
 
-    mine = workshop.load_scaling(RESULTS / "scaling-gloo-cnn.json")
+    mine = workshop.bench.load_scaling(RESULTS / "scaling-gloo-cnn.json")
     table = document_table("estimator-gpus-batch256")
     fig = plot_efficiency(table, mine, title="t")
     speedup, efficiency = fig.axes

@@ -16,13 +16,12 @@ import pytest
 
 from workshop.bench.published import PublishedQuote, PublishedTable, Source
 from workshop.bench.published_scale import (
-    QuotedBandwidth,
-    ScaleTable,
     derived,
     scale_quotes,
     scale_sources,
     scale_tables,
 )
+from workshop.bench.published_scale_data import QuotedBandwidth, ScaleTable
 from workshop.bench.published_scale_plots import (
     plot_published_busbw,
     plot_published_mfu,

@@ -14,15 +14,11 @@ from conftest import clean_env, run_module
 from scaling_helpers import scaling_result
 
 from workshop.bench import allreduce_bench
-from workshop.bench.scaling_bench import (
-    load_scaling,
-    measure_scaling,
-    per_rank_batch,
-    scaling_worker,
-    strong_scaling,
-    weak_scaling,
-)
-from workshop.comm.costmodel import ring_allreduce_time
+from workshop.bench.scaling_files import load_scaling
+from workshop.bench.scaling_measure import measure_scaling
+from workshop.bench.scaling_results import strong_scaling, weak_scaling
+from workshop.bench.scaling_worker import per_rank_batch, scaling_worker
+from workshop.comm.costmodel import ring_all_reduce_time
 
 # SmallCNN(in_channels=3, num_classes=10): 94,762 float32 parameters.
 CNN_PARAMETERS = 94_762
@@ -231,7 +227,7 @@ def test_real_run_predicts_the_allreduce_from_an_in_run_fit(run):
     assert run.row("strong", 2).fit_sizes == []  # one fit per world size
     assert two.alpha >= 0 and two.beta > 0
     assert two.predicted_allreduce_seconds == pytest.approx(
-        ring_allreduce_time(run.gradient_bytes, 2, two.alpha, two.beta)
+        ring_all_reduce_time(run.gradient_bytes, 2, two.alpha, two.beta)
     )
     assert run.row("weak", 1).predicted_allreduce_seconds == 0.0
     text = "\n".join(run.explain())

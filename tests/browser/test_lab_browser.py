@@ -384,7 +384,7 @@ def test_the_ring_slider_moves_the_picture(nb02):
     from selenium.webdriver.common.keys import Keys
 
     page = nb02.page
-    index = page.find_cell("workshop.ring_widget(steps)")
+    index = page.find_cell("workshop.draw.ring_widget(steps)")
     page.run_and_wait(index)
 
     def picture():
@@ -488,7 +488,9 @@ def test_the_planner_replans_and_runs_a_fake_rank(nb02):
     from selenium.webdriver.common.keys import Keys
 
     page = nb02.page
-    index = _new_cell(nb02, 'workshop.planner("transformer-8b", nodes=8, tp=8, zero=3)')
+    index = _new_cell(
+        nb02, 'workshop.planner.explore("transformer-8b", nodes=8, tp=8, zero=3)'
+    )
     page.run_and_wait(index, timeout=180)
 
     def picture():

@@ -2,18 +2,18 @@
 JupyterLab served from the learner's Slurm job, notebooks 02 and 03 run from the
 page, and the server stopped from the hub's home page.
 
-The portal (workshop/cluster/portal.py: a private two-node Slurm cluster, JupyterHub
+The portal (workshop/instructor/portal.py: a private two-node Slurm cluster, JupyterHub
 with batchspawner, its proxy) starts once for the module with one learner, and is
 stopped at the end, which must find nothing to force: no job left, no process
 killed. Screenshots go to test-artifacts/browser/portal-*.png (1280x720).
 
 Notebook 03 runs through its torchrun cell on one node and its sbatch/srun cells
-(a two-node job whose ranks srun starts); its ``workshop.submit`` of
+(a two-node job whose ranks srun starts); its ``workshop.cluster.submit`` of
 train_ddp.sbatch is left out, as it trains three epochs (a minute and more here).
 
 Two things the test supplies where the portal does not (yet), each printed as
 ``WORKED AROUND`` when it is needed: where the learners run a venv that the portal
-made (workshop/cluster/portal_python.py), that venv has no ``etc/jupyter`` nor
+made (workshop/instructor/portal_python.py), that venv has no ``etc/jupyter`` nor
 ``share/jupyter``, so their server starts without JupyterLab; and the learner's copy
 of the workshop has no ``.venv/bin/activate``, which slurm/*.sbatch source.
 """
@@ -53,8 +53,8 @@ pytest.importorskip(
     reason='the portal extra is not installed (pip install -e ".[portal]")',
 )
 
-from workshop.cluster import portal
-from workshop.cluster.portal_hub import COPY
+from workshop.instructor import portal
+from workshop.instructor.portal_hub import COPY
 
 pytestmark = needs_private_slurm
 
@@ -415,7 +415,7 @@ def test_notebook_03_runs_torchrun_and_slurm_jobs(lab):
     _shot(lab, "portal-03-torchrun", index)
     assert "2 ranks on 1 node(s), started by torchrun" in text, text
     assert "done: weight checksum" in text, text
-    index, text = _run(lab, "cluster = workshop.slurm_cluster()")
+    index, text = _run(lab, "cluster = workshop.cluster.slurm_cluster()")
     # The portal's own cluster, which the kernel's job runs on.
     assert str(lab.portal.slurm_conf) in text and "2 nodes" in text, text
     index, text = _run(lab, "!sinfo")

@@ -186,7 +186,7 @@ os.environ["SLURM_CPU_BIND"] = "quiet,mask_cpu:0x1"
 import workshop
 from workshop import env
 from workshop.allocation import cpu_limit, memory_limit
-from workshop.machine.check_node import allocation_line
+from workshop.instructor.check_node import allocation_line
 from workshop.machine.doctor import collect_rows
 from workshop.machine.monitor_probes import scope_line
 
@@ -204,7 +204,7 @@ def rank_view():
 
     total = torch.tensor([dist.get_rank() + 1])
     dist.all_reduce(total)
-    info = workshop.rank_info()
+    info = workshop.env.rank_info()
     return {"rank": info.rank, "world_size": info.world_size,
             "local_rank": info.local_rank, "launcher": info.launcher,
             "sum": int(total), "threads": torch.get_num_threads(),
@@ -218,20 +218,20 @@ for n in (1, 3):
     found[f"launch {n}"] = result.returns
 
 # A "cell" that starts a step of its own, and one that starts Open MPI's ranks.
-command = workshop.srun_command(HERE / "task.py", ntasks=1)
-ran = workshop.run_command(command, timeout=60, show=False, check=False)
+command = workshop.cluster.srun_command(HERE / "task.py", ntasks=1)
+ran = workshop.cluster.run_command(command, timeout=60, show=False, check=False)
 found["srun"] = {"command": command[:2], "code": ran.returncode,
                  "stdout": ran.stdout, "stderr": ran.stderr[-500:]}
 if shutil.which("mpirun"):
-    command = workshop.mpirun_command(HERE / "task.py", np=2)
-    ran = workshop.run_command(command, timeout=60, show=False, check=False)
+    command = workshop.cluster.mpirun_command(HERE / "task.py", np=2)
+    ran = workshop.cluster.run_command(command, timeout=60, show=False, check=False)
     found["mpirun"] = {"code": ran.returncode, "stdout": ran.stdout,
                        "stderr": ran.stderr[-500:]}
 
 # A batch job submitted from the kernel, with --mem-per-cpu where the kernel's job
 # has --mem: srun in it fails if it inherits the kernel job's SLURM_MEM_PER_NODE.
-job = workshop.submit(HERE / "inner.sbatch", nodes=1, options={"mem-per-cpu": 100},
-                      cwd=HERE, output_dir=HERE)
+job = workshop.cluster.submit(HERE / "inner.sbatch", nodes=1,
+                              options={"mem-per-cpu": 100}, cwd=HERE, output_dir=HERE)
 status = job.wait(timeout=60, show=False)
 found["sbatch"] = {"state": status.state, "output": job.output()}
 

@@ -5,9 +5,9 @@ Each rank of a real ``torchrun`` (``python -m torch.distributed.run``) or ``mpir
 starts the two children that are hardest to stop: one that ignores SIGTERM, and a
 daemon that double-forks after ``os.setsid()`` (so it is in no session or process
 group of the launcher's, and its parent is gone). The run is started by
-``workshop.run_command`` in a separate "kernel" process, as a notebook cell would,
-and ended six ways: a normal end, a rank's error, the timeout, an interrupt of the
-kernel (which stops the keeper), the keeper stopped by SIGTERM, and the kernel
+``workshop.cluster.run_command`` in a separate "kernel" process, as a notebook cell
+would, and ended six ways: a normal end, a rank's error, the timeout, an interrupt of
+the kernel (which stops the keeper), the keeper stopped by SIGTERM, and the kernel
 SIGKILLed; and ``run_commands`` is checked with one "node" failing. Every process of
 the run carries a unique marker in its argv; afterwards /proc must hold none.
 
@@ -115,7 +115,7 @@ def _launcher_or_skip(launcher: str) -> None:
 
 def _command(launcher: str, rank: Path, folder: Path, way: str) -> list[str]:
     """The launcher's command line for 2 ranks of ``rank``, as a learner's cell
-    builds it (mpirun's from workshop.mpirun_command: as root, without ssh)."""
+    builds it (mpirun's from workshop.cluster.mpirun_command: as root, without ssh)."""
     if launcher == "torchrun":
         return [
             PYTHON, "-m", "torch.distributed.run", "--standalone",

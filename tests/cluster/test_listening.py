@@ -44,7 +44,7 @@ from conftest import (
 
 from workshop.cluster import slurm_watchdog
 from workshop.cluster.reaper import descendants
-from workshop.cluster.slurm import slurm_cluster
+from workshop.cluster.slurm_cluster import slurm_cluster
 
 _TCP_LISTEN = "0A"  # the kernel's TCP_LISTEN, as /proc/net/tcp writes it
 _TABLES = ("tcp", "tcp6", "udp", "udp6")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, free_port
 
-from workshop import load_allreduce
+from workshop.bench.allreduce_result import load_allreduce
 from workshop.env import choose_backend
 
 PYTHON = sys.executable
@@ -66,7 +66,7 @@ def _mpirun(n: int, *command: str) -> tuple[list[str], dict[str, str]]:
     root = []
     if os.geteuid() == 0:
         # As root (in a container) mpirun must be told that is intended, by the
-        # flag workshop.mpirun_command writes, or these variables.
+        # flag workshop.cluster.mpirun_command writes, or these variables.
         root = ["--allow-run-as-root"]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     if not (shutil.which("ssh") or shutil.which("rsh")):

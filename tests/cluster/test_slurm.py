@@ -27,13 +27,16 @@ import matplotlib.pyplot as plt
 import pytest
 from conftest import ROOT, clean_env, needs_private_slurm
 
-from workshop import load_scaling, plot_scaling
+from workshop.bench.scaling_files import load_scaling
+from workshop.bench.scaling_plots import plot_scaling
 from workshop.cluster import slurm as slurm_module
 from workshop.cluster import slurm_cluster as _slurm_cluster
 from workshop.cluster import slurm_watchdog
-from workshop.cluster.slurm import JobStatus, SlurmJob, slurm_cluster, submit
+from workshop.cluster.slurm import SlurmJob, submit
+from workshop.cluster.slurm_cluster import slurm_cluster
 from workshop.cluster.slurm_options import find_script, project_root, sbatch_options
 from workshop.cluster.slurm_status import (
+    JobStatus,
     format_seconds,
     parse_scontrol,
     parse_seconds,

@@ -14,9 +14,10 @@ import pytest
 from conftest import ROOT
 
 from workshop.cluster import commands, srun
-from workshop.cluster.commands import mpirun_command, srun_command
+from workshop.cluster.commands import mpirun_command
 from workshop.cluster.run import environment
 from workshop.cluster.slurm_options import sbatch_environment
+from workshop.cluster.srun import srun_command
 
 SCRIPT = str(ROOT / "slurm" / "hello_ranks.py")
 # A kernel's step (measured on the private cluster), its job and the user's settings.

@@ -12,7 +12,7 @@ from workshop.comm.costmodel import (
     bus_factor,
     busbw,
     fit_alpha_beta,
-    ring_allreduce_time,
+    ring_all_reduce_time,
 )
 
 SIZES = [4096 * 4**k for k in range(8)]  # 4 KiB .. 64 MiB, as the benchmark's
@@ -38,8 +38,8 @@ def test_algbw_and_busbw_against_hand_computed_values():
 
 def test_ring_time_against_hand_computed_value():
     # 2(N-1) = 6 steps of 10 us, plus 1.5 * 4 MB at 1 GB/s = 6 ms.
-    assert ring_allreduce_time(4e6, 4, alpha=1e-5, beta=1e9) == pytest.approx(0.00606)
-    assert ring_allreduce_time(4e6, 1, alpha=1e-5, beta=1e9) == 0.0
+    assert ring_all_reduce_time(4e6, 4, alpha=1e-5, beta=1e9) == pytest.approx(0.00606)
+    assert ring_all_reduce_time(4e6, 1, alpha=1e-5, beta=1e9) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_ring_time_against_hand_computed_value():
         (lambda: busbw(1e6, 1.0, 0), r"world_size must be a whole number .* got 0"),
         (lambda: bus_factor(True), r"world_size must be a whole number .* got True"),
         (
-            lambda: ring_allreduce_time(1e6, 2, alpha=1e-5, beta=0),
+            lambda: ring_all_reduce_time(1e6, 2, alpha=1e-5, beta=0),
             r"need alpha >= 0 and beta > 0, got alpha=1e-05, beta=0",
         ),
     ],
@@ -63,7 +63,7 @@ def test_bad_inputs_name_the_value(call, message):
 @pytest.mark.parametrize("world_size", [2, 4, 8])
 @pytest.mark.parametrize(("alpha", "beta"), [(3e-4, 9e8), (2e-5, 2e11)])
 def test_fit_recovers_alpha_and_beta_from_exact_times(world_size, alpha, beta):
-    times = [ring_allreduce_time(s, world_size, alpha, beta) for s in SIZES]
+    times = [ring_all_reduce_time(s, world_size, alpha, beta) for s in SIZES]
     fit = fit_alpha_beta(SIZES, times, world_size)
     assert fit.alpha == pytest.approx(alpha, rel=1e-9)
     assert fit.beta == pytest.approx(beta, rel=1e-9)
@@ -77,7 +77,7 @@ def test_fit_recovers_alpha_and_beta_from_noisy_times():
     alpha, beta = 4e-4, 9e8
     sizes = SIZES * 5  # five noisy repetitions of every size
     times = [
-        ring_allreduce_time(s, 2, alpha, beta) * rng.uniform(0.9, 1.1) for s in sizes
+        ring_all_reduce_time(s, 2, alpha, beta) * rng.uniform(0.9, 1.1) for s in sizes
     ]
     fit = fit_alpha_beta(sizes, times, 2)
     assert fit.alpha == pytest.approx(alpha, rel=0.1)
@@ -89,7 +89,7 @@ def test_fit_recovers_alpha_and_beta_from_noisy_times():
 def test_fit_weighs_small_and_large_messages_alike():
     # A 100 us latency is invisible next to a 100 ms transfer in absolute terms;
     # relative errors keep it: 10% off at the small end would show.
-    times = [ring_allreduce_time(s, 4, 1e-4, 1e9) for s in SIZES]
+    times = [ring_all_reduce_time(s, 4, 1e-4, 1e9) for s in SIZES]
     times[0] *= 1.2
     fit = fit_alpha_beta(SIZES, times, 4)
     assert fit.alpha == pytest.approx(1e-4, rel=0.25)

@@ -10,13 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from workshop import draw_rank_timeline, launch
+from workshop import launch
 from workshop.comm.ddp_buckets import (
     DDPSteps,
     ddp_timeline,
     timed_ddp_steps,
     watch_buckets,
 )
+from workshop.draw.timeline_diagram import draw_rank_timeline
 from workshop.env import visible_gpu_count
 from workshop.training.models import SmallCNN
 
@@ -52,7 +53,7 @@ def _plain_ddp(steps=3):
     """The same training with DDP's own all-reduce, no hook."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from workshop.training.loop import train_step
+    from workshop.training.steps import train_step
 
     torch.manual_seed(0)
     ddp = DistributedDataParallel(SmallCNN(), bucket_cap_mb=0.1)

@@ -8,13 +8,13 @@ import pytest
 from figure_helpers import flat
 
 import workshop.comm.ring
-from workshop.comm.ring import ring_allreduce_steps
+from workshop.comm.ring import ring_all_reduce_steps
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 6])
 def test_a_ring_takes_2_n_minus_1_steps_and_ends_with_the_sum_everywhere(n):
     values = [[10 * r + i for i in range(n + 1)] for r in range(n)]
-    steps = ring_allreduce_steps(values)
+    steps = ring_all_reduce_steps(values)
     assert len(steps) == 2 * (n - 1)
     assert [s.step for s in steps] == list(range(2 * (n - 1)))
     assert [s.phase for s in steps] == ["reduce-scatter"] * (n - 1) + ["all-gather"] * (
@@ -30,7 +30,7 @@ def test_a_ring_takes_2_n_minus_1_steps_and_ends_with_the_sum_everywhere(n):
 
 def test_each_ring_step_sends_the_right_chunk_and_adds_or_copies_it():
     values = [[4 * r + i for i in range(4)] for r in range(4)]
-    steps = ring_allreduce_steps(values)
+    steps = ring_all_reduce_steps(values)
     # Reduce-scatter step s: rank r sends chunk (r - s) mod 4; all-gather step s:
     # chunk (r + 1 - s) mod 4, the one it finished.
     assert [s.sends for s in steps] == [
@@ -62,7 +62,7 @@ def test_each_ring_step_sends_the_right_chunk_and_adds_or_copies_it():
 )
 def test_a_ring_that_cannot_be_computed_is_explained(values):
     with pytest.raises(ValueError, match="a ring needs 2 or more ranks"):
-        ring_allreduce_steps(values)
+        ring_all_reduce_steps(values)
 
 
 def test_the_docstring_examples_run():

@@ -28,8 +28,9 @@ from workshop.draw.plan_plots import (
 )
 from workshop.draw.plots import COLOURS
 from workshop.draw.projector import MIN_LABEL_PX, projector_fit
-from workshop.parallel.layout import GPUS, NETWORKS, Layout, model_shape
-from workshop.parallel.layout_estimate import Estimate
+from workshop.planner.estimator import Estimate
+from workshop.planner.hardware import GPUS, NETWORKS
+from workshop.planner.layout import Layout, model_shape
 
 GB = 1e9
 

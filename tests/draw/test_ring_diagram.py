@@ -14,14 +14,14 @@ from figure_helpers import arrows_on, flat, overlaps, texts_on
 from matplotlib.patches import Rectangle
 
 import workshop.draw.ring_diagram
-from workshop.comm.ring import ring_allreduce_steps
+from workshop.comm.ring import ring_all_reduce_steps
 from workshop.draw.projector import projector_fit
 from workshop.draw.ring_diagram import draw_ring_grid, draw_ring_step
 
 
 def _steps(n: int) -> list:
     """The ring all-reduce of n ranks, rank r holding n r, n r + 1, ..."""
-    return ring_allreduce_steps(
+    return ring_all_reduce_steps(
         [[float(n * r + i) for i in range(n)] for r in range(n)]
     )
 
@@ -32,7 +32,7 @@ def _frames(ax) -> list[Rectangle]:
 
 
 def test_a_ring_step_draws_an_arrow_per_rank_with_its_chunk():
-    steps = ring_allreduce_steps([[4 * r + i for i in range(4)] for r in range(4)])
+    steps = ring_all_reduce_steps([[4 * r + i for i in range(4)] for r in range(4)])
     fig = draw_ring_step(steps, 2)
     ax = fig.axes[0]
     assert len(arrows_on(ax)) == 4
@@ -67,7 +67,7 @@ def test_every_step_fits_the_projector_with_room_for_the_widgets_slider(n):
 
 
 def test_a_step_out_of_range_is_explained():
-    steps = ring_allreduce_steps([[1, 2], [3, 4]])
+    steps = ring_all_reduce_steps([[1, 2], [3, 4]])
     with pytest.raises(ValueError, match="step k=2 is not one of the 2 steps; pass 0"):
         draw_ring_step(steps, 2)
 

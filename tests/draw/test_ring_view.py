@@ -14,12 +14,12 @@ matplotlib.use("Agg")
 import pytest
 
 import workshop.draw.ring_view
-from workshop.comm.ring import ring_allreduce_steps
+from workshop.comm.ring import ring_all_reduce_steps
 from workshop.draw.projector import png_size
 from workshop.draw.ring_diagram import draw_ring_step
 from workshop.draw.ring_view import RingWidget, ring_widget
 
-STEPS = ring_allreduce_steps([[float(4 * r + i) for i in range(4)] for r in range(4)])
+STEPS = ring_all_reduce_steps([[float(4 * r + i) for i in range(4)] for r in range(4)])
 
 
 def test_the_slider_counts_the_steps_as_the_pictures_titles_do():
@@ -68,7 +68,7 @@ def test_ipython_shows_the_widget_with_its_stand_ins():
 
 def test_without_ipywidgets_the_widget_is_the_grid(monkeypatch):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import fails
-    steps = ring_allreduce_steps([[1, 2], [3, 4]])
+    steps = ring_all_reduce_steps([[1, 2], [3, 4]])
     fig = ring_widget(steps)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert [t for t in texts if t.startswith("step")] == ["step 1", "step 2"]

@@ -390,7 +390,8 @@ def test_slurm_rows_reflect_the_allocation(clean_env, monkeypatch):
 STEP_ROW = (
     "this process is a task of a job step (a notebook kernel that a portal started "
     "with srun): ranks and commands it starts get the job's variables but not the "
-    "step's, and srun from a cell needs --overlap (workshop.srun_command adds it)"
+    "step's, and srun from a cell needs --overlap (workshop.cluster.srun_command adds "
+    "it)"
 )
 
 

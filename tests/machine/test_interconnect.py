@@ -217,7 +217,7 @@ def test_loopback_carries_what_the_ring_model_says(capfd):
     # Two gloo ranks on this machine (a GPU node too): each sends 2(N-1)/N of the
     # tensor, and loopback counts every rank's bytes. Headers and other programs'
     # traffic can only add to it; the fewest of three trials is kept.
-    watch = workshop.watch_allreduce(4e6, world_size=2, repeats=2, trials=3)
+    watch = workshop.machine.watch_allreduce(4e6, world_size=2, repeats=2, trials=3)
     assert watch.interface in ("lo", "lo0") and len(watch.trials) == 3
     assert watch.sent == min(watch.trials)
     assert 0.99 * watch.ring_model <= watch.interface_per_rank <= 1.3 * watch.ring_model

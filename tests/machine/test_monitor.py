@@ -24,7 +24,8 @@ from conftest import repo_env, run_module
 import workshop
 from workshop.__main__ import main
 from workshop.machine import monitor as monitor_module
-from workshop.machine.monitor import Monitor, load_samples
+from workshop.machine.monitor import Monitor
+from workshop.machine.monitor_plot import load_samples
 
 
 def _busy(seconds: float) -> None:

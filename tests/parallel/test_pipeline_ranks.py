@@ -11,14 +11,13 @@ import itertools
 import pytest
 
 from workshop import LaunchError, launch
-from workshop.parallel.pipeline_ranks import (
+from workshop.parallel.pipeline_ranks import TOLERANCE, run_pipeline
+from workshop.parallel.pipeline_schedules import (
     SCHEDULES,
-    TOLERANCE,
     gpipe_order,
     idle_fraction,
     one_f_one_b_order,
     peak_stored,
-    run_pipeline,
     schedule_order,
 )
 

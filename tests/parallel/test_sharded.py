@@ -11,12 +11,10 @@ import torch
 from workshop import launch
 from workshop.features import has_collective
 from workshop.parallel import sharded
-from workshop.parallel.sharded import (
-    check_zero_stage1,
-    measure_fsdp_memory,
-    measure_zero_memory,
-)
-from workshop.parallel.zero_memory import held_bytes, stage_number, zero_bytes
+from workshop.parallel.sharded import check_zero_stage1, measure_zero_memory
+from workshop.parallel.zero_memory import measure_fsdp_memory
+from workshop.planner.memory import stage_number, zero_bytes
+from workshop.training.models import held_bytes
 
 # Final parameters of two runs that do the same arithmetic, summed in another order:
 # measured differences are 0 at 2 ranks and up to 6e-7 at 3 and 4; a real mistake

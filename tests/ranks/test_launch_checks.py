@@ -16,7 +16,7 @@ from conftest import ROOT, children_of, repo_env
 
 import workshop
 from workshop import LaunchError
-from workshop.env import usable_cores
+from workshop.allocation import usable_cores
 from workshop.ranks import checks as checks
 from workshop.ranks import launcher
 

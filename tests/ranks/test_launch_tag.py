@@ -102,7 +102,7 @@ def test_a_rank_gets_the_job_but_not_the_kernels_slurm_task(monkeypatch):
     assert (env["SLURM_JOB_ID"], env["SLURM_CPUS_ON_NODE"]) == ("8", "1")
     assert not {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_ID", "PMI_RANK",
                 "SLURM_STEP_NUM_TASKS", "SLURM_CPU_BIND"} & set(env)  # fmt: skip
-    assert workshop.rank_info(env).launcher == "workshop"
+    assert workshop.env.rank_info(env).launcher == "workshop"
 
 
 def _stat_line(name: str, state: str, flags: int, start: int) -> bytes:

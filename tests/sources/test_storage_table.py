@@ -26,7 +26,7 @@ def test_every_figure_of_the_table_is_in_document_004():
 
 
 def test_the_table_fits_88_columns_and_names_its_source():
-    text = workshop.storage_table()
+    text = workshop.sources.storage_table()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 88
     assert "[doc 004]" in " ".join(text.split())

@@ -11,8 +11,9 @@ import pytest
 
 import workshop
 from workshop.sources import documents
+from workshop.sources.doc_table import DocumentTable
 from workshop.sources.documents import document, holds, missing_numbers, numbers_in
-from workshop.sources.tables import DocumentTable, document_table, document_tables
+from workshop.sources.tables import document_table, document_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +115,7 @@ def test_unknown_names_and_columns_are_refused_with_the_known_ones():
                        r"known ones are \['cpu-batch50', "):  # fmt: skip
         document_tables("cpu-batch50", "nope")
     with pytest.raises(ValueError, match=r"no document table named \['nope'\]"):
-        workshop.document_table("nope")
+        workshop.sources.document_table("nope")
     with pytest.raises(ValueError, match=r"has no column 'A100'; its columns are "
                        r"\['P100', 'V100'\]"):  # fmt: skip
         document_table("keras-gpus-batch256").values("A100")

@@ -170,9 +170,10 @@ def _train(epochs: int, path: str, resume: bool) -> dict[str, torch.Tensor]:
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DistributedSampler
 
-    from workshop.training.data import digits, make_loader
-    from workshop.training.loop import train_step
+    from workshop.training.data import digits
+    from workshop.training.loaders import make_loader
     from workshop.training.models import SmallCNN
+    from workshop.training.steps import train_step
 
     torch.manual_seed(0)
     model = DistributedDataParallel(SmallCNN())

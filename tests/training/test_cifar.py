@@ -20,7 +20,8 @@ import torch
 from conftest import clean_env
 
 import workshop.training.cifar as cifar_module
-from workshop.training.data import CIFAR10_MEAN, CIFAR10_STD, cifar10, make_loader
+from workshop.training.cifar import CIFAR10_MEAN, CIFAR10_STD, cifar10
+from workshop.training.loaders import make_loader
 
 # --- CIFAR-10 from a folder -----------------------------------------------------------
 

@@ -20,10 +20,9 @@ from workshop.training.data import (
     _digits_cache_file,
     _split_digits,
     digits,
-    make_loader,
     synthetic,
-    time_loader,
 )
+from workshop.training.loaders import make_loader, time_loader
 
 # --- digits ---------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from workshop import (
+from workshop import digits
+from workshop.training.files import (
     ImageFiles,
     count_opens,
-    digits,
     time_epochs,
     write_image_files,
 )

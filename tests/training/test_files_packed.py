@@ -10,15 +10,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from workshop import (
+from workshop.training.files import (
     ImageFiles,
-    PackedImages,
-    TarImages,
     count_opens,
-    pack_images,
-    pack_tar,
     time_epochs,
     write_image_files,
+)
+from workshop.training.files_packed import (
+    PackedImages,
+    TarImages,
+    pack_images,
+    pack_tar,
 )
 
 

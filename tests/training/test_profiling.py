@@ -1,6 +1,6 @@
-"""workshop.profile_steps: the costliest operators and a trace Perfetto can open; a
-step on the CPU is profiled on the CPU (and leaves CUDA alone) on any machine, a step
-on a GPU records the GPU's work too."""
+"""workshop.training.profile_steps: the costliest operators and a trace Perfetto can
+open; a step on the CPU is profiled on the CPU (and leaves CUDA alone) on any machine,
+a step on a GPU records the GPU's work too."""
 
 from __future__ import annotations
 

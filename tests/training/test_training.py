@@ -20,16 +20,12 @@ from torch.utils.data.distributed import DistributedSampler
 
 from workshop import launch
 from workshop.env import visible_gpu_count
-from workshop.training.data import digits, make_loader
-from workshop.training.loop import (
-    _lr_factor,
-    evaluate,
-    resolve_device,
-    train,
-    train_step,
-)
+from workshop.training.data import digits
+from workshop.training.loaders import make_loader
+from workshop.training.loop import _lr_factor, train
 from workshop.training.models import SmallCNN
 from workshop.training.progress import Progress
+from workshop.training.steps import evaluate, resolve_device, train_step
 
 # Nearly every test here trains in this process, which on a GPU machine leaves it
 # unable to fork ranks: they run after the other tests (conftest.py).

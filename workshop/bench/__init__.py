@@ -1,17 +1,31 @@
-"""Benchmarks that print figures: ``python -m workshop.bench SUBCOMMAND``.
+"""Benchmarks that print figures, from a cell or as ``python -m workshop.bench
+SUBCOMMAND`` (``launch``, ``train``, ``allreduce``, ``scaling``).
 
-* ``launch``: how fast ``workshop.launch`` starts ranks on each start path, beside
-  ``torchrun --standalone`` running the same no-op.
-* ``train``: training samples per second of a model on one device (ResNet-50 with
-  bf16 and channels_last by default), to compare with published figures.
-* ``allreduce``: all-reduce time, algbw and busbw per message size, as nccl-tests
-  defines them, the ring model (alpha, beta) fitted to them, and a reference memory
-  copy's bandwidth.
-* ``scaling``: weak and strong scaling of DDP training across world sizes, each step
-  split into compute and communication, explained by the ring model.
+- All-reduce (notebook 02): measure_allreduce sweeps message sizes and fits the ring
+  model; load_allreduce reads a batch job's result; plot_allreduce draws it.
+- Scaling (notebooks 02 and 03): measure_scaling (weak and strong), load_scaling,
+  plot_scaling, plot_efficiency (speed-up and efficiency beside a document's table).
+- Published figures to compare with: published_scaling, published_sources,
+  scale_sources, plot_published_busbw, plot_published_mfu.
 
-The plots of these results (``allreduce_plots``, ``scaling_plots``,
-``efficiency_plots``) live here, beside the files they read, with the published
-figures they are compared with (``published``). Imports ``env``, ``comm``, ``draw``,
-``ranks``, ``training`` and ``sources`` (the source documents and their tables).
+Imports ``sources``, ``comm``, ``draw``, ``ranks``, ``training`` and the base modules.
 """
+
+from .._exports import offer
+
+_NAMES = {
+    "load_allreduce": "allreduce_result",
+    "load_scaling": "scaling_files",
+    "measure_allreduce": "allreduce_worker",
+    "measure_scaling": "scaling_measure",
+    "plot_allreduce": "allreduce_plots",
+    "plot_efficiency": "efficiency_plots",
+    "plot_published_busbw": "published_scale_plots",
+    "plot_published_mfu": "published_scale_plots",
+    "plot_scaling": "scaling_plots",
+    "published_scaling": "published",
+    "published_sources": "published",
+    "scale_sources": "published_scale",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = offer(__name__, _NAMES)

@@ -27,12 +27,10 @@ import time
 from pathlib import Path
 
 from .allreduce_result import (
-    FIT_TOLERANCE,
     AllreduceResult,
     KiB,
     MiB,
     human_size,
-    load_allreduce,
     message_sizes,
     parse_size,
     save_allreduce,
@@ -46,18 +44,7 @@ from .allreduce_worker import (
 )
 from .bench_output import check_writable, save_or_keep
 
-__all__ = [
-    "FIT_TOLERANCE",
-    "AllreduceResult",
-    "add_arguments",
-    "allreduce_sweep",
-    "load_allreduce",
-    "main",
-    "measure_allreduce",
-    "message_sizes",
-    "parse_size",
-    "save_allreduce",
-]
+__all__ = ["add_arguments", "main"]
 
 
 def _size_arg(text: str) -> int:
@@ -177,7 +164,7 @@ def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -
 def main(args: argparse.Namespace) -> int:
     """Run the sweep (starting ranks, or as one of a launcher's) and report it."""
     from ..env import rank_info
-    from ..ranks.launcher import LaunchError
+    from ..ranks.results import LaunchError
     from ..ranks.worker import process_group
 
     started = time.perf_counter()

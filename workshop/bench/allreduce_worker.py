@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..env import available_memory
+from ..allocation import available_memory
 from .allreduce_result import (
     DTYPE_BYTES,
     AllreduceResult,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import FONT
-from ..sources.tables import DocumentTable
+from ..sources.doc_table import DocumentTable
 from .scaling_plots import scaling_series, series_style
 
 if TYPE_CHECKING:
@@ -48,7 +48,8 @@ def efficiency_series(*sources: Any) -> dict[str, Points]:
     """
     if not sources:
         raise ValueError(
-            "nothing to draw; pass a document table (workshop.document_table(name)), "
+            "nothing to draw; pass a document table "
+            "(workshop.sources.document_table(name)), "
             "a ScalingResult or a dict {label: [(ranks, samples_per_sec), ...]}"
         )
     out: dict[str, Points] = {}

@@ -274,7 +274,7 @@ def time_torchrun(world_size: int, repeats: int) -> LaunchTimes:
 
 def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
     """Launch ``count`` times in a row; count those that finished and that hung."""
-    from ..ranks.launcher import LaunchError
+    from ..ranks.results import LaunchError
 
     done, hung, failed, seconds = 0, 0, 0, []
     for _ in range(count):

@@ -15,7 +15,7 @@ A figure from one of the workshop's source documents names the document itself
 (:func:`workshop.sources.document`) and holds only numbers that document contains:
 :func:`figures_not_in_documents` checks it. Document 004's tables in seconds (MNIST
 on CPU cores and GPUs) are not throughput tables: they live, with all its other
-tables, in :mod:`workshop.sources.tables` (``workshop.document_tables()``), and
+tables, in :mod:`workshop.sources.tables` (``workshop.sources.document_tables()``), and
 :func:`workshop.bench.efficiency_plots.plot_efficiency` draws their efficiency.
 """
 
@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..sources.doc_table import DocumentTable
 from ..sources.documents import Document, document, missing_numbers, pick_named
-from ..sources.tables import DocumentTable, document_table
+from ..sources.tables import document_table
 
 __all__ = [
     "PublishedQuote",
@@ -313,7 +314,8 @@ def published_sources(width: int = 88) -> str:
     Each table's speed-up and efficiency against its smallest GPU count are worked
     out from its own numbers (speed-up / (N / N0)), so the reader sees what the
     figures say; where the source states a speed-up of its own, both are given. The
-    source documents' other tables are listed by name (``workshop.document_table``).
+    source documents' other tables are listed by name
+    (``workshop.sources.document_table``).
 
     Args:
         width: the longest line, in characters; at least 40.
@@ -368,7 +370,9 @@ def published_sources(width: int = 88) -> str:
     tables = document_tables()
     keys = sorted({t.key for t in tables})
     lines += wrap(
-        "Tables of the source documents (print(workshop.document_table(name))):", ""
+        "Tables of the source documents "
+        "(print(workshop.sources.document_table(name))):",
+        "",
     )
     for t in tables:
         lines += wrap(f"{t.name}: {t.label.rsplit(' (', 1)[0]}", "- ")

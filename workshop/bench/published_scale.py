@@ -26,14 +26,7 @@ from .published import PublishedQuote
 from .published_scale_data import TABLES, QuotedBandwidth, ScaleTable
 from .published_scale_quotes import QUOTES
 
-__all__ = [
-    "QuotedBandwidth",
-    "ScaleTable",
-    "derived",
-    "scale_quotes",
-    "scale_sources",
-    "scale_tables",
-]
+__all__ = ["derived", "scale_quotes", "scale_sources", "scale_tables"]
 
 
 def scale_tables(*names: str) -> list[ScaleTable]:

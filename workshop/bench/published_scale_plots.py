@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS, FONT
-from .published_scale import QuotedBandwidth, ScaleTable, scale_quotes, scale_tables
+from .published_scale import scale_quotes, scale_tables
+from .published_scale_data import QuotedBandwidth, ScaleTable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

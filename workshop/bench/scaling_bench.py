@@ -62,9 +62,6 @@ from .scaling_measure import (
 from .scaling_results import (
     MODES,
     ScalingResult,
-    ScalingRow,
-    strong_scaling,
-    weak_scaling,
 )
 from .scaling_worker import (
     check_divides,
@@ -73,19 +70,7 @@ from .scaling_worker import (
     scaling_worker,
 )
 
-__all__ = [
-    "MODES",
-    "ScalingResult",
-    "ScalingRow",
-    "add_arguments",
-    "load_scaling",
-    "main",
-    "measure_scaling",
-    "per_rank_batch",
-    "scaling_worker",
-    "strong_scaling",
-    "weak_scaling",
-]
+__all__ = ["add_arguments", "main"]
 
 
 # ------------------------------------------------------------------ command line
@@ -300,7 +285,7 @@ def _under_launcher(
 def main(args: argparse.Namespace) -> int:
     """Run the scaling benchmark, print its table and explanation."""
     from ..env import rank_info, visible_gpu_count
-    from ..ranks.launcher import LaunchError
+    from ..ranks.results import LaunchError
 
     if args.plot and not args.out:
         print(

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..comm.costmodel import fit_alpha_beta, ring_allreduce_time
+from ..comm.costmodel import fit_alpha_beta, ring_all_reduce_time
 from .scaling_results import (
     MODES,
     ScalingResult,
@@ -139,7 +139,7 @@ def given_alpha_beta(
     if allreduce_json is None:
         return None
     try:  # the all-reduce benchmark's reader, where this version has one
-        from .allreduce_bench import load_allreduce
+        from .allreduce_result import load_allreduce
     except ImportError as exc:
         raise ValueError(
             f"cannot read {str(allreduce_json)!r}: this version of "
@@ -276,7 +276,7 @@ def _row(raw: dict[str, Any], ab: tuple[float, float] | None) -> ScalingRow:
     if n == 1:
         predicted = 0.0
     elif ab is not None:
-        predicted = ring_allreduce_time(raw["gradient_bytes"], n, ab[0], ab[1])
+        predicted = ring_all_reduce_time(raw["gradient_bytes"], n, ab[0], ab[1])
     return ScalingRow(
         mode=raw["mode"],
         world_size=n,

@@ -220,7 +220,7 @@ def scaling_worker(
     from ..env import backend_name
     from ..ranks.worker import rank_device
     from ..training.data import synthetic
-    from ..training.loop import train_step
+    from ..training.steps import train_step
 
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(

@@ -55,7 +55,7 @@ def _workshop_step(
     channels_last: bool,
 ) -> Callable[[], None]:
     """One training step of the workshop's loop (``train_step``), as a function."""
-    from ..training.loop import train_step
+    from ..training.steps import train_step
 
     def step() -> None:
         train_step(
@@ -114,8 +114,8 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from ..env import visible_gpu_count
-    from ..training.loop import resolve_device
     from ..training.models import SmallCNN, resnet
+    from ..training.steps import resolve_device
 
     device = resolve_device()
     gpu = visible_gpu_count() > 0

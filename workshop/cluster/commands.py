@@ -19,12 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..env import slurm_allocation, usable_cores
+from ..allocation import slurm_allocation, usable_cores
 from .arguments import check_count, check_script
 from .gpu_split import split_for
 from .ports import quiet_ports
 from .run import check_program, failure_message, run_all, timeout_message
-from .srun import srun_command
 
 __all__ = [
     "CommandError",
@@ -33,7 +32,6 @@ __all__ = [
     "mpirun_command",
     "run_command",
     "run_commands",
-    "srun_command",
     "torchrun_command",
 ]
 

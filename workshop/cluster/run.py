@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .._procs import interrupted
-from ..env import task_variables
+from ..allocation import task_variables
 from ..ranks.streams import Pipes, display_command, rewrite_line
 from .reaper import descendants
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._procs import interrupted
 from ..ranks.streams import display_path
-from .slurm_cluster import SlurmCluster, conf_problem, slurm_cluster
+from .slurm_cluster import conf_problem
 from .slurm_options import (
     find_script,
     gives_output,
@@ -39,21 +39,13 @@ from .slurm_options import (
     sbatch_options,
 )
 from .slurm_status import (
-    FINAL_STATES,
     JobStatus,
     parse_scontrol,
     status_from_sacct,
     status_from_scontrol,
 )
 
-__all__ = [
-    "FINAL_STATES",
-    "JobStatus",
-    "SlurmCluster",
-    "SlurmJob",
-    "slurm_cluster",
-    "submit",
-]
+__all__ = ["SlurmJob", "submit"]
 
 _sleep = time.sleep  # the tests replace it to interrupt a wait
 _NOT_INSTALLED = (

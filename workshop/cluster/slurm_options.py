@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..env import job_variables
+from ..allocation import job_variables
 
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from ..env import slurm_allocation
+from ..allocation import slurm_allocation
 from .arguments import check_count, check_script
 from .run import check_program
 
@@ -40,7 +40,7 @@ def srun_command(
     or an ``salloc`` shell no step holds them, and the line is the plain one. Give
     ``cpus_per_task`` to have each rank's cores: since Slurm 22.05 ``srun`` no
     longer takes the job's ``--cpus-per-task``. Run the line with
-    :func:`workshop.run_command`, which also keeps the kernel's task variables
+    :func:`workshop.cluster.run_command`, which also keeps the kernel's task variables
     (``SLURM_PROCID``, its CPU binding) out of the new step.
 
     Args:

@@ -21,7 +21,7 @@ __all__ = [
     "bus_factor",
     "busbw",
     "fit_alpha_beta",
-    "ring_allreduce_time",
+    "ring_all_reduce_time",
 ]
 
 
@@ -74,7 +74,7 @@ def busbw(size_bytes: float, seconds: float, world_size: int) -> float:
     return algbw(size_bytes, seconds) * bus_factor(world_size)
 
 
-def ring_allreduce_time(
+def ring_all_reduce_time(
     size_bytes: float, world_size: int, alpha: float, beta: float
 ) -> float:
     """Predicted seconds of a ring all-reduce of ``size_bytes`` on ``world_size``
@@ -87,7 +87,7 @@ def ring_allreduce_time(
         beta: bandwidth of one link, bytes/s.
 
     Example:
-        >>> ring_allreduce_time(4e6, 4, alpha=1e-5, beta=1e9)
+        >>> ring_all_reduce_time(4e6, 4, alpha=1e-5, beta=1e9)
         0.00606
     """
     _check_world(world_size)
@@ -112,7 +112,7 @@ class AlphaBeta:
 
     def predict(self, size_bytes: float) -> float:
         """Predicted seconds for an all-reduce of ``size_bytes`` at this world size."""
-        return ring_allreduce_time(size_bytes, self.world_size, self.alpha, self.beta)
+        return ring_all_reduce_time(size_bytes, self.world_size, self.alpha, self.beta)
 
     def describe(self) -> str:
         """One line for a report, e.g. ``alpha = 35.2 us, beta = 1.84 GB/s``."""
@@ -146,7 +146,7 @@ def fit_alpha_beta(
 
     Example:
         >>> sizes = [1e3, 1e5, 1e7]
-        >>> times = [ring_allreduce_time(s, 4, 2e-5, 5e8) for s in sizes]
+        >>> times = [ring_all_reduce_time(s, 4, 2e-5, 5e8) for s in sizes]
         >>> fit = fit_alpha_beta(sizes, times, 4)
         >>> round(fit.alpha * 1e6, 3), round(fit.beta / 1e6, 3)
         (20.0, 500.0)

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["RingStep", "ring_allreduce_steps"]
+__all__ = ["RingStep", "ring_all_reduce_steps"]
 
 
 @dataclass(frozen=True)
 class RingStep:
-    """One step of a ring all-reduce, as :func:`ring_allreduce_steps` computes it.
+    """One step of a ring all-reduce, as :func:`ring_all_reduce_steps` computes it.
 
     Attributes:
         step: 0, 1, ... 2(N-1)-1.
@@ -39,7 +39,7 @@ class RingStep:
     counts: list[list[int]]
 
 
-def ring_allreduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[RingStep]:
+def ring_all_reduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[RingStep]:
     """Compute a ring all-reduce (sum) step by step, without torch.
 
     Each of N ranks splits its vector into N chunks. In the N-1 reduce-scatter steps,
@@ -61,7 +61,7 @@ def ring_allreduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[Ring
             values than ranks.
 
     Example:
-        >>> steps = ring_allreduce_steps([[1, 2], [10, 20]])
+        >>> steps = ring_all_reduce_steps([[1, 2], [10, 20]])
         >>> len(steps), steps[-1].after
         (2, [[[11], [22]], [[11], [22]]])
     """

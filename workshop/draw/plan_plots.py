@@ -1,7 +1,7 @@
 """Pictures of a layout plan: memory per GPU against the GPU's capacity, and the step
 time split into compute, communication on each mesh dimension, and the bubble.
 
-Drawn from the planner's estimate (``workshop.parallel.layout_estimate.Estimate``)
+Drawn from the planner's estimate (``workshop.planner.estimator.Estimate``)
 read as plain data: its ``memory`` and ``time`` dicts, ``step``, ``gpu`` (``name``,
 ``memory_bytes``) and ``layout`` (``dp``, ``tp``, ``pp``, ``zero``). Nothing here
 imports the planner, so a saved estimate draws the same.
@@ -89,7 +89,7 @@ def _read(estimate: Any, owner: str) -> tuple[dict, dict, float, float, str]:
     except AttributeError as error:
         raise ValueError(
             f"{owner} draws a planner estimate "
-            "(workshop.parallel.layout_estimate.Estimate: "
+            "(workshop.planner.estimator.Estimate: "
             f"memory, time, step, gpu); got {type(estimate).__name__}: {error}"
         ) from error
     memory = _terms(memory, MEMORY_TERMS, "estimate.memory", owner)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..comm.ring import RingStep, ring_allreduce_steps  # noqa: F401  (the doctests')
+from ..comm.ring import RingStep, ring_all_reduce_steps  # noqa: F401  (the doctests')
 from .comm_diagrams import (
     CENTRE,
     DPI,
@@ -53,7 +53,7 @@ def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
     6 ranks (under 400 px tall up to 4); from 7 it is wider, and shrunk.
 
     Args:
-        steps: what :func:`ring_allreduce_steps` returned.
+        steps: what :func:`ring_all_reduce_steps` returned.
         k: which step, 0 to ``len(steps) - 1`` (the title counts from 1).
 
     Returns:
@@ -63,7 +63,7 @@ def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
         ValueError: ``k`` out of range.
 
     Example:
-        >>> steps = ring_allreduce_steps([[1, 2], [10, 20]])
+        >>> steps = ring_all_reduce_steps([[1, 2], [10, 20]])
         >>> draw_ring_step(steps, 1).axes[0].get_title().splitlines()[0]
         'step 2 of 2: all-gather 1 of 1'
     """
@@ -177,7 +177,7 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
     chunk each rank just received is framed, fully reduced chunks are bold.
 
     Args:
-        steps: what :func:`ring_allreduce_steps` returned.
+        steps: what :func:`ring_all_reduce_steps` returned.
         phase: ``"both"`` (every step: fits the projector up to 4 ranks),
             ``"reduce-scatter"`` or ``"all-gather"`` (one phase's N-1 steps: up to
             6 ranks).
@@ -189,7 +189,7 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
         ValueError: an unknown ``phase``.
 
     Example:
-        >>> fig = draw_ring_grid(ring_allreduce_steps([[1, 2], [3, 4]]))
+        >>> fig = draw_ring_grid(ring_all_reduce_steps([[1, 2], [3, 4]]))
         >>> [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("step")]
         ['step 1', 'step 2']
     """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..comm.ring import RingStep, ring_allreduce_steps  # noqa: F401  (the doctests')
+from ..comm.ring import RingStep, ring_all_reduce_steps  # noqa: F401  (the doctests')
 from .comm_diagrams import DPI
 from .ring_diagram import draw_ring_grid, draw_ring_step
 
@@ -62,14 +62,14 @@ def ring_widget(steps: Sequence[RingStep]) -> RingWidget | Figure:
     Falls back to :func:`draw_ring_grid` where ipywidgets cannot be imported.
 
     Args:
-        steps: what :func:`ring_allreduce_steps` returned.
+        steps: what :func:`ring_all_reduce_steps` returned.
 
     Returns:
         A :class:`RingWidget` (slider 1 to 2(N-1), over :func:`draw_ring_step` of
         that step), or the grid's Figure without ipywidgets.
 
     Example:
-        >>> steps = ring_allreduce_steps([[r] * 4 for r in range(4)])
+        >>> steps = ring_all_reduce_steps([[r] * 4 for r in range(4)])
         >>> ring_widget(steps)  # doctest: +SKIP
     """
     try:

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from ..comm.costmodel import bus_factor, ring_allreduce_time
+from ..comm.costmodel import bus_factor, ring_all_reduce_time
 from .exercises_cluster import CLUSTER_EXERCISES
 from .exercises_plan import PLAN_EXERCISES
 from .judges import Exercise, close, first_wrong_case
@@ -142,7 +142,7 @@ def _ring_time_function(answer: Any) -> bool | str:
         (1e9, 8, 0.0, 25e9),
         (1000, 1, 1e-6, 1e9),
     ]
-    return first_wrong_case(answer, "ring_time", cases, ring_allreduce_time)
+    return first_wrong_case(answer, "ring_time", cases, ring_all_reduce_time)
 
 
 def _matches_row_split(

@@ -4,7 +4,7 @@
 
 Each entry is (what the exercise wants, its judge, a hint): the fields of
 :class:`workshop.lessons.judges.Exercise`. The judges ask the estimator
-(:mod:`workshop.parallel.layout_estimate`) when they run, not at import, so that
+(:mod:`workshop.planner.estimator`) when they run, not at import, so that
 ``exercises`` can import this module cheaply and the right answers are always the
 estimator's own.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..parallel.layout import Layout, model_shape
+from ..planner.layout import Layout, model_shape
 
 __all__ = [
     "FIT",
@@ -54,8 +54,8 @@ BUBBLE = {"stages": 4, "under": 0.10}
 
 def best_fit() -> Any:
     """The estimator's best layout for 04.fit8b: an
-    :class:`~workshop.parallel.layout_estimate.Estimate` (the fastest that fits)."""
-    from ..parallel.layout_search import best_layouts
+    :class:`~workshop.planner.estimator.Estimate` (the fastest that fits)."""
+    from ..planner.search import best_layouts
 
     ranked = best_layouts(
         model_shape(FIT["model"]),
@@ -72,7 +72,7 @@ def best_fit() -> Any:
 
 
 def _fit_layout(answer: Any) -> bool | str:
-    from ..parallel.layout_estimate import estimate
+    from ..planner.estimator import estimate
 
     if not isinstance(answer, Layout):
         return (
@@ -121,7 +121,7 @@ def tp_nodes_ratio() -> float:
     """04.tp_nodes: how many times longer the step of :data:`TP_NODES`'s layout is
     when its tensor-parallel groups of 8 span two nodes of 4 GPUs than inside one
     node of 8."""
-    from ..parallel.layout_estimate import estimate
+    from ..planner.estimator import estimate
 
     model = model_shape(TP_NODES["model"])
     inside, across = (

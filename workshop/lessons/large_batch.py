@@ -95,7 +95,8 @@ def large_batch_worker(
     from torch.utils.data.distributed import DistributedSampler
 
     from ..ranks.worker import rank_device
-    from ..training.data import digits, make_loader
+    from ..training.data import digits
+    from ..training.loaders import make_loader
     from ..training.models import SmallCNN
     from ..training.steps import evaluate, train_step
 

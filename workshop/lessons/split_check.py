@@ -2,8 +2,9 @@
 :class:`~workshop.lessons.pipeline.TwoStageModel` with an unsplit copy of it.
 
 Used by notebook 01, section 4, as notebook 04 checks tensor parallelism with
-:func:`workshop.check_tensor_parallel`: same weights, so the same outputs and, through
-the pipeline of micro-batches, the same gradients, within float32 rounding::
+:func:`workshop.parallel.check_tensor_parallel`: same weights, so the same outputs
+and, through the pipeline of micro-batches, the same gradients, within float32
+rounding::
 
     check = check_split(model, x, y, micro_batches=4, loss_fn=nn.CrossEntropyLoss())
     check.ok, check.bitwise_outputs, check.gradient_difference

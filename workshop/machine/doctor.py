@@ -230,7 +230,7 @@ def _slurm_items() -> Items:
                 "this process is a task of a job step (a notebook kernel that a "
                 "portal started with srun): ranks and commands it starts get the "
                 "job's variables but not the step's, and srun from a cell needs "
-                "--overlap (workshop.srun_command adds it)",
+                "--overlap (workshop.cluster.srun_command adds it)",
             )
         )
     return items

@@ -40,7 +40,6 @@ from ..training.progress import Progress
 from .monitor_plot import (
     COLUMNS,
     Sample,
-    load_samples,
     plot_monitor,
     sample_row,
     step_gaps,
@@ -48,21 +47,12 @@ from .monitor_plot import (
 from .monitor_probes import (
     SMI_TIMEOUT,
     Gpus,
-    admin_commands,
     difference,
     read_counters,
     scope_line,
 )
 
-__all__ = [
-    "Monitor",
-    "Sample",
-    "add_arguments",
-    "admin_commands",
-    "load_samples",
-    "plot_monitor",
-    "run_from_args",
-]
+__all__ = ["Monitor", "add_arguments", "run_from_args"]
 
 #: Smallest sampling interval: below it the sampler itself loads a core.
 MIN_INTERVAL = 0.05

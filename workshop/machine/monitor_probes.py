@@ -14,8 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..allocation import cpu_limit, memory_limit
-from ..env import slurm_allocation
+from ..allocation import cpu_limit, memory_limit, slurm_allocation
 from .doctor_probes import _run
 from .monitor_plot import Sample
 

@@ -1,6 +1,37 @@
-"""Beyond data parallelism, on real ranks: tensor parallelism of a linear layer and an
-MLP block, a pipeline whose stages are ranks, sharded data parallelism (ZeRO, FSDP)
-and the parameter server. Each is checked against the unsplit computation.
+"""Beyond data parallelism, on real ranks (notebook 04), each checked against the
+unsplit computation.
 
-Imports ``env``, ``features``, ``comm``, ``ranks`` and ``training`` from the package.
+- Tensor parallelism: TensorParallelMLP, check_tensor_parallel,
+  column_parallel_demo, tensor_parallel_bytes.
+- A pipeline whose stages are ranks: run_pipeline, schedule_order, idle_fraction.
+- Sharded data parallelism: measure_zero_memory, check_zero_stage1,
+  measure_fsdp_memory.
+- The parameter server: parameter_server, async_parameter_server,
+  allreduce_baseline, traffic_per_step, sharded_parameter_server, server_traffic.
+
+Imports ``comm``, ``ranks``, ``training``, ``planner`` (the ZeRO formula) and the base
+modules.
 """
+
+from .._exports import offer
+
+_NAMES = {
+    "allreduce_baseline": "param_server",
+    "async_parameter_server": "param_server",
+    "check_tensor_parallel": "tensor_check",
+    "check_zero_stage1": "sharded",
+    "column_parallel_demo": "tensor_check",
+    "idle_fraction": "pipeline_schedules",
+    "measure_fsdp_memory": "zero_memory",
+    "measure_zero_memory": "sharded",
+    "parameter_server": "param_server",
+    "run_pipeline": "pipeline_ranks",
+    "schedule_order": "pipeline_schedules",
+    "server_traffic": "param_shards",
+    "sharded_parameter_server": "param_shards",
+    "tensor_parallel_bytes": "tensor_check",
+    "TensorParallelMLP": "tensor",
+    "traffic_per_step": "param_server",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = offer(__name__, _NAMES)

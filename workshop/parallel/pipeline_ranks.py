@@ -21,23 +21,10 @@ from typing import Any
 from ..ranks.worker import group_place, rank_device
 from .pipeline_schedules import (
     SCHEDULES,
-    gpipe_order,
-    idle_fraction,
-    one_f_one_b_order,
-    peak_stored,
     schedule_order,
 )
 
-__all__ = [
-    "SCHEDULES",
-    "TOLERANCE",
-    "gpipe_order",
-    "idle_fraction",
-    "one_f_one_b_order",
-    "peak_stored",
-    "run_pipeline",
-    "schedule_order",
-]
+__all__ = ["TOLERANCE", "run_pipeline"]
 
 #: Largest difference allowed between a stage's gradients and the unsplit model's,
 #: relative to the largest gradient (at least 1). Cutting the batch changes the order

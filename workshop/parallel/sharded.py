@@ -36,10 +36,11 @@ import torch.distributed as dist
 from torch import nn
 
 from ..features import has_collective
+from ..planner.memory import STAGE_NAMES, stage_number, zero_bytes
 from ..ranks.worker import rank_device
+from ..training.models import held_bytes
 from .zero_memory import (
     LR,
-    STAGE_NAMES,
     _batch,
     _check_sizes,
     _checksum,
@@ -47,13 +48,9 @@ from .zero_memory import (
     _cuda_start,
     _mlp,
     _need_group,
-    held_bytes,
-    measure_fsdp_memory,
-    stage_number,
-    zero_bytes,
 )
 
-__all__ = ["check_zero_stage1", "measure_fsdp_memory", "measure_zero_memory"]
+__all__ = ["check_zero_stage1", "measure_zero_memory"]
 
 # Hand-written stage 1 against torch's DDP: the same arithmetic, but the sums of
 # the gradients may be added up in another order (reduce-scatter against DDP's

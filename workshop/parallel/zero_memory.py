@@ -20,161 +20,23 @@ the data, the CUDA counters) are the ones the hand-written stages of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..features import fsdp2_fully_shard
+from ..planner.memory import zero_bytes
 from ..ranks.worker import group_place, rank_device
+from ..training.models import held_bytes
 
-__all__ = [
-    "LR",
-    "PRECISIONS",
-    "STAGE_NAMES",
-    "held_bytes",
-    "measure_fsdp_memory",
-    "stage_number",
-    "zero_bytes",
-]
+__all__ = ["LR", "measure_fsdp_memory"]
 
 #: Adam's learning rate in every run of this module and of ``sharded``.
 LR = 1e-3
 _BATCH = 16  # samples per rank and step
-
-#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam.
-#: "fp32": everything in fp32, Adam's two moments (the variant the lesson runs).
-#: "mixed": the ZeRO paper's fp16 parameters and gradients, with an fp32 master
-#: copy of the parameters and the two moments as optimizer state (4 + 4 + 4 bytes).
-PRECISIONS: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
-
-#: The name of each stage, 0 being plain data parallelism (DDP).
-STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
-
-
-def stage_number(stage: int | str) -> int:
-    """The stage as a number: "ddp" (or 0) is 0; 1, 2, 3 (or "1", "zero-2", ...).
-
-    Raises:
-        ValueError: anything else, with the stages there are.
-
-    Example:
-        >>> stage_number("ddp"), stage_number(2), stage_number("zero-3")
-        (0, 2, 3)
-    """
-    if isinstance(stage, str):
-        text = stage.strip().lower()
-        if text == "ddp":
-            return 0
-        text = text.removeprefix("zero").lstrip("-_ ")
-        if text in ("0", "1", "2", "3"):
-            return int(text)
-    elif isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
-        return stage
-    raise ValueError(
-        f"stage={stage!r} is not a ZeRO stage; pass 'ddp' (or 0) for plain data "
-        "parallelism, or 1, 2 or 3"
-    )
-
-
-def _whole(name: str, value: Any, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{name}={value!r} must be a whole number, 1 or more; for example {example}"
-        )
-    return value
-
-
-def zero_bytes(
-    parameters: int, world_size: int, stage: int | str, precision: str = "fp32"
-) -> dict[str, int]:
-    """Bytes each rank keeps for a model of ``parameters`` (Ψ) values trained with Adam.
-
-    A sharded part costs ``bytes per parameter * Ψ / world_size``, rounded up to a
-    whole byte (a real rank also pads Ψ up to a multiple of ``world_size``; that
-    adds at most ``world_size - 1`` values and is left out here).
-
-    Args:
-        parameters: Ψ, the number of parameters of the model.
-        world_size: N, the number of data-parallel ranks.
-        stage: "ddp" (or 0), 1, 2 or 3.
-        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "mixed" (the ZeRO
-            paper's fp16 parameters and gradients, 2 + 2 bytes, and 12 bytes of
-            fp32 master parameters and moments).
-
-    Returns:
-        ``{"params", "grads", "optimizer", "total"}``: bytes per rank.
-
-    Raises:
-        ValueError: a count below 1, or an unknown stage or precision.
-
-    Example:
-        >>> zero_bytes(1000, 4, "ddp")
-        {'params': 4000, 'grads': 4000, 'optimizer': 8000, 'total': 16000}
-        >>> zero_bytes(1000, 4, 2)["total"]      # 4 Ψ + 12 Ψ / 4
-        7000
-    """
-    _whole("parameters", parameters, "zero_bytes(1_000_000, 4, stage=2)")
-    _whole("world_size", world_size, "zero_bytes(1_000_000, 4, stage=2)")
-    number = stage_number(stage)
-    if precision not in PRECISIONS:
-        raise ValueError(
-            f"precision={precision!r} is not known; pass one of "
-            + ", ".join(repr(p) for p in PRECISIONS)
-        )
-    per_param = PRECISIONS[precision]
-    # Stage s shards the last s of (optimizer state, gradients, parameters).
-    sharded = (number >= 3, number >= 2, number >= 1)
-    parts = [
-        -(-size * parameters // world_size) if cut else size * parameters
-        for size, cut in zip(per_param, sharded, strict=True)
-    ]
-    names = ("params", "grads", "optimizer")
-    return dict(zip(names, parts, strict=True), total=sum(parts))
-
-
-def held_bytes(parts: Mapping[str, Iterable[Any]]) -> dict[str, int]:
-    """Bytes of memory the tensors of each part hold, each storage counted once.
-
-    Several tensors can share one block of memory (a view of a flat buffer, a
-    parameter and the slice of it an optimizer updates), so bytes are counted per
-    storage, not per tensor: a storage belongs to the first part that names it, and
-    it counts whole (a view into a bigger buffer keeps the whole buffer alive).
-    Sharded ``DTensor`` values count their local shard; ``None`` and tensors on the
-    "meta" device (shapes without memory) count nothing.
-
-    Args:
-        parts: for each part ("params", "grads", "optimizer", ...), its tensors.
-
-    Returns:
-        Bytes per part, and "total".
-
-    Example:
-        >>> import torch
-        >>> flat = torch.zeros(10)
-        >>> held_bytes({"params": [flat, flat[:5]], "grads": [flat[5:]]})
-        {'params': 40, 'grads': 0, 'total': 40}
-    """
-    seen: set[tuple[str, int]] = set()
-    counted: dict[str, int] = {}
-    for name, tensors in parts.items():
-        counted[name] = 0
-        for tensor in tensors:
-            if tensor is None:
-                continue
-            if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
-                tensor = tensor.to_local()
-            if tensor.device.type == "meta":
-                continue
-            storage = tensor.untyped_storage()
-            key = (str(tensor.device), storage.data_ptr())
-            if storage.nbytes() == 0 or key in seen:
-                continue
-            seen.add(key)
-            counted[name] += storage.nbytes()
-    counted["total"] = sum(counted.values())
-    return counted
 
 
 # --- shared by the runs here and in sharded.py ------------------------------
@@ -241,26 +103,6 @@ def _checksum(full: torch.Tensor) -> dict[str, float]:
 
 
 # --- PyTorch's own ZeRO-3 ------------------------------------------------------------
-def _fully_shard() -> tuple[Callable | None, str]:
-    """FSDP2's ``fully_shard`` and where it was found, or None and why not."""
-    try:  # public from torch 2.6
-        from torch.distributed.fsdp import fully_shard
-
-        return fully_shard, "torch.distributed.fsdp.fully_shard"
-    except ImportError:
-        pass
-    try:  # torch 2.4 and 2.5
-        from torch.distributed._composable.fsdp import fully_shard
-
-        return fully_shard, "torch.distributed._composable.fsdp.fully_shard"
-    except ImportError as exc:
-        return None, (
-            f"torch {torch.__version__} has no FSDP2 fully_shard ({exc}); it came "
-            "with torch 2.4 (as torch.distributed._composable.fsdp) and is public "
-            "from 2.6: install torch 2.4 or later"
-        )
-
-
 def measure_fsdp_memory(
     width: int = 256,
     depth: int = 4,
@@ -310,7 +152,7 @@ def measure_fsdp_memory(
         "world_size": dist.get_world_size(),
         "device": str(device),
     }
-    fully_shard, found = _fully_shard()
+    fully_shard, found = fsdp2_fully_shard()
     if fully_shard is None:
         return {"available": False, "why": found, **where}
     try:

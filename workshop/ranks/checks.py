@@ -13,7 +13,7 @@ import os
 import resource
 from typing import Any
 
-from ..env import available_memory, usable_cores
+from ..allocation import available_memory, usable_cores
 from .start import START_METHODS
 from .sweep import TAG_VAR
 

@@ -37,7 +37,7 @@ from .results import LaunchError, RunResult
 from .session import LIVE, LaunchSession
 from .stacks import StackDumps
 
-__all__ = ["LaunchError", "RunResult", "choose_start_method", "launch"]
+__all__ = ["launch"]
 
 SERVER = ForkServer()
 # The hazards (forkable.HAZARDS) whose explanation this kernel has been shown.

@@ -6,7 +6,8 @@ import os
 import socket
 from datetime import timedelta
 
-from ..env import LAUNCHER_STORE_VAR, task_variables
+from ..allocation import task_variables
+from ..env import LAUNCHER_STORE_VAR
 from .sweep import TAG_VAR
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from .rank import RankError
 
-__all__ = ["LaunchError", "RankError", "RunResult"]
+__all__ = ["LaunchError", "RunResult"]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+from ..allocation import slurm_allocation, usable_cores
 from ..env import (
     RankInfo,
     backend_name,
@@ -24,9 +25,7 @@ from ..env import (
     group_backend,
     launcher_hosts_store,
     rank_info,
-    slurm_allocation,
     torchrun_restart_risk,
-    usable_cores,
 )
 from ..features import torch_release
 

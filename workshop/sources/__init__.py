@@ -8,6 +8,19 @@ tables (``tables``, ``storage``) and, for checking, the set of numbers each one 
 FOLDER``): a figure the workshop credits to a document must be among that document's
 numbers (``documents.holds``).
 
-Imports: the base modules only (nothing here does; it is data and its checks), so
-every wing above may read it.
+Imports: the base modules only (it is data and its checks), so every wing above may
+read it.
+
+Offered here: document_table and document_tables (a document's benchmark tables as
+data), storage_table (a site's file systems, from document 004).
 """
+
+from .._exports import offer
+
+_NAMES = {
+    "document_table": "tables",
+    "document_tables": "tables",
+    "storage_table": "storage",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = offer(__name__, _NAMES)

@@ -106,7 +106,7 @@ class DocumentTable:
 
         For seconds, time at the smallest count / time; for a rate, rate / rate at
         the smallest count. Efficiency is then speed-up x smallest count / count.
-        The result is what :func:`workshop.plot_efficiency` draws.
+        The result is what :func:`workshop.bench.plot_efficiency` draws.
 
         Args:
             column: one measured column; None for all of them.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .doc_table import DocumentTable
 from .documents import pick_named
 
-__all__ = ["DocumentTable", "document_table", "document_tables"]
+__all__ = ["document_table", "document_tables"]
 
 _GRAHAM_CPU = (
     "Graham (SHARCNET) CPU node, 32 cores, Intel E5-2683 v4 Broadwell (the slides "

@@ -32,18 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from .cifar import CIFAR10_MEAN, CIFAR10_STD, cifar10
-from .loaders import make_loader, time_loader
-
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "cifar10",
-    "digits",
-    "make_loader",
-    "synthetic",
-    "time_loader",
-]
+__all__ = ["digits", "synthetic"]
 
 _SPLITS = ("train", "test")
 

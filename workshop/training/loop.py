@@ -24,8 +24,6 @@ from torch import nn
 
 from .progress import History, Progress
 from .steps import (
-    AMP_MODES,
-    StepResult,
     check_amp,
     check_bf16_gpu,
     evaluate,
@@ -34,16 +32,7 @@ from .steps import (
     train_step,
 )
 
-__all__ = [
-    "AMP_MODES",
-    "OPTIMIZERS",
-    "SCHEDULES",
-    "StepResult",
-    "evaluate",
-    "resolve_device",
-    "train",
-    "train_step",
-]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "train"]
 
 #: Values of ``optimizer``, with the learning rate each uses when ``lr`` is None.
 OPTIMIZERS = {"sgd": 0.05, "adam": 1e-3}

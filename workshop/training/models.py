@@ -3,10 +3,23 @@ torchvision's ResNets (randomly initialised) for GPU throughput measurements."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
-__all__ = ["RESNETS", "SmallCNN", "count_parameters", "resnet"]
+__all__ = [
+    "RESNETS",
+    "SmallCNN",
+    "count_parameters",
+    "held_bytes",
+    "module_figures",
+    "module_tensor_sizes",
+    "resnet",
+    "saved_tensor_bytes",
+]
 
 #: The ResNets :func:`resnet` builds.
 RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
@@ -139,3 +152,115 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(
         p.numel() for p in model.parameters() if p.requires_grad or not trainable_only
     )
+
+
+# --- what a model holds ---------------------------------------------------------
+def held_bytes(parts: Mapping[str, Iterable[Any]]) -> dict[str, int]:
+    """Bytes of memory the tensors of each part hold, each storage counted once.
+
+    Several tensors can share one block of memory (a view of a flat buffer, a
+    parameter and the slice of it an optimizer updates), so bytes are counted per
+    storage, not per tensor: a storage belongs to the first part that names it, and
+    it counts whole (a view into a bigger buffer keeps the whole buffer alive).
+    Sharded ``DTensor`` values count their local shard; ``None`` and tensors on the
+    "meta" device (shapes without memory) count nothing.
+
+    Args:
+        parts: for each part ("params", "grads", "optimizer", ...), its tensors.
+
+    Returns:
+        Bytes per part, and "total".
+
+    Example:
+        >>> import torch
+        >>> flat = torch.zeros(10)
+        >>> held_bytes({"params": [flat, flat[:5]], "grads": [flat[5:]]})
+        {'params': 40, 'grads': 0, 'total': 40}
+    """
+    seen: set[tuple[str, int]] = set()
+    counted: dict[str, int] = {}
+    for name, tensors in parts.items():
+        counted[name] = 0
+        for tensor in tensors:
+            if tensor is None:
+                continue
+            if hasattr(tensor, "to_local"):  # a DTensor: this rank's shard
+                tensor = tensor.to_local()
+            if tensor.device.type == "meta":
+                continue
+            storage = tensor.untyped_storage()
+            key = (str(tensor.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            counted[name] += storage.nbytes()
+    counted["total"] = sum(counted.values())
+    return counted
+
+
+def saved_tensor_bytes(
+    run: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()
+) -> int:
+    """Bytes of the tensors autograd saves for the backward pass while ``run()`` runs.
+
+    Counted with ``torch.autograd.graph.saved_tensors_hooks``: each storage once (a
+    view counts its whole base), ``exclude`` (the parameters) left out. On the meta
+    device tensors have no storage, so they are told apart by their base tensor.
+
+    Example:
+        >>> lin = torch.nn.Linear(4, 4)
+        >>> saved_tensor_bytes(lambda: lin(torch.ones(2, 4)), lin.parameters())
+        32
+    """
+    skip = {_storage_key(t) for t in exclude}
+    seen: dict[Any, int] = {}
+    alive: list[torch.Tensor] = []  # keeps ids unique while counting on meta
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(tensor)
+        if key not in skip and key not in seen:
+            base = tensor if tensor._base is None else tensor._base
+            alive.append(base)
+            if base.device.type == "meta":
+                seen[key] = base.numel() * base.element_size()
+            else:
+                seen[key] = base.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(seen.values())
+
+
+def _storage_key(tensor: torch.Tensor) -> Any:
+    base = tensor if tensor._base is None else tensor._base
+    if base.device.type == "meta":
+        return ("meta", id(base))
+    return (str(base.device), base.untyped_storage().data_ptr())
+
+
+@functools.cache
+def module_figures(
+    builder: Callable[[], nn.Module], sample: tuple[int, ...], precision: str
+) -> tuple[int, float]:
+    """(saved bytes, forward FLOPs) of one sample of ``builder()``'s module, counted
+    on the meta device (nothing allocated) and cached; ``precision``: "bf16", "fp32"."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with torch.device("meta"):
+        module = builder().to(dtype)
+    module.train()
+    batch = torch.empty((1, *sample), device="meta", dtype=dtype)
+    saved = saved_tensor_bytes(lambda: module(batch), module.parameters())
+    with FlopCounterMode(display=False) as counter:
+        module(batch)
+    return saved, float(counter.get_total_flops())
+
+
+@functools.cache
+def module_tensor_sizes(builder: Callable[[], nn.Module]) -> tuple[int, ...]:
+    """Values of each parameter tensor of ``builder()``'s module, in order (built on
+    the meta device once)."""
+    with torch.device("meta"):
+        return tuple(p.numel() for p in builder().parameters())

@@ -1,9 +1,9 @@
 """``torch.profiler`` over a long training loop: which steps a ``schedule`` records,
 and what ``tensorboard_trace_handler`` wrote.
 
-:func:`workshop.profile_steps` (notebook 01) profiles a few steps in one go. In a
-real training loop the profiler runs inside the loop, ``prof.step()`` marks each
-step, and ``schedule(wait=, warmup=, active=, repeat=)`` picks the steps to record:
+:func:`workshop.training.profile_steps` (notebook 01) profiles a few steps in one
+go. In a real training loop the profiler runs inside the loop, ``prof.step()`` marks
+each step, and ``schedule(wait=, warmup=, active=, repeat=)`` picks the steps to record:
 each cycle skips ``wait`` steps, runs ``warmup`` steps with the profiler on but the
 results dropped, records ``active`` steps, and hands them to ``on_trace_ready``.
 Used by notebook 05, section 5::

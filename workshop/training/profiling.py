@@ -3,7 +3,7 @@ trace file to open in Perfetto (https://ui.perfetto.dev) or TensorBoard.
 
 Used by notebook 01, section 6::
 
-    report = workshop.profile_steps(one_step, steps=3, trace_dir="traces")
+    report = workshop.training.profile_steps(one_step, steps=3, trace_dir="traces")
     print(report.table)
 """
 

@@ -1,0 +1,422 @@
+"""The planner's estimator (layout_estimate, with its memory terms in layout_memory,
+its time terms in layout_time and its search in layout_search): each formula against
+a value worked out by hand, the
+parameter, gradient and optimizer terms against ``memory.zero_bytes``, the
+activation formula against the bytes autograd really saves for this package's Block
+(``saved_tensors_hooks`` on CPU), the search of layouts, and bad input refused."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+import torch
+from torch import nn
+
+import workshop.planner.estimator as le
+import workshop.planner.memory as lm
+import workshop.planner.search as ls
+import workshop.planner.step_time as lt
+from workshop.comm.bucket_plan import plan_buckets
+from workshop.planner import step_time
+from workshop.planner.estimator import estimate
+from workshop.planner.hardware import GPUS, NETWORKS
+from workshop.planner.layout import MODELS, Layout, ModelShape
+from workshop.planner.memory import (
+    activation_bytes,
+    layer_activation_bytes,
+    stage_parameters,
+    zero_bytes,
+)
+from workshop.planner.search import best_layouts, describe, table
+from workshop.planner.step_time import ring_time
+from workshop.planner.transformer import build_transformer
+from workshop.training.models import saved_tensor_bytes
+
+H100, NET = GPUS["H100 80GB"], NETWORKS["NVLink 4 + NDR 400G"]
+# Small enough for a CPU, with every feature of the block: GQA (4 heads, 2 kv heads).
+SMALL = ModelShape("small", layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq=32,
+                   ffn=96, mlp="swiglu")  # fmt: skip
+B8 = MODELS["transformer-8b"]
+
+
+# --- the alpha-beta model --------------------------------------------------------
+def test_ring_collectives_follow_the_alpha_beta_formulas():
+    # 8 GPUs, 1 GB at 450 GB/s, 5 us a message: 2 * 7/8 * 1e9 / 450e9 + 14 * 5e-6.
+    assert ring_time("all_reduce", 8, 1e9, 450.0, 5e-6) == pytest.approx(
+        2 * 7 / 8 / 450 + 14 * 5e-6
+    )
+    assert ring_time("all_gather", 8, 1e9, 450.0, 5e-6) == pytest.approx(
+        7 / 8 / 450 + 7 * 5e-6
+    )
+    assert ring_time("reduce_scatter", 4, 2e9, 50.0, 1e-5) == pytest.approx(
+        3 / 4 * 2 / 50 + 3e-5
+    )
+    assert ring_time("send", 2, 1e8, 50.0, 1e-5) == pytest.approx(1e8 / 50e9 + 1e-5)
+    assert ring_time("all_reduce", 1, 1e9, 450.0, 5e-6) == 0.0
+    with pytest.raises(ValueError, match="kind='broadcast'"):
+        ring_time("broadcast", 8, 1.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="n=0"):
+        ring_time("all_reduce", 0, 1.0, 1.0, 0.0)
+
+
+# --- parameters, gradients, optimizer ---------------------------------------------
+@pytest.mark.parametrize("shape", [SMALL, SMALL.with_(tied=True), MODELS["tiny"]])
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_stage_parameters_are_what_build_transformer_builds(shape, pp):
+    for stage in range(pp):
+        built = build_transformer(shape, stage, pp)
+        assert stage_parameters(shape, stage, pp) == sum(
+            p.numel() for p in built.parameters()
+        )
+    if pp == 1:
+        assert stage_parameters(shape) == shape.parameters()
+
+
+def test_tensor_parallelism_splits_every_matrix_and_keeps_the_norms_whole():
+    h, kv, f, v = 64, 32, 96, 256
+    block = 2 * h * h + 2 * h * kv + 3 * h * f  # matrices of one block
+    first = 2 * (block // 2 + 2 * h) + v * h // 2  # 2 of 4 layers, half the embedding
+    last = 2 * (block // 2 + 2 * h) + h + v * h // 2
+    assert stage_parameters(SMALL, 0, 2, tp=2) == first
+    assert stage_parameters(SMALL, 1, 2, tp=2) == last
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_parameters_gradients_optimizer_are_zero_bytes(zero, precision):
+    layout = Layout(dp=8, tp=2, pp=2, zero=zero, precision=precision)
+    est = estimate(B8, layout)
+    stage = 0 if "stage 0 of" in est.formulas["stage"] else 1
+    psi = stage_parameters(B8, stage, 2, 2)
+    # FSDP2 with bf16 compute keeps fp32 shards: 4 + 4 + 8, as fp32 does.
+    table = "mixed" if precision == "bf16" and zero < 3 else "fp32"
+    want = zero_bytes(psi, 8, zero, table)
+    got = est.memory
+    assert (got["parameters"], got["gradients"], got["optimizer"]) == (
+        want["params"],
+        want["grads"],
+        want["optimizer"],
+    )
+    if zero == 3:
+        assert got["parameters"] + got["gradients"] + got["optimizer"] == pytest.approx(
+            16 * psi / 8, abs=3
+        )
+
+
+def test_fsdp_buffers_hold_two_gathered_blocks_one_of_gradients_and_the_root():
+    est = estimate(B8, Layout(dp=8, zero=3, precision="bf16"))
+    block = B8.layer_parameters()
+    root = B8.parameters() - B8.layers * block
+    # Gathered parameters in bf16, the unsharded gradients in fp32 (the reduce dtype).
+    assert est.memory["buffers"] == (2 * block + root) * 2 + block * 4
+    ddp = estimate(B8, Layout(dp=8, zero=0, precision="fp32", checkpointing="full"))
+    assert ddp.memory["buffers"] == ddp.memory["gradients"] == 4 * B8.parameters()
+
+
+# --- activations against what autograd saves -----------------------------------------
+def _tp_rank_block(shape: ModelShape, tp: int) -> nn.Module:
+    """What one of ``tp`` tensor-parallel ranks computes of a block: its share of
+    q, k, v and the MLP's columns, of o's and down's rows (the all-reduces aside)."""
+    block = build_transformer(shape.with_(layers=1), device="cpu").blocks[0]
+    h, kv, f = shape.hidden, shape.kv_heads * shape.head_dim, shape.ffn
+    attn, mlp = block.attn, block.mlp
+    attn.q, attn.o = (
+        nn.Linear(h, h // tp, bias=False),
+        nn.Linear(h // tp, h, bias=False),
+    )
+    attn.k, attn.v = (nn.Linear(h, kv // tp, bias=False) for _ in range(2))
+    mlp.up, mlp.down = (
+        nn.Linear(h, f // tp, bias=False),
+        nn.Linear(f // tp, h, bias=False),
+    )
+    if shape.mlp == "swiglu":
+        mlp.gate = nn.Linear(h, f // tp, bias=False)
+    return block
+
+
+def _needs_fused_attention(dtype: torch.dtype) -> None:
+    """Skip where this torch runs SDPA's math path on the CPU: it stores the s x s
+    scores, which the formula (a fused kernel, as on a GPU) leaves out."""
+    q = torch.randn(1, 2, SMALL.seq, 8, dtype=dtype, requires_grad=True)
+    shapes: list[tuple[int, ...]] = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t
+    ):
+        nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    if any(shape[-2:] == (SMALL.seq, SMALL.seq) for shape in shapes):
+        pytest.skip(
+            f"torch {torch.__version__} runs SDPA's math path on this CPU for "
+            f"{dtype}: it stores the s x s scores a fused kernel does not"
+        )
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "gelu"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_blocks_saved_tensors_are_the_formulas_bytes(mlp, precision, tp):
+    # On this CPU, SDPA runs its fused flash kernel (fp32 and bf16): it saves q, k, v,
+    # its output and an fp32 log-sum-exp, as the GPU's flash and memory-efficient
+    # kernels do; the formula then matches exactly. (The math fallback would add the
+    # s x s scores; a GPU's flash kernel also saves a few bytes of random-number state.)
+    shape = SMALL.with_(mlp=mlp)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    _needs_fused_attention(dtype)
+    block = _tp_rank_block(shape, tp).to(dtype)
+    x = torch.randn(3, shape.seq, shape.hidden, dtype=dtype, requires_grad=True)
+    measured = saved_tensor_bytes(lambda: block(x), block.parameters())
+    assert measured == layer_activation_bytes(shape, 3, tp, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_whole_models_saved_tensors_with_its_loss_are_the_formulas_bytes(precision):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    _needs_fused_attention(dtype)
+    model = build_transformer(SMALL, device="cpu").to(dtype)
+    ids, targets = (torch.randint(0, SMALL.vocab, (2, SMALL.seq)) for _ in range(2))
+
+    def step():
+        logits = model(ids)
+        return nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten()
+        )
+
+    measured = saved_tensor_bytes(step, model.parameters())
+    formula = activation_bytes(SMALL, Layout(micro_batch=2, precision=precision))
+    # The loss also saves a 0-dimensional fp32 scalar (nll_loss's total weight): the
+    # formula leaves such scalars out, so allow 16 bytes.
+    assert 0 <= measured - formula <= 16
+
+
+def test_a_module_is_measured_on_the_meta_device_as_on_the_cpu():
+    small = MODELS["small-cnn"]
+    with torch.random.fork_rng(devices=[]):
+        module = small.builder()
+    sample = torch.randn(1, *small.sample)
+    on_cpu = saved_tensor_bytes(lambda: module(sample), module.parameters())
+    assert activation_bytes(small, Layout(micro_batch=1, precision="fp32")) == on_cpu
+    assert (
+        activation_bytes(small, Layout(micro_batch=5, precision="fp32")) == 5 * on_cpu
+    )
+
+
+def test_any_module_can_be_estimated_by_measuring_it():
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    mine = ModelShape("my-mlp", kind="module", builder=build, sample=(32,))
+    est = estimate(mine, Layout(dp=2, micro_batch=8, precision="fp32"), mfu=0.5)
+    psi = 32 * 64 + 64 + 64 * 10 + 10
+    assert est.memory["parameters"] + est.memory["gradients"] == 8 * psi
+    # Saved for backward: the input (32) and ReLU's output (64: ReLU's backward needs
+    # it, and it is the second layer's input), fp32, 8 samples.
+    assert est.memory["activations"] == 8 * 4 * (32 + 64)
+    # Training FLOPs: 3 x forward (2 per multiply-add).
+    flops = 3 * 2 * (32 * 64 + 64 * 10)
+    assert est.time["compute"] == pytest.approx(8 * flops / (67e12 * 0.5))
+    assert estimate(mine, Layout(dp=1, zero=3)).memory["buffers"] == 0
+
+
+def test_pipeline_stages_hold_their_micro_batches_in_flight():
+    per_layer = layer_activation_bytes(B8, 1, 1, "bf16")
+    sb, h, v = B8.seq, B8.hidden, B8.vocab
+    for m, in_flight in ((8, 4), (2, 2)):
+        layout = Layout(dp=1, pp=4, micro_batches=m)
+        assert activation_bytes(B8, layout, 0) == in_flight * (8 * per_layer + 8 * sb)
+        assert activation_bytes(B8, layout, 2) == min(2, m) * 8 * per_layer
+        last = 8 * per_layer + 2 * sb * (3 * h + 1) + 4 * sb * v + 8 * sb
+        assert activation_bytes(B8, layout, 3) == last
+
+
+def test_full_checkpointing_keeps_block_inputs_and_one_blocks_set():
+    layout = Layout(dp=1, pp=2, micro_batches=4, checkpointing="full")
+    per_layer = layer_activation_bytes(B8, 1, 1, "bf16")
+    inputs = 16 * 2 * B8.seq * B8.hidden  # 16 layers on a stage, bf16 s x h each
+    assert activation_bytes(B8, layout, 0) == 2 * (inputs + 8 * B8.seq) + per_layer
+    selective = estimate(B8, Layout(checkpointing="selective"))
+    # A fused attention kernel stores no scores: selective recomputation saves nothing.
+    assert selective.memory == estimate(B8, Layout()).memory
+
+
+# --- time ----------------------------------------------------------------------------
+def test_compute_bubble_and_pipeline_sends_by_hand():
+    layout = Layout(dp=2, tp=2, pp=4, micro_batch=1, micro_batches=8, zero=1)
+    est = estimate(B8, layout, mfu=0.5)
+    tokens = 8 * B8.seq
+    compute = tokens * B8.flops_per_token() / 8 / (989e12 * 0.5)
+    assert est.time["compute"] == pytest.approx(compute)
+    assert est.time["bubble"] == pytest.approx(3 / 8 * compute)
+    # pp groups: ranks r, r + 4, r + 8, r + 12; nodes of 8: they cross nodes.
+    size = 2 * B8.seq * B8.hidden
+    assert est.time["pp comm"] == pytest.approx(16 * (size / 50e9 + 10e-6))
+    # The reported stage (first or last) sends 8 activations or 8 gradients; a
+    # middle stage both.
+    assert est.collectives["send_recv pp"] == (8, 8 * size)
+    middle = estimate(B8, layout, mfu=0.5, stage=1)
+    assert middle.collectives["send_recv pp"] == (16, 16 * size)
+    assert middle.time["pp comm"] == est.time["pp comm"]
+    full = estimate(B8, Layout(checkpointing="full"), mfu=0.5)
+    plain = estimate(B8, Layout(), mfu=0.5)
+    assert full.time["compute"] == pytest.approx(4 / 3 * plain.time["compute"])
+
+
+def test_tensor_parallelism_across_nodes_runs_at_the_network_speed():
+    layout = Layout(dp=8, tp=8, zero=1, micro_batches=8, checkpointing="full")
+    inside = estimate(B8, layout, gpus_per_node=8)
+    across = estimate(B8, layout, gpus_per_node=4)
+    size = 2 * B8.seq * B8.hidden
+    # Per micro-batch: per layer 2 forward + 2 recomputed + 5 backward (q, k, v, up,
+    # gate each reduce their input's gradient), + the embedding's and the head's.
+    calls = 8 * (32 * (2 + 2 + 5) + 2)
+    assert inside.collectives["all_reduce tp"] == (calls, calls * size)
+    assert inside.time["tp comm"] == pytest.approx(
+        calls * ring_time("all_reduce", 8, size, 450.0, 5e-6)
+    )
+    assert across.time["tp comm"] == pytest.approx(
+        calls * ring_time("all_reduce", 8, size, 50.0, 10e-6)
+    )
+    assert across.step > inside.step
+    # A world that is not a whole number of nodes is allowed.
+    assert estimate(B8, Layout(dp=12, zero=3), gpus_per_node=8).time["dp comm"] > 0
+
+
+def test_a_stages_tensors_add_up_to_its_parameters():
+    for stage in range(2):
+        sizes = lm._tensor_sizes(B8, Layout(tp=2, pp=2), stage)
+        assert sum(sizes) == stage_parameters(B8, stage, 2, 2)
+    assert (
+        sum(lm._tensor_sizes(MODELS["tiny"], Layout(), 0))
+        == MODELS["tiny"].parameters()
+    )
+
+
+def test_ddp_overlaps_its_all_reduce_with_the_backward_pass():
+    layout = Layout(dp=4, zero=0, micro_batch=2, precision="bf16", checkpointing="full")
+    est = estimate("transformer-1b", layout)
+    size = 2 * MODELS["transformer-1b"].parameters()
+    # DDP's buckets, planned as workshop.comm.bucket_plan plans them: last layer first.
+    grads = [2 * v for v in lm._tensor_sizes(MODELS["transformer-1b"], layout, 0)]
+    count = len(plan_buckets(grads[::-1]))
+    assert 1 < count < len(grads)
+    assert est.collectives["all_reduce dp"] == (count, size)
+    assert est.time["dp comm"] == pytest.approx(
+        count * ring_time("all_reduce", 4, size / count, 450.0, 5e-6)
+    )
+    exposed = max(0.0, est.time["dp comm"] - 2 / 3 * est.time["compute"])
+    assert est.step == pytest.approx(est.time["compute"] + exposed)
+
+
+def test_fsdp_collectives_per_block_and_root():
+    layout = Layout(dp=8, zero=3, micro_batches=2)
+    est = estimate(B8, layout)
+    block, root = B8.layer_parameters(), B8.parameters() - 32 * B8.layer_parameters()
+    # Per micro-batch: each block gathered in forward and backward, the root once;
+    # gathered in bf16, reduced in fp32.
+    assert est.collectives["all_gather dp"] == (2 * 65, 2 * 2 * (64 * block + root))
+    reduced = 4
+    assert est.collectives["reduce_scatter dp"] == (
+        2 * 33,
+        2 * reduced * (32 * block + root),
+    )
+
+
+def test_module_models_use_the_measured_throughput():
+    est = estimate("resnet50", Layout(dp=8, micro_batch=64, micro_batches=2))
+    assert est.time["compute"] == pytest.approx(
+        128 / step_time.MEASURED[("resnet50", "H100 80GB", "bf16")][0]
+    )
+    assert "GPU-NODE.md" in est.formulas["compute"]
+    mine = estimate("resnet50", Layout(dp=8, micro_batch=64), samples_per_s=1000.0)
+    assert mine.time["compute"] == pytest.approx(0.064)
+    # Without a measurement: FLOPs at the efficiency ResNet-50 reached on the node, so
+    # the FLOP estimate of the measured case gives the measured throughput back.
+    flops = estimate("resnet50", Layout(micro_batch=64), mfu=lt._module_mfu())
+    assert flops.time["compute"] == pytest.approx(64 / 3980.0)
+
+
+# --- reading and searching -----------------------------------------------------------
+def test_describe_and_table_fit_88_columns():
+    ests = [
+        estimate(
+            B8,
+            Layout(
+                dp=8, tp=8, pp=2, zero=3, micro_batches=8, checkpointing="selective"
+            ),
+        ),
+        estimate("resnet50", Layout(dp=4, micro_batch=32)),
+    ]
+    for text in [describe(e) for e in ests] + [table(ests)]:
+        assert max(len(line) for line in text.splitlines()) <= 88
+    assert "stage" in describe(ests[0]) and "GB" in describe(ests[0])
+    assert len(table(ests).splitlines()) == 3
+
+
+def test_every_term_has_a_formula_with_a_source():
+    est = estimate(B8, Layout(dp=4, tp=2, pp=2, zero=2, micro_batches=4))
+    for term in (*est.memory, *est.time, "step"):
+        assert term in est.formulas
+    assert "Korthikanti" in est.formulas["activations"]
+    assert "Rajbhandari" in est.formulas["optimizer"]
+    assert "Thakur" in est.formulas["dp comm"]
+
+
+def test_best_layouts_fit_use_every_gpu_and_are_sorted():
+    best = best_layouts(B8, 64, global_batch=256, top=None)
+    assert best, "an 8B model fits 64 GPUs of 80 GB"
+    for est in best:
+        assert (
+            est.fits and est.layout.world_size == 64 and est.layout.global_batch == 256
+        )
+    steps = [e.step for e in best]
+    assert steps == sorted(steps)
+    # More GPUs for the same global batch: the estimator's best step is not slower.
+    wider = best_layouts(B8, 128, global_batch=256, top=1)[0]
+    assert wider.step <= best[0].step
+
+
+# --- bad input ---------------------------------------------------------------------
+def test_bad_input_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="'gpt5' is not one the planner knows"):
+        estimate("gpt5", Layout())
+    with pytest.raises(ValueError, match=r"gpu='B200'.*H100 80GB"):
+        estimate(B8, Layout(), gpu="B200")
+    with pytest.raises(ValueError, match="network='ethernet'"):
+        estimate(B8, Layout(), network="ethernet")
+    with pytest.raises(ValueError, match="is not a Layout"):
+        estimate(B8, {"dp": 8})
+    with pytest.raises(ValueError, match="tp=3 does not divide"):
+        estimate(B8, Layout(tp=3))
+    with pytest.raises(ValueError, match="pp=5 does not divide"):
+        estimate(B8, Layout(pp=5))
+    with pytest.raises(ValueError, match="only by data"):
+        estimate("resnet50", Layout(tp=2))
+    with pytest.raises(ValueError, match=r"checkpointing='full'.*module"):
+        estimate("resnet50", Layout(checkpointing="full"))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=r"mfu=.*fraction"):
+            estimate(B8, Layout(), mfu=bad)
+    with pytest.raises(ValueError, match="samples_per_s=-1"):
+        estimate("resnet50", Layout(), samples_per_s=-1)
+    with pytest.raises(ValueError, match="gpus_per_node=0"):
+        estimate(B8, Layout(), gpus_per_node=0)
+    with pytest.raises(ValueError, match=r"stage=2 is outside 0\.\.1"):
+        estimate(B8, Layout(pp=2), stage=2)
+    with pytest.raises(ValueError, match="micro_batch=0"):
+        layer_activation_bytes(B8, 0)
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        layer_activation_bytes(B8, 1, 1, "fp16")
+    with pytest.raises(ValueError, match="resnet50 is a module"):
+        layer_activation_bytes("resnet50")
+    with pytest.raises(ValueError, match=r"stage=1 is outside 0\.\.0"):
+        activation_bytes(B8, Layout(), 1)
+    with pytest.raises(ValueError, match="needs a transformer"):
+        stage_parameters("small-cnn")
+    with pytest.raises(ValueError, match="gpus=0"):
+        best_layouts(B8, 0)
+    with pytest.raises(ValueError, match="global_batch=-4"):
+        best_layouts(B8, 8, global_batch=-4)
+
+
+def test_the_docstring_examples_run():
+    for module in (le, lm, lt, ls):
+        assert doctest.testmod(module).failed == 0, module.__name__

@@ -1,0 +1,355 @@
+"""The steps of the node check (:mod:`workshop.instructor.check_node`).
+
+Each step is a function of the check's settings that returns a
+:class:`~workshop.instructor.check_results.StepResult`. A step that needs a process of
+its own (a launch, the NCCL run, a notebook) runs a probe of ``check_probes.py`` in
+one. Every command runs under the keeper of
+:func:`workshop.cluster.commands.run_command`: at its timeout, on Ctrl-C, or when
+this process dies, its whole process tree is stopped.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any, TextIO
+
+from .check_probes import ANSWER
+from .check_results import FAILED, PASS, SKIPPED, StepResult, TrainSettings
+
+START_PATHS = ("fork", "server", "spawn")
+NCCL_BYTES = 256 * 2**20
+ROOT = Path(__file__).resolve().parents[2]  # the clone: tests/ and notebooks/
+_PIP_ALL = 'pip install -e ".[lab,test]"'
+
+
+@dataclass
+class Context:
+    """What every step is given: the check's settings and where to print."""
+
+    timeout: float
+    gpus: int
+    root: Path
+    cpu_train: bool
+    train: TrainSettings
+    launch_repeats: int
+    out: TextIO
+
+    def say(self, text: str) -> None:
+        """Print ``text`` indented under the step's heading."""
+        for line in text.rstrip("\n").splitlines():
+            print(f"      {line}", file=self.out, flush=True)
+
+
+def _failed(name: str, summary: str, fix: str, figures: Any = None) -> StepResult:
+    return StepResult(name, FAILED, summary=summary, fix=fix, figures=figures or {})
+
+
+# ------------------------------------------------------------------ commands
+@dataclass
+class _Ran:
+    code: int | None  # None: stopped at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def _run(command: Sequence[str], timeout: float, cwd: Path | None = None) -> _Ran:
+    """Run ``command``, with this clone importable if it is one; never raises on
+    the command's failure."""
+    from ..cluster.commands import CommandError, run_command
+
+    env = {}
+    if (ROOT / "pyproject.toml").is_file():  # a clone, perhaps not installed
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+        )
+    try:
+        done = run_command(
+            list(command),
+            env=env,
+            cwd=cwd,
+            timeout=max(1.0, timeout),
+            check=False,
+            show=False,
+            grace=3.0,
+        )
+    except CommandError as exc:  # only raised at the timeout, with check=False
+        late = exc.results[0]
+        return _Ran(None, late.stdout, late.stderr, late.seconds)
+    return _Ran(done.returncode, done.stdout, done.stderr, done.seconds)
+
+
+def _probe(timeout: float, *args: object) -> dict[str, Any]:
+    """Run one probe of this module. Its answer, or ``{"error": ...}`` saying why
+    there is none (a timeout, a crash); after an error, "log" holds the end of
+    what the probe printed on stderr (a rank's traceback, say)."""
+    probes = "workshop.instructor.check_probes"
+    command = [sys.executable, "-m", probes, *map(str, args)]
+    ran = _run(command, timeout)
+    log = "\n".join(ran.stderr.strip().splitlines()[-15:])
+    for line in reversed(ran.stdout.splitlines()):
+        if line.startswith(ANSWER):
+            answer = json.loads(line[len(ANSWER) :]) | {"seconds": ran.seconds}
+            return answer | ({"log": log} if "error" in answer else {})
+    if ran.code is None:
+        why = f"ran past {timeout:.0f} s and was stopped"
+    else:
+        why = f"exited with code {ran.code}: {log.splitlines()[-1] if log else ''}"
+    return {
+        "error": why,
+        "timed_out": ran.code is None,
+        "seconds": ran.seconds,
+        "log": log,
+    }
+
+
+# ------------------------------------------------------------------ the steps
+def step_doctor(ctx: Context) -> StepResult:
+    """The doctor's table, shown; FAILED where a probe broke or torch sees no GPU
+    that nvidia-smi lists."""
+    from ..machine.doctor import doctor
+
+    table = io.StringIO()
+    rows = doctor(file=table)
+    print(table.getvalue().rstrip("\n"), file=ctx.out, flush=True)
+    found = {(r.section, r.item): r.value for r in rows}
+    torch_version = found.get(("PyTorch", "torch"), "not found").split(" (")[0]
+    backend = found.get(("Workshop defaults", "backend"), "?").split(" (")[0]
+    figures = {"rows": [list(r) for r in rows], "gpus": ctx.gpus}
+    errors = [f"{r.section}: {r.value}" for r in rows if r.item == "error"]
+    if errors:
+        fix = "run `python -m workshop doctor` and read its error rows"
+        return _failed("doctor", f"a probe failed: {errors[0]}", fix, figures)
+    note = found.get(("GPUs", "note"))
+    if note and ctx.gpus == 0:  # nvidia-smi lists GPUs that torch cannot use
+        fix = (
+            "use the site's CUDA build of torch (module load ...); check "
+            "CUDA_VISIBLE_DEVICES and the allocation's --gpus"
+        )
+        return _failed("doctor", note, fix, figures)
+    summary = f"torch {torch_version}, {ctx.gpus} GPUs visible, backend {backend}"
+    return StepResult("doctor", PASS, summary=summary, figures=figures)
+
+
+def parse_pytest_counts(output: str) -> dict[str, int]:
+    """The counts of pytest's last summary line.
+
+    Example:
+        >>> parse_pytest_counts("1 failed, 8 passed, 595 deselected in 1.59s")
+        {'failed': 1, 'passed': 8, 'deselected': 595}
+    """
+    plural = {"error": "errors", "warning": "warnings"}
+    for line in reversed(output.splitlines()):
+        if re.search(r"\bin [\d.]+s\b", line):
+            pairs = re.findall(r"(\d+) ([a-z]+)", line)
+            return {plural.get(word, word): int(n) for n, word in pairs}
+    return {}
+
+
+def step_gpu_tests(ctx: Context) -> StepResult:
+    """``python -m pytest -q -m gpu tests/``; SKIPPED, without running them, where
+    no GPU is visible."""
+    name = "gpu-tests"
+    if find_spec("pytest") is None:
+        fix = f"pip install pytest pytest-timeout (or {_PIP_ALL})"
+        return _failed(name, "pytest is missing in this environment", fix)
+    if not (ctx.root / "tests").is_dir():
+        fix = "run the check from a clone of the workshop (pip install -e .)"
+        return _failed(name, f"no tests/ folder in {ctx.root}", fix)
+    if ctx.gpus == 0:
+        # Each of them would skip: collecting the suite to say so costs 10 to 15 s.
+        why = "no GPU visible (the tests marked gpu need one; not run)"
+        return StepResult(name, SKIPPED, summary=why)
+    command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/"]
+    ran = _run(command, ctx.timeout, cwd=ctx.root)
+    counts = parse_pytest_counts(ran.stdout)
+    ctx.say((ran.stdout.strip().splitlines() or [""])[-1])
+    rerun = "python -m pytest -m gpu tests/ -x -v"
+    if ran.code is None:
+        summary = f"the GPU tests ran past {ctx.timeout:.0f} s"
+        return _failed(name, summary, f"a test hangs: `{rerun}` shows which", counts)
+    bad = counts.get("failed", 0) + counts.get("errors", 0)
+    if ran.code != 0 or bad:
+        first = [ln[7:] for ln in ran.stdout.splitlines() if ln.startswith("FAILED ")]
+        what = f"{bad} GPU tests failed" if bad else f"pytest exited with {ran.code}"
+        what += f": {first[0]}" if first else ""
+        return _failed(name, what, f"run `{rerun}`; read the first failure", counts)
+    passed, skipped = counts.get("passed", 0), counts.get("skipped", 0)
+    extra = f", {skipped} skipped (they need more GPUs)" if skipped else ""
+    return StepResult(name, PASS, summary=f"{passed} passed{extra}", figures=counts)
+
+
+def step_launch(ctx: Context) -> StepResult:
+    """Two ranks from each start path, each from a fresh process."""
+    deadline = time.monotonic() + ctx.timeout
+    paths, problems, parts = [], [], []
+    for method in START_PATHS:
+        left = deadline - time.monotonic()
+        answer = _probe(left, "launch", method, 2, ctx.launch_repeats)
+        paths.append(answer | {"asked": method})
+        if "error" in answer:
+            problems.append(f"start_method={method!r} failed: {answer['error']}")
+            ctx.say(f"{method:<7} FAILED: {answer['error']}\n{answer['log']}")
+            continue
+        took, first, warm = answer["took"], answer["first"], answer["median"]
+        if took != method:
+            problems.append(f"start_method={method!r} ran on {took}")
+        if not answer["sum_ok"]:
+            problems.append(f"start_method={method!r}: the ranks' sum was wrong")
+        then = f", then {warm:.2f} s (median)" if warm else ""
+        ctx.say(f"{method:<7} took {took:<7} first launch {first:.2f} s{then}")
+        if warm and method == "server":  # its first launch starts the server
+            parts.append(f"{took} {warm:.2f} s (first {first:.1f} s)")
+        else:
+            parts.append(f"{took} {warm or first:.2f} s")
+    after = _after_backward(ctx, deadline, problems)
+    figures = {"world_size": 2, "paths": paths, "after_backward": after}
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        bench = "python -m workshop.bench launch --world-size 2 --no-torchrun "
+        bench += "--in-a-row 0"  # its start paths: fork, server, spawn
+        fix = f"see the whole error: `{bench}`"
+        if any(path.get("timed_out") for path in paths):
+            fix = f"a launch hung or was slow: pass a longer --timeout, or {fix}"
+        return _failed("launch", problems[0] + more, fix, figures)
+    return StepResult("launch", PASS, summary=", ".join(parts), figures=figures)
+
+
+def _after_backward(
+    ctx: Context, deadline: float, problems: list[str]
+) -> dict[str, Any]:
+    """The launch a learner makes after training in the kernel: a backward pass in a
+    fresh process, then ranks (one per GPU, else 2) from start_method="auto". On a
+    GPU machine that backward pass leaves the process unable to fork (forkable.py):
+    the ranks must come from the fork server and run their own backward."""
+    world_size = ctx.gpus or 2
+    answer = _probe(deadline - time.monotonic(), "after-backward", world_size)
+    if "error" in answer:
+        problems.append(f"a launch after a backward pass failed: {answer['error']}")
+        ctx.say(f"after a backward pass: FAILED: {answer['error']}\n{answer['log']}")
+        return answer
+    took, reason = answer["took"], answer["reason"]
+    ctx.say(f"after a backward pass: {took} ({reason})")
+    if answer["hazard"] is not None and took == "fork":
+        problems.append("a launch after a backward pass forked a kernel that cannot")
+    elif not answer["sum_ok"]:
+        problems.append("the ranks' backward passes after the kernel's gave wrong sums")
+    return answer
+
+
+def step_nccl(ctx: Context) -> StepResult:
+    """An NCCL all-reduce on every visible GPU, checked, and its bus bandwidth."""
+    if ctx.gpus == 0:
+        return StepResult("nccl", SKIPPED, summary="no GPU visible")
+    answer = _probe(ctx.timeout, "nccl", NCCL_BYTES, ctx.timeout)
+    fix = "check `nvidia-smi topo -m`; rerun with NCCL_DEBUG=INFO set to see why"
+    if "error" in answer:
+        ctx.say(f"{answer['error']}\n{answer['log']}")
+        return _failed(
+            "nccl", f"NCCL all_reduce failed: {answer['error']}", fix, answer
+        )
+    n, ranks = answer["world_size"], answer["ranks"]
+    expected = n * (n + 1) / 2
+    if any(r["sum"] != expected for r in ranks):
+        sums = [r["sum"] for r in ranks]
+        what = f"NCCL all_reduce gave {sums}, expected {expected:g} on each GPU"
+        return _failed("nccl", what, fix, answer)
+    busbw = ranks[0].get("busbw")
+    if busbw:
+        speed = f"busbw {busbw / 1e9:.1f} GB/s at 256 MiB"
+    else:  # one GPU sends nothing; or 256 MiB did not fit beside what was there
+        speed = "no busbw (1 GPU)" if n == 1 else "no busbw (256 MiB did not fit)"
+    ctx.say(f"{n} ranks on {', '.join(r['device'] for r in ranks)}: {speed}")
+    summary = f"{n} GPU{'s' if n > 1 else ''}, sum correct, {speed}"
+    return StepResult("nccl", PASS, summary=summary, figures=answer)
+
+
+def step_train(ctx: Context) -> StepResult:
+    """``python -m workshop.bench train``, with and without ``--bare``."""
+    if ctx.gpus == 0 and not ctx.cpu_train:
+        why = "ResNet-50 on a CPU says nothing about the node (--cpu-train)"
+        return StepResult("train", SKIPPED, summary=why)
+    deadline = time.monotonic() + ctx.timeout
+    rates: dict[str, float] = {}
+    bench = [sys.executable, "-m", "workshop.bench", "train", *ctx.train.args()]
+    with tempfile.TemporaryDirectory(prefix="workshop-check-") as tmp:
+        for loop, extra in (("workshop", []), ("bare", ["--bare"])):
+            out = Path(tmp, f"{loop}.json")
+            command = [*bench, *extra, "--json", str(out)]
+            ran = _run(command, deadline - time.monotonic(), ctx.root)
+            ctx.say(ran.stdout.strip() or ran.stderr.strip()[-400:])
+            if ran.code != 0 or not out.exists():
+                why = "ran past the timeout" if ran.code is None else "failed"
+                fix = "run it alone: python -m workshop.bench train " + " ".join(
+                    ctx.train.args() + extra
+                )
+                summary = f"the benchmark of the {loop} loop {why}"
+                return _failed("train", summary, fix, {"samples_per_second": rates})
+            rates[loop] = json.loads(out.read_text())["samples_per_second"]
+    ratio = rates["workshop"] / rates["bare"] if rates["bare"] > 0 else None
+    summary = (
+        f"{ctx.train.model} samples/s: workshop {rates['workshop']:,.0f}, plain "
+        f"{rates['bare']:,.0f}" + (f", ratio {ratio:.2f}" if ratio is not None else "")
+    )
+    figures = {"samples_per_second": rates, "ratio": ratio, **asdict(ctx.train)}
+    return StepResult("train", PASS, summary=summary, figures=figures)
+
+
+def step_notebooks(ctx: Context) -> StepResult:
+    """Every notebook executed into a temporary folder, its error cells counted."""
+    missing = [m for m in ("nbformat", "nbclient", "ipykernel") if not find_spec(m)]
+    if missing:
+        fix = f"pip install {' '.join(missing)} (or {_PIP_ALL})"
+        return _failed("notebooks", f"{', '.join(missing)} missing", fix)
+    notebooks = sorted((ctx.root / "notebooks").glob("*.ipynb"))
+    if not notebooks:
+        fix = "run the check from a clone of the workshop"
+        return _failed("notebooks", f"no notebooks in {ctx.root / 'notebooks'}", fix)
+    folder = Path(tempfile.mkdtemp(prefix="workshop-check-notebooks-"))
+    runs, problems = [], []
+    for notebook in notebooks:
+        copy = folder / notebook.name
+        answer = _probe(ctx.timeout, "notebook", notebook, copy, ctx.timeout)
+        runs.append(answer | {"notebook": notebook.name, "copy": str(copy)})
+        if "error" in answer:
+            problems.append(f"{notebook.name} {answer['error']}")
+            found = f"{answer['error']}\n{answer['log']}"
+        else:
+            found = f"{answer['errors']} error cells of {answer['cells']}"
+            if answer["errors"]:
+                problems.append(
+                    f"{notebook.name}: {answer['errors']} error cells "
+                    f"(first: {answer['first_error']})"
+                )
+        ctx.say(f"{notebook.name:<36} {answer['seconds']:6.1f} s  {found}")
+    ctx.say(f"executed copies in {folder}")
+    figures = {"folder": str(folder), "notebooks": runs}
+    if problems:
+        fix = (
+            f"open the executed copy in {folder} and read the first error "
+            f"(a slow notebook: --timeout {2 * ctx.timeout:.0f})"
+        )
+        return _failed("notebooks", problems[0], fix, figures)
+    times = ", ".join(f"{r['notebook'][:2]} {r['seconds']:.0f} s" for r in runs)
+    summary = f"{len(runs)} notebooks, no error cells ({times})"
+    return StepResult("notebooks", PASS, summary=summary, figures=figures)
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Context], StepResult]] = {
+    "doctor": step_doctor,
+    "gpu-tests": step_gpu_tests,
+    "launch": step_launch,
+    "nccl": step_nccl,
+    "train": step_train,
+    "notebooks": step_notebooks,
+}

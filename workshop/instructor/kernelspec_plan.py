@@ -1,0 +1,333 @@
+"""What a workshop kernel spec holds, decided and written: ``kernel.json`` and, with
+environment modules, the wrapper that loads them (``python -m workshop kernel-spec``,
+:mod:`workshop.instructor.kernelspec`, is the command).
+
+A kernel spec is a folder holding ``kernel.json``: the command that starts the
+kernel (``argv``), the name shown in Jupyter's menus and the variables added to its
+environment (``env``). ``module load`` is a shell function, not a program, so with
+``--module`` the ``argv`` runs ``kernel-wrapper.sh`` beside it: bash defines
+``module`` (from the site's init script), loads the modules, then ``exec`` puts the
+kernel's Python in its place: the process Jupyter started is the kernel, so
+interrupts and shutdowns reach it.
+
+The workshop on the kernel's ``PYTHONPATH``: where that Python cannot import the
+workshop (a site's module, shared by a class, in which nobody may ``pip install``),
+the spec puts this checkout first on ``PYTHONPATH``, ahead of whatever the server's
+environment holds there (``${PYTHONPATH}``, which Jupyter fills in at start), so the
+folders a site's module puts there still count. Where the workshop is installed in
+that Python, nothing is added: the installed copy is the one to use.
+Where that Python finds ipykernel and torch only through this shell's
+``PYTHONPATH`` (a ``pip install --target``), the spec carries that ``PYTHONPATH``
+(:mod:`.kernelspec_probe`).
+
+Imports only :mod:`.kernelspec_probe` and :mod:`.kernelspec_wrapper` of the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .kernelspec_probe import KernelSpecError, or_with_shell_path, probe
+from .kernelspec_wrapper import wrapper_script
+
+__all__ = [
+    "KernelSpecPlan",
+    "kernels_dir",
+    "parse_env",
+    "plan_kernel_spec",
+    "write_kernel_spec",
+]
+
+DEFAULT_NAME = "scaling-pytorch-hpc"
+DEFAULT_DISPLAY_NAME = "Scaling PyTorch on HPC"
+WRAPPER = "kernel-wrapper.sh"
+ROOT = Path(__file__).resolve().parents[2]
+MIN_PYTHON = (3, 10)  # pyproject.toml: requires-python
+# A kernel that imports torch started in 5 s here; a shared file system is slower.
+TIMEOUT_S = 120.0
+_NAME = re.compile(r"[A-Za-z0-9._-]+")  # what Jupyter accepts as a kernel name
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class KernelSpecPlan:
+    """What :func:`write_kernel_spec` writes: the folder, ``kernel.json`` and, with
+    modules, the wrapper's text; and what the kernel's Python was found to have."""
+
+    name: str
+    folder: Path
+    kernel_json: dict
+    wrapper: str | None
+    python: str  # as the kernel runs it: a path, or a name found after module load
+    torch_version: str
+    workshop_file: str  # what `import workshop` will load
+    notes: tuple[str, ...] = ()
+
+
+def kernels_dir(
+    user: bool = False, prefix: str | Path | None = None, sys_prefix: bool = False
+) -> Path:
+    """The folder of kernel specs to write into, as ``jupyter kernelspec install``
+    chooses it; ``--user`` when nothing is given.
+
+    Args:
+        user: this user's Jupyter data folder (``~/.local/share/jupyter/kernels``).
+        prefix: ``PREFIX/share/jupyter/kernels``; a Jupyter server sees it when
+            ``PREFIX/share/jupyter`` is on its ``JUPYTER_PATH``.
+        sys_prefix: the same under this Python's ``sys.prefix``.
+
+    Raises:
+        KernelSpecError: more than one was given.
+
+    Example:
+        >>> kernels_dir(prefix="/opt/course")
+        PosixPath('/opt/course/share/jupyter/kernels')
+    """
+    if user + (prefix is not None) + sys_prefix > 1:
+        raise KernelSpecError("give one of --user, --prefix PATH and --sys-prefix")
+    if prefix is not None:
+        return Path(os.path.abspath(prefix)) / "share" / "jupyter" / "kernels"
+    if sys_prefix:
+        return Path(sys.prefix) / "share" / "jupyter" / "kernels"
+    try:
+        from jupyter_core.paths import jupyter_data_dir
+    except ImportError:  # the same place on Linux, without jupyter_core
+        data = os.environ.get("JUPYTER_DATA_DIR") or os.path.join(
+            os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"),
+            "jupyter",
+        )
+        return Path(data) / "kernels"
+    return Path(jupyter_data_dir()) / "kernels"
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``["OMP_NUM_THREADS=4", ...]`` as a dict, each name checked.
+
+    Raises:
+        KernelSpecError: an item without ``=``, a name that is not a variable name,
+            or a name given twice.
+
+    Example:
+        >>> parse_env(["OMP_NUM_THREADS=4", "NCCL_DEBUG="])
+        {'OMP_NUM_THREADS': '4', 'NCCL_DEBUG': ''}
+    """
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise KernelSpecError(
+                f"--env {item!r} has no '='. HINT: write --env KEY=VALUE, e.g. "
+                f"--env OMP_NUM_THREADS=4 (an empty value: --env {item}=)"
+            )
+        if not _ENV_KEY.fullmatch(key):
+            raise KernelSpecError(
+                f"--env {item!r}: {key!r} is not a variable name. HINT: letters, "
+                "digits and '_', not starting with a digit, e.g. OMP_NUM_THREADS"
+            )
+        if key in env:
+            raise KernelSpecError(
+                f"--env {key} is given twice ({env[key]!r} and {value!r}). HINT: "
+                "give each variable once"
+            )
+        env[key] = value
+    return env
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise KernelSpecError(
+            f"kernel name {name!r}: Jupyter accepts only ASCII letters, digits, '.', "
+            f"'_' and '-'. HINT: e.g. --name {re.sub(r'[^A-Za-z0-9._-]+', '-', name)}"
+        )
+    return name.lower()  # Jupyter folds kernel names to lower case
+
+
+def _python(python: str | None, venv: str | Path | None, modules: Sequence[str]) -> str:
+    """The kernel's Python as the spec names it: an absolute path (not resolved: a
+    venv's python is a link to its base, and must stay the venv's), or, with
+    modules, a bare name that the wrapper finds on PATH after loading them."""
+    if python is not None and venv is not None:
+        raise KernelSpecError("give --python or --venv, not both")
+    if venv is not None:
+        path = Path(os.path.abspath(venv)) / "bin" / "python"
+        if not path.is_file():
+            raise KernelSpecError(
+                f"--venv {venv}: there is no {path}. HINT: give the folder that "
+                "'python -m venv' made (it holds bin/python), or --python PATH"
+            )
+        return str(path)
+    if python is None:
+        return sys.executable
+    if "/" not in python:
+        if modules:
+            return python  # found on PATH once the modules are loaded
+        found = shutil.which(python)
+        if found is None:
+            raise KernelSpecError(
+                f"--python {python}: not found on PATH. HINT: give its full path, "
+                "or the --module that provides it"
+            )
+        return os.path.abspath(found)
+    path = os.path.abspath(os.path.expanduser(python))
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise KernelSpecError(
+            f"--python {python}: no executable file there. HINT: the Python that has "
+            "torch and the workshop, e.g. --python ~/scaling-pytorch-hpc/.venv/bin/"
+            "python, or --venv with its folder"
+        )
+    return path
+
+
+def plan_kernel_spec(
+    name: str = DEFAULT_NAME,
+    display_name: str | None = None,
+    python: str | None = None,
+    venv: str | Path | None = None,
+    modules: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    where: Path | None = None,
+    modules_init: str | Path | None = None,
+    timeout: float = TIMEOUT_S,
+) -> KernelSpecPlan:
+    """Decide what the kernel spec holds, after asking the kernel's Python (through
+    the module loads) whether it has ipykernel, torch and the workshop.
+
+    Args:
+        name: the kernel's name, ``[A-Za-z0-9._-]``; Jupyter lower-cases it.
+        display_name: its name in Jupyter's menus; the workshop's title by default,
+            with the modules after it.
+        python: the Python that has torch: a path, or with ``modules`` a name on the
+            PATH they set; this Python when neither it nor ``venv`` is given.
+        venv: a virtual environment, instead of ``python``.
+        modules: environment modules to ``module load``, in order, before the kernel.
+        env: variables for the kernel; ``${VAR}`` takes the server's value.
+        where: the kernels folder (:func:`kernels_dir`); ``--user``'s by default.
+        modules_init: the script that defines ``module``; common places otherwise.
+        timeout: seconds the Python (with its module loads) may take to answer.
+
+    Returns:
+        The plan, for :func:`write_kernel_spec` or to print.
+
+    Raises:
+        KernelSpecError: a bad name, module or variable; a Python that is not there,
+            or lacks ipykernel or torch, or cannot reach the workshop; a wrapper that
+            cannot load the modules. Each message says what to change.
+
+    Example:
+        >>> plan = plan_kernel_spec(modules=["pytorch/2.4"], python="python3")
+        ... # doctest: +SKIP
+        >>> plan.kernel_json["argv"][-2:]  # doctest: +SKIP
+        ['-f', '{connection_file}']
+    """
+    kernel = _check_name(name)
+    notes = (
+        [f"Jupyter folds kernel names to lower case: {kernel}"]
+        if kernel != name
+        else []
+    )
+    for module in modules:
+        if not module or any(c.isspace() for c in module):
+            raise KernelSpecError(
+                f"--module {module!r}: one module name, without spaces. HINT: give "
+                "each module its own --module, e.g. --module gcc/12 --module pytorch"
+            )
+    if modules_init is not None and not os.path.isfile(modules_init):
+        raise KernelSpecError(
+            f"--modules-init {modules_init}: not a file. HINT: the script that "
+            "defines 'module', e.g. $MODULESHOME/init/bash"
+        )
+    exe = _python(python, venv, modules)
+    env = dict(env or {})
+    folder = (where or kernels_dir()) / kernel
+    init = os.path.abspath(modules_init) if modules_init else None
+    wrapper = wrapper_script(kernel, exe, modules, init) if modules else None
+    with tempfile.TemporaryDirectory(prefix="kernel-spec-") as tmp:
+        if wrapper is None:
+            argv_python = [exe]
+        else:
+            trial = Path(tmp) / WRAPPER
+            trial.write_text(wrapper)
+            trial.chmod(0o755)
+            argv_python = [str(trial)]
+        shown = exe + (f" (after module load {' '.join(modules)})" if modules else "")
+        found = probe(argv_python, env, timeout, shown)
+        found = or_with_shell_path(found, argv_python, env, timeout, shown, notes)
+    if tuple(found["version"]) < MIN_PYTHON:
+        raise KernelSpecError(
+            f"{shown} is Python {'.'.join(map(str, found['version']))}; the workshop "
+            f"needs {'.'.join(map(str, MIN_PYTHON))} or newer. HINT: a newer module"
+        )
+    if found["ipykernel"] is None:
+        raise KernelSpecError(
+            f"{shown} has no ipykernel, so it cannot run a Jupyter kernel. HINT: "
+            f"{exe} -m pip install ipykernel, or install the workshop into a venv "
+            "on top of it (docs/cluster.md, 'On a cluster')"
+        )
+    if found["torch"] is None:
+        raise KernelSpecError(
+            f"{shown} has no torch. HINT: --module with the site's PyTorch module "
+            "('module avail pytorch'), or --python/--venv of the environment that "
+            "has it (docs/cluster.md, 'On a cluster')"
+        )
+    workshop_file = found["workshop"]
+    if workshop_file is None:
+        if not (ROOT / "pyproject.toml").is_file():
+            raise KernelSpecError(
+                f"{shown} cannot import the workshop, and {ROOT} is an installed copy, "
+                f"not a checkout to put on its PYTHONPATH. HINT: pip install the "
+                "workshop into that Python, or run this command from a clone"
+            )
+        before = env.get("PYTHONPATH", "${PYTHONPATH}")
+        env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{before}"
+        workshop_file = str(ROOT / "workshop" / "__init__.py")
+        notes.append(
+            f"{exe} has no workshop installed: PYTHONPATH starts with {ROOT}, so "
+            "this checkout must stay there, readable by whoever uses the kernel"
+        )
+    elif not Path(workshop_file).resolve().is_relative_to(ROOT):
+        notes.append(f"that Python's own workshop is used: {workshop_file}")
+    head = [str(folder / WRAPPER)] if wrapper else [exe]
+    spec = {
+        "argv": [*head, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": display_name
+        or DEFAULT_DISPLAY_NAME + (f" ({', '.join(modules)})" if modules else ""),
+        "language": "python",
+        "interrupt_mode": "signal",
+        "env": env,
+    }
+    return KernelSpecPlan(
+        kernel, folder, spec, wrapper, exe, found["torch"], workshop_file, tuple(notes)
+    )
+
+
+def write_kernel_spec(plan: KernelSpecPlan) -> Path:
+    """Write ``kernel.json`` (and the executable wrapper) into ``plan.folder``,
+    replacing an earlier spec of that name; return the folder.
+
+    Raises:
+        KernelSpecError: the folder cannot be written.
+    """
+    try:
+        plan.folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(plan.kernel_json, indent=1) + "\n"
+        (plan.folder / "kernel.json").write_text(text)
+        wrapper = plan.folder / WRAPPER
+        if plan.wrapper is None:
+            wrapper.unlink(missing_ok=True)  # left from a spec that had modules
+        else:
+            wrapper.write_text(plan.wrapper)
+            wrapper.chmod(0o755)
+    except OSError as e:
+        raise KernelSpecError(
+            f"cannot write the kernel spec into {plan.folder}: {e.strerror}. HINT: "
+            "--user, or --prefix a folder you can write"
+        ) from e
+    return plan.folder

@@ -1,0 +1,40 @@
+"""The layout planner (notebook 04, section 8): what one GPU of a model split over many
+holds and how long its step takes, each term a formula with its source.
+
+- The question: ModelShape, model_shape, MODELS, Layout, GPUS, NETWORKS,
+  build_transformer (the very module the formulas count).
+- The answer: estimate (memory and step time per GPU), best_layouts (every layout of
+  N GPUs that fits, ranked), zero_bytes (ZeRO's table); plan and explore show them.
+- Checked against PyTorch: fake_run runs one rank of a world of thousands on the fake
+  backend with the real FSDP2 and DTensor (fake_features: what this torch has), and
+  compare sets it beside the estimate; measure_layout and measured_against_estimate
+  train the same model on real ranks.
+
+Imports ``comm`` (DDP's buckets), ``draw``, ``ranks`` (inside a rank, for the
+measured run), ``training`` (the models) and the base modules. The estimate itself
+imports no launching code.
+"""
+
+from .._exports import offer
+
+_NAMES = {
+    "best_layouts": "search",
+    "build_transformer": "transformer",
+    "compare": "fake_compare",
+    "estimate": "estimator",
+    "explore": "widget",
+    "fake_features": "fake_world",
+    "fake_run": "fake_world",
+    "GPUS": "hardware",
+    "Layout": "layout",
+    "measure_layout": "measured",
+    "measured_against_estimate": "measured",
+    "model_shape": "layout",
+    "MODELS": "layout",
+    "ModelShape": "layout",
+    "NETWORKS": "hardware",
+    "plan": "report",
+    "zero_bytes": "memory",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = offer(__name__, _NAMES)

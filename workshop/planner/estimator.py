@@ -1,0 +1,281 @@
+"""The planner's estimator: memory per GPU and time per step of a parallel layout.
+
+:func:`estimate` takes a model (:class:`~workshop.planner.layout.ModelShape` or its
+name), a :class:`~workshop.planner.layout.Layout`, a GPU and a network, and returns an
+:class:`Estimate`: every figure in it is a formula, written with its derivation in
+:mod:`workshop.planner.memory` (parameters, gradients, optimizer state,
+activations, buffers) and :mod:`workshop.planner.step_time` (compute, communication,
+the pipeline bubble), and summed up with its source in :data:`FORMULAS`;
+``Estimate.formulas`` repeats each with its numbers. Searching layouts with it and
+printing its estimates are in :mod:`workshop.planner.search`
+(:func:`best_layouts`, :func:`describe`, :func:`table`), which imports this module.
+
+Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
+V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
+t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import GPU, Network
+from .layout import Layout, ModelShape, check_counts, model_shape
+from .memory import (
+    memory_terms,
+)
+from .step_time import (
+    gpu_record,
+    network_record,
+    time_terms,
+)
+
+__all__ = [
+    "FORMULAS",
+    "Estimate",
+    "estimate",
+]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the estimator says of one layout, per GPU; every figure is a formula's.
+
+    ``memory``: bytes one GPU holds at its peak, by term: "parameters",
+    "gradients", "optimizer", "activations", "buffers" (communication buffers and
+    the unsharded copies FSDP gathers).
+    ``time``: seconds of one step, by term: "compute", "dp comm", "tp comm",
+    "pp comm", "bubble" (communication that overlaps compute is still listed, with
+    the overlap said in ``formulas``; ``step`` adds what does not overlap).
+    ``collectives``: per step, ``{"all_gather dp": (count, bytes), ...}``: how many
+    calls of each collective on each mesh dimension, and the bytes of the full
+    tensors they carry (an all-gather's output, a reduce-scatter's input, an
+    all-reduce's tensor), summed: what CommDebugMode and a trace can count.
+    ``formulas``: for each term, the formula in words and its source.
+    """
+
+    model: ModelShape
+    layout: Layout
+    gpu: GPU
+    network: Network
+    gpus_per_node: int
+    memory: dict[str, float]
+    time: dict[str, float]
+    collectives: dict[str, tuple[int, float]]
+    formulas: dict[str, str]
+    step: float
+
+    @property
+    def memory_total(self) -> float:
+        """Bytes per GPU, all terms."""
+        return sum(self.memory.values())
+
+    @property
+    def fits(self) -> bool:
+        """Whether the memory per GPU is within the GPU's memory."""
+        return self.memory_total <= self.gpu.memory_bytes
+
+
+_SOURCES = {
+    "zero": "Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion "
+    "Parameter Models, 2020, section 5",
+    "fsdp2": "PyTorch FSDP2 fully_shard with MixedPrecisionPolicy(param_dtype=bf16): "
+    "fp32 sharded parameters, gradients and Adam state",
+    "korthikanti": "Korthikanti et al., Reducing Activation Recomputation in Large "
+    "Transformer Models, 2022, section 4 (activation memory) and 5 (selective "
+    "recomputation)",
+    "narayanan": "Narayanan et al., Efficient Large-Scale Language Model Training on "
+    "GPU Clusters Using Megatron-LM, 2021, section 2.2",
+    "ring": "Thakur, Rabenseifner and Gropp, Optimization of Collective Communication "
+    "Operations in MPICH, 2005; Patarasuk and Yuan, Bandwidth Optimal All-reduce "
+    "Algorithms for Clusters of Workstations, 2009",
+    "megatron": "Shoeybi et al., Megatron-LM, 2019, section 3",
+    "gpipe": "Narayanan et al., 2021, section 2.2.1: the bubble of GPipe's schedule "
+    "(Huang et al., GPipe, 2019) and of 1F1B",
+    "kaplan": "Kaplan et al., Scaling Laws for Neural Language Models, 2020, "
+    "section 2.1",
+    "ddp": "PyTorch DistributedDataParallel documentation (bucket_cap_mb=25, "
+    "gradient_as_bucket_view)",
+    "chen": "Chen et al., Training Deep Nets with Sublinear Memory Cost, 2016",
+}
+
+#: Each term's formula in words and its source; ``Estimate.formulas`` adds the numbers.
+FORMULAS: dict[str, str] = {
+    "stage": "the pipeline stage reported: the first or the last, whichever needs more "
+    "memory (the first holds the embedding and min(p, m) micro-batches in flight, the "
+    "last the head and the loss); Ψ = its parameters, matrices split over t ranks",
+    "parameters": "Ψ x (4 fp32 | 2 bf16 with ZeRO 0-2 | 4 bf16 with FSDP), / N at "
+    f"ZeRO-3. {_SOURCES['zero']}; for FSDP, {_SOURCES['fsdp2']}. (PyTorch's DDP and "
+    "ZeroRedundancyOptimizer under bf16 autocast keep fp32 parameters and gradients: "
+    "4 + 4 + 8, not the paper's 2 + 2 + 12)",
+    "gradients": "Ψ x (4 | 2 | 4 as for the parameters), / N at ZeRO-2 and 3. "
+    f"{_SOURCES['zero']}",
+    "optimizer": "Ψ x (8 fp32: Adam's two moments | 12 bf16 ZeRO 0-2: fp32 master and "
+    "moments | 8 FSDP: the sharded fp32 parameters are the master), / N at ZeRO 1-3; "
+    "Adam's step counters (4 B per tensor) left out. "
+    f"{_SOURCES['zero']}; {_SOURCES['fsdp2']}",
+    "activations": "per layer e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t, "
+    "k = 4 SwiGLU, 2 GELU (this package's Block, a fused attention kernel: no s x s "
+    "scores); first stage + 8 s b, last + e s b (3 h + 1) + 4 s b V / t + 8 s b; x "
+    "micro-batches in flight, min(p - i, m) on stage i; full checkpointing keeps "
+    "e s b h per layer and one layer's set. "
+    f"{_SOURCES['korthikanti']}; {_SOURCES['narayanan']}; "
+    f"{_SOURCES['chen']}",
+    "buffers": "FSDP: 2 gathered blocks + the root's parameters in the parameter "
+    "dtype, + 1 block of unsharded gradients in fp32 (the reduce dtype of torchtitan "
+    "and of PyTorch from 2.15); DDP: a bucket copy of the gradients "
+    f"(25 MiB buckets); ZeRO-1/2: one 25 MiB bucket (assumed); PP: 2 e s b h. "
+    f"{_SOURCES['ddp']}",
+    "compute": "b m s tokens x FLOPs per token (6 P + 12 L h s, P the model's "
+    "parameters less an untied embedding; x 4/3 with full "
+    "checkpointing) / (t p) / (peak x MFU). " + _SOURCES["kaplan"],
+    "dp comm": "DDP: all-reduce of the gradients once a step, overlapping the last "
+    "backward (step counts the excess over 2/3 of one micro-batch's compute); "
+    "ZeRO-1/2: "
+    "reduce-scatter of the gradients (ZeRO-2: each micro-batch) + all-gather of the "
+    "parameters; FSDP: per micro-batch 2 all-gathers (parameter dtype) and 1 "
+    "reduce-scatter (fp32) per block (root: 1 and 1), "
+    "overlapping compute (step counts the excess). PyTorch's own ZeRO-1 "
+    "(ZeroRedundancyOptimizer) sends DDP's all-reduce and a broadcast per parameter "
+    "tensor instead; FSDP2 with reshard_after_forward=False (its ZeRO-2) gathers each "
+    "block in the forward pass only. Ring: all-reduce "
+    "2 (n-1)/n S/B + 2 (n-1) alpha, all-gather and reduce-scatter (n-1)/n S/B + (n-1) "
+    f"alpha. {_SOURCES['ring']}",
+    "tp comm": "per block and micro-batch 2 all-reduces of e s b h forward + one per "
+    "column-parallel layer backward (q, k, v, up, gate: 5; GELU 4; Megatron-LM's fused "
+    "layers: 2), +2 with full checkpointing; +1 for the embedding on the first "
+    "stage, +1 "
+    f"for the head on the last; not overlapped. {_SOURCES['megatron']}",
+    "pp comm": "per micro-batch one activation forward and one gradient back across a "
+    "stage boundary: 2 m (e s b h / B + alpha); send_recv counts this stage's sends "
+    "(m first and last stage, 2 m middle)",
+    "bubble": f"(p - 1) / m x compute. {_SOURCES['gpipe']}",
+    "step": "compute + tp comm + pp comm + bubble + the dp comm that does not overlap",
+}
+
+
+def _fraction(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 < value <= 1
+    ):
+        raise ValueError(
+            f"{name}={value!r} must be a fraction of the GPU's peak, above 0 and at "
+            "most "
+            f"1; for example {name}=0.4"
+        )
+
+
+def estimate(
+    model: str | ModelShape,
+    layout: Layout,
+    gpu: str | GPU = "H100 80GB",
+    network: str | Network = "NVLink 4 + NDR 400G",
+    gpus_per_node: int = 8,
+    mfu: float | None = None,
+    samples_per_s: float | None = None,
+    stage: int | None = None,
+) -> Estimate:
+    """Memory per GPU and time per step of ``model`` trained with ``layout``.
+
+    Every figure is a formula of the module docstring; ``Estimate.formulas`` gives
+    each with its source and its numbers. A world size that is not a multiple of
+    ``gpus_per_node`` is allowed (the last node is partly used), and so is a
+    tensor-parallel group larger than a node: it then runs at the network's
+    between-node bandwidth.
+
+    Args:
+        model: a :class:`~workshop.planner.layout.ModelShape` or a name of ``MODELS``.
+        layout: the :class:`~workshop.planner.layout.Layout`.
+        gpu, network: records or names of ``GPUS`` and ``NETWORKS``.
+        gpus_per_node: GPUs in one node (consecutive ranks).
+        mfu: the fraction of peak FLOP/s reached (default :data:`DEFAULT_MFU` for a
+            transformer; for a module the fraction ResNet-50 reached on the node).
+        samples_per_s: a module's measured training throughput on one GPU (default:
+            :data:`MEASURED`, when it has this model, GPU and precision).
+        stage: the pipeline stage to report (default: the first or the last, whichever
+            needs more memory).
+
+    Returns:
+        The :class:`~workshop.planner.estimator.Estimate`.
+
+    Raises:
+        ValueError: an unknown model, GPU or network; a layout that cannot split the
+            model (:meth:`Layout.check_fits`); checkpointing asked of a module; an
+            ``mfu`` outside (0, 1]; ``samples_per_s`` or ``gpus_per_node`` below 1;
+            a stage outside the pipeline.
+
+    Example:
+        >>> e = estimate("transformer-8b", Layout(dp=8, zero=3, checkpointing="full"))
+        >>> e.fits, round(e.memory_total / 1e9, 1)
+        (True, 28.1)
+    """
+    shape = model_shape(model)
+    if not isinstance(layout, Layout):
+        raise ValueError(
+            f"layout={layout!r} is not a Layout; build one, e.g. "
+            "Layout(dp=8, tp=1, pp=1, "
+            "zero=3)"
+        )
+    layout.check_fits(shape)
+    gpu, network = gpu_record(gpu), network_record(network)
+    check_counts("", gpus_per_node=gpus_per_node)
+    _fraction("mfu", mfu)
+    if samples_per_s is not None and (
+        isinstance(samples_per_s, bool)
+        or not isinstance(samples_per_s, (int, float))
+        or samples_per_s <= 0
+    ):
+        raise ValueError(f"samples_per_s={samples_per_s!r} must be a number above 0")
+    if shape.kind == "module" and layout.checkpointing != "none":
+        raise ValueError(
+            f"checkpointing={layout.checkpointing!r}: the estimator models activation "
+            f"checkpointing of transformer blocks only; {shape.name} is a module, use "
+            "checkpointing='none'"
+        )
+    if stage is None:
+        last = layout.pp - 1
+        first_mem, last_mem = (memory_terms(shape, layout, s)[0] for s in (0, last))
+        stage = last if sum(last_mem.values()) > sum(first_mem.values()) else 0
+    elif (
+        isinstance(stage, bool)
+        or not isinstance(stage, int)
+        or not 0 <= stage < layout.pp
+    ):
+        raise ValueError(
+            f"stage={stage!r} is outside 0..{layout.pp - 1} (pp={layout.pp})"
+        )
+    memory, notes = memory_terms(shape, layout, stage)
+    time, collectives, step, time_notes = time_terms(
+        shape,
+        layout,
+        stage,
+        gpu,
+        network,
+        gpus_per_node,
+        mfu,
+        samples_per_s,
+        notes["psi"],
+    )
+    formulas = dict(FORMULAS)
+    where = "first" if stage == 0 else "last" if stage == layout.pp - 1 else "middle"
+    formulas["stage"] += (
+        f". Here: stage {stage} of {layout.pp} ({where}), Ψ = {notes['psi']:,}"
+    )
+    for key, text in {**notes["text"], **time_notes}.items():
+        formulas[key] += f". Here: {text}"
+    return Estimate(
+        shape,
+        layout,
+        gpu,
+        network,
+        gpus_per_node,
+        memory,
+        time,
+        collectives,
+        formulas,
+        step,
+    )

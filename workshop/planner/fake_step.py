@@ -1,0 +1,359 @@
+"""Inside the fake world: one rank of a big layout, sharded and stepped for real.
+
+This module runs in the child process that :func:`workshop.planner.fake_world.fake_run`
+starts, never in a notebook's kernel: it joins PyTorch's "fake" process group (every
+collective returns at once and moves no data), builds this rank's pipeline stage of
+the model on the meta device, splits it with DTensor tensor parallelism and FSDP2
+(or DDP, or ``ZeroRedundancyOptimizer``), allocates only the local shards, and runs
+one step while :class:`~workshop.planner.fake_record.Collectives` writes down every
+collective (matrix products doing no arithmetic: see
+:func:`~workshop.planner.fake_record.no_arithmetic`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..training.models import held_bytes
+from .fake_record import (
+    Collectives,
+    _get,
+    find_features,
+    group_names,
+    no_arithmetic,
+)
+from .fake_shard import data_parallel, shard_model
+from .layout import Layout, ModelShape
+
+
+# --- what the rank holds --------------------------------------------------------------
+def local_parameters(model: nn.Module) -> tuple[int, int]:
+    """(values, bytes) of this rank's parameter shards, unpadded, meta or not."""
+    values = nbytes = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        values += local.numel()
+        nbytes += local.numel() * local.element_size()
+    return values, nbytes
+
+
+def shards(model: nn.Module) -> dict[str, tuple[list[int], list[int]]]:
+    """Global and local shapes of the root's and the first block's parameters."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    for name, p in model.named_parameters():
+        if ".blocks." in f".{name}" and not name.startswith("blocks.0."):
+            continue
+        local = p.to_local() if hasattr(p, "to_local") else p
+        out[
+            name.replace("_fsdp_wrapped_module.", "").replace("module.", "", 1)
+            if name.startswith("module.")
+            else name
+        ] = (list(p.shape), list(local.shape))
+    return out
+
+
+def held(model: nn.Module, optimizer: Any) -> dict[str, int]:
+    """Bytes of parameter shards, gradients and optimizer state, each storage once."""
+    params = list(model.parameters())
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's own
+    state = [
+        t
+        for s in inner.state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor)
+    ]
+    found = held_bytes(
+        {
+            "parameters": params,
+            "gradients": [p.grad for p in params],
+            "optimizer": state,
+        }
+    )
+    return found
+
+
+def run_step(
+    model: nn.Module,
+    optimizer: Any,
+    shape: ModelShape,
+    layout: Layout,
+    stage: int,
+    tokens: tuple[int, int],
+    recorder: Collectives,
+    blocks: int | None,
+) -> dict[str, tuple[int, int]]:
+    """One forward and backward of ``tokens`` = (batch, seq) through ``blocks`` of the
+    stage's blocks (all if None), recorded. Returns what was recorded in it."""
+    inner = getattr(model, "module", model)
+    kept = inner.blocks
+    if blocks is not None:
+        inner.blocks = nn.ModuleList(list(kept)[:blocks])
+    batch, seq = tokens
+    dtype = torch.bfloat16 if layout.precision == "bf16" else torch.float32
+    if stage == 0:
+        x = torch.randint(0, shape.vocab, (batch, seq))
+    else:  # the activation the previous stage would send
+        x = torch.zeros(batch, seq, shape.hidden, dtype=dtype, requires_grad=True)
+    autocast = layout.precision == "bf16" and "FSDP" not in str(type(model))
+    before = recorder.snapshot()
+    try:
+        with recorder.mode, torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            out = model(x)
+            if hasattr(out, "to_local"):
+                out = out.to_local()
+            if stage == layout.pp - 1:
+                # A stand-in for the loss: a vocabulary-parallel cross-entropy adds
+                # three all-reduces over tp of one value per token (Megatron).
+                out.float().sum().backward()
+            else:  # the gradient the next stage would send back
+                out.backward(torch.zeros_like(out))
+    finally:
+        inner.blocks = kept
+    after = recorder.snapshot()
+    return {
+        k: (v[0] - before.get(k, (0, 0))[0], v[1] - before.get(k, (0, 0))[1])
+        for k, v in after.items()
+        if v != before.get(k, (0, 0))
+    }
+
+
+def timed() -> float:
+    """Seconds on a monotonic clock (one name for every phase's timing)."""
+    return time.perf_counter()
+
+
+# --- one run ------------------------------------------------------------------------
+#: Gathered bytes (bf16 or fp32 parameters, one rank) a step may touch before it
+#: runs fewer blocks than the stage holds and scales the per-block collectives.
+STEP_BUDGET = 2 * 2**30
+#: Largest local state (parameter shards + gradients + Adam, one rank) allocated.
+MAX_BYTES = 4 * 2**30
+
+
+def _minus(a: dict, b: dict) -> dict[str, tuple[int, int]]:
+    keys = set(a) | set(b)
+    out = {
+        k: (
+            a.get(k, (0, 0))[0] - b.get(k, (0, 0))[0],
+            a.get(k, (0, 0))[1] - b.get(k, (0, 0))[1],
+        )
+        for k in keys
+    }
+    return {k: v for k, v in sorted(out.items()) if v != (0, 0)}
+
+
+def _to_step(
+    per_mb: dict,
+    layout: Layout,
+    shape: ModelShape,
+    tokens: int,
+    stage: int,
+    notes: list[str],
+) -> dict[str, tuple[int, int]]:
+    """One micro-batch's collectives -> one step's: times micro_batches, tp traffic
+    scaled to the layout's tokens, the pipeline's sends counted from the split."""
+    layout_tokens = layout.micro_batch * shape.seq
+    out: dict[str, tuple[int, int]] = {}
+    for key, (n, b) in per_mb.items():
+        if key.endswith(" tp"):
+            b = b * layout_tokens // tokens
+            if tokens != layout_tokens:
+                notes.append(
+                    f"{key}: activations, so bytes scale with tokens; the step ran "
+                    f"{tokens}, scaled to micro_batch x seq = {layout_tokens}"
+                )
+        out[key] = (n * layout.micro_batches, b * layout.micro_batches)
+    if layout.pp > 1:
+        width = 2 if layout.precision == "bf16" else 4
+        one = layout_tokens * shape.hidden * width
+        sends = (stage < layout.pp - 1) + (stage > 0)
+        out["send_recv pp"] = (
+            sends * layout.micro_batches,
+            sends * layout.micro_batches * one,
+        )
+        notes.append(
+            "send_recv pp: counted from the split, not run: per micro-batch this stage "
+            f"sends {sends} activation(s)/gradient(s) of micro_batch x seq x hidden "
+            f"x {width} B ({one:,} B); receives are not counted (they are the "
+            "neighbours' sends)"
+        )
+    return dict(sorted(out.items()))
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Everything one fake run does, in this (child) process; plain data back."""
+    times: dict[str, float] = {}
+    found = find_features()
+    if None in found.values():
+        gone = [k for k, v in found.items() if v is None]
+        raise RuntimeError(
+            f"torch {torch.__version__} lacks {', '.join(gone)}; "
+            "the fake-world check needs torch 2.4 or newer"
+        )
+    shape, layout, rank = (
+        ModelShape(**job["model"]),
+        Layout(**job["layout"]),
+        job["rank"],
+    )
+    coords = layout.coordinates(rank)
+    stage, notes = coords["pp"], []
+    t = timed()
+    dist.init_process_group(
+        "fake", store=_get("fake_pg")(), rank=rank, world_size=layout.world_size
+    )
+    try:
+        mesh = _get("device_mesh")(
+            "cpu", (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
+        times["init"] = timed() - t
+        t = timed()
+        model, wrapper = shard_model(shape, layout, mesh, stage, notes)
+        values, nbytes = local_parameters(model)
+        if 4 * nbytes > MAX_BYTES:
+            raise ValueError(
+                f"rank {rank} of {layout.describe()} would hold {nbytes / 1e9:.1f} GB "
+                f"of parameter shards, about {4 * nbytes / 1e9:.1f} GB with gradients "
+                f"and Adam: over this check's {MAX_BYTES / 1e9:.1f} GB; use more "
+                "ranks (dp with zero=3, tp, pp) or a smaller model"
+            )
+        times["shard"] = timed() - t
+        t = timed()
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for p in model.parameters():
+                (p.to_local() if hasattr(p, "to_local") else p).zero_()
+        model, optimizer, ddp = data_parallel(model, layout, mesh)
+        wrapper = ddp or (
+            wrapper
+            if wrapper not in ("none", "later")
+            else "none (dp=1: nothing to shard or reduce)"
+        )
+        times["allocate"] = timed() - t
+        recorder = Collectives(group_names(mesh))
+        blocks = len(getattr(model, "module", model).blocks)
+        batch_tokens = job["batch_tokens"] or 16
+        seq = min(batch_tokens, shape.seq)
+        tokens = (batch_tokens // seq, seq)
+        run = blocks
+        if "FSDP" in wrapper or wrapper.startswith("none"):
+            width = 2 if layout.precision == "bf16" else 4
+            per_block = shape.layer_parameters() // layout.tp * width
+            run = job["layers_in_step"] or max(1, STEP_BUDGET // per_block)
+            run = min(run, blocks)
+        cdm = _get("comm_debug_mode")()
+        measured: dict[str, tuple[int, int]] = {}
+        t = timed()
+        if job["step"] and "DDP" in wrapper:
+            # DDP reduces everything in one bucket in its first step, and rebuilds
+            # its buckets (in the order the gradients became ready, sending their
+            # indices) in the second: the step recorded is the third, as every
+            # later one is.
+            with no_arithmetic():
+                for _ in range(2):
+                    run_step(
+                        model,
+                        optimizer,
+                        shape,
+                        layout,
+                        stage,
+                        tokens,
+                        Collectives({}),
+                        run,
+                    )
+            notes.append(
+                "DDP: the third step is recorded (the first reduces all "
+                "gradients in one bucket, the second rebuilds the buckets)"
+            )
+        counted: dict[str, int] = {}
+
+        def add_counts(mode) -> None:
+            for k, v in mode.get_comm_counts().items():
+                counted[str(k)] = counted.get(str(k), 0) + v
+
+        if job["step"]:
+            with cdm, no_arithmetic():
+                measured = run_step(
+                    model, optimizer, shape, layout, stage, tokens, recorder, run
+                )
+            add_counts(cdm)
+            per_mb = measured
+            if run < blocks:
+                # In a CommDebugMode of its own: torch 2.11's adds a module's hook
+                # each time the module runs in it, and a module run in two steps
+                # (the last norm) then leaves its stack twice and fails.
+                cdm = _get("comm_debug_mode")()
+                with cdm, no_arithmetic():
+                    root = run_step(
+                        model, optimizer, shape, layout, stage, tokens, recorder, 0
+                    )
+                add_counts(cdm)
+                each = _minus(measured, root)
+                whole = {
+                    k: (
+                        root.get(k, (0, 0))[0] + blocks * n // run,
+                        root.get(k, (0, 0))[1] + blocks * b // run,
+                    )
+                    for k, (n, b) in each.items()
+                }
+                per_mb = dict(sorted({**root, **whole}.items()))
+                notes.append(
+                    f"step ran {run} of the stage's {blocks} blocks (and once "
+                    "none, for the root's share); per-block collectives scaled to "
+                    f"{blocks} blocks"
+                )
+        times["step"] = timed() - t
+        t = timed()
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        before = recorder.snapshot()
+        cdm = _get("comm_debug_mode")()  # entering it again would clear its counts
+        with cdm, recorder.mode:
+            optimizer.step()
+        add_counts(cdm)
+        in_optimizer = _minus(recorder.snapshot(), before)
+        times["optimizer"] = timed() - t
+        collectives = (
+            _to_step(
+                per_mb if job["step"] else {},
+                layout,
+                shape,
+                tokens[0] * tokens[1],
+                stage,
+                notes,
+            )
+            if job["step"]
+            else {}
+        )
+        for k, (n, b) in in_optimizer.items():
+            old = collectives.get(k, (0, 0))
+            collectives[k] = (old[0] + n, old[1] + b)
+        return {
+            "model": shape.name,
+            "layout": layout.describe(),
+            "rank": rank,
+            "world_size": layout.world_size,
+            "coordinates": coords,
+            "stage_layers": [stage * blocks, (stage + 1) * blocks],
+            "wrapper": wrapper,
+            "held": held(getattr(model, "module", model), optimizer),
+            "local_parameters": values,
+            "shards": shards(getattr(model, "module", model)),
+            "collectives": dict(sorted(collectives.items())),
+            "measured": measured,
+            "group_sizes": {d: mesh[d].size() for d in ("pp", "dp", "tp")},
+            "comm_debug": counted,
+            "tokens": tokens[0] * tokens[1],
+            "layout_tokens": layout.micro_batch * shape.seq,
+            "layers_in_step": run if job["step"] else 0,
+            "times": times,
+            "notes": notes,
+            "torch_version": torch.__version__,
+        }
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,391 @@
+"""One rank of a 1,024-GPU layout, on this machine: PyTorch's fake process group.
+
+PyTorch ships a "fake" backend for its own tests: a process joins a world of any
+size as rank ``r``, and every collective returns at once without moving data. With
+it, the real ``DeviceMesh``, DTensor tensor parallelism and FSDP2 cut a model exactly
+as on 1,024 GPUs, so what one rank *holds* (its parameter shards, gradients and
+Adam's state, in bytes) and what it *sends* (each collective, on which mesh
+dimension, how many bytes) can be measured here and set beside the estimator's
+formulas (:func:`workshop.planner.fake_compare.compare`)::
+
+    from workshop.planner.layout import Layout, model_shape
+    shape = model_shape("transformer-8b")
+    report = fake_run(shape, Layout(dp=128, tp=8, zero=3), rank=5)
+    print(report.table())
+
+Each call runs in a fresh child process (``python -m workshop.planner.fake_world``),
+so the notebook's kernel never keeps a fake process group; the child is stopped on a
+timeout or an interrupt, and dies with its parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .._procs import interrupted, signal_group
+from .fake_report import FakeReport
+from .fake_step import MAX_BYTES
+from .layout import Layout, ModelShape, model_shape
+
+__all__ = ["fake_features", "fake_run", "fake_runs"]
+
+_MARK = "FAKE-WORLD-REPORT "
+
+
+def fake_features() -> dict[str, str | None]:
+    """Which pieces of the fake-world check this torch has, and where.
+
+    Returns:
+        ``{"fake_pg", "device_mesh", "fully_shard", "parallelize_module",
+        "comm_debug_mode"}``: the module each was found in (torch 2.4 keeps
+        ``fully_shard`` in ``torch.distributed._composable.fsdp`` and
+        ``CommDebugMode`` in ``torch.distributed._tensor.debug``), or None; and
+        ``"missing"``: a sentence saying what is missing and what to do, or None.
+
+    Example:
+        >>> fake_features()["fully_shard"]
+        'torch.distributed.fsdp'
+    """
+    from .fake_record import find_features
+
+    found: dict[str, str | None] = dict(find_features())
+    gone = [k for k, v in found.items() if v is None]
+    found["missing"] = None
+    if gone:
+        import torch
+
+        found["missing"] = (
+            f"torch {torch.__version__} lacks {', '.join(gone)}: the fake-world check "
+            "needs torch 2.4 or newer (pip install 'torch>=2.4'); the estimate alone "
+            "still works"
+        )
+    return found
+
+
+def _job(
+    model: str | ModelShape,
+    layout: Layout,
+    rank: int,
+    step: bool,
+    batch_tokens: int | None,
+    layers_in_step: int | None,
+) -> dict[str, Any]:
+    shape = model_shape(model)
+    if not isinstance(layout, Layout):
+        raise ValueError(
+            f"layout={layout!r} is not a Layout; build one with Layout(dp=..)"
+        )
+    if shape.kind != "transformer":
+        raise ValueError(
+            f"fake_run builds transformers by their shapes; {shape.name} is a module "
+            "(use a transformer ModelShape, or the estimate alone for modules)"
+        )
+    layout.check_fits(shape)
+    stage = layout.coordinates(rank)["pp"]  # raises for a rank outside the world
+    if layout.tp > 1 and layout.dp > 1 and layout.zero < 2:
+        raise ValueError(
+            f"zero={layout.zero} with tp={layout.tp} and dp={layout.dp}: PyTorch's DDP "
+            "(and ZeroRedundancyOptimizer) take plain tensors, not the DTensor shards "
+            "tensor parallelism makes; use zero=2 or 3 (FSDP2 shards DTensors), as "
+            "torchtitan does for 2-D layouts"
+        )
+    need = _state_bytes(shape, layout, stage)
+    if need > MAX_BYTES:
+        raise ValueError(
+            f"rank {rank} of {layout.describe()} would hold about {need / 1e9:.1f} GB "
+            f"of {shape.name}'s parameters, gradients and Adam state: over this "
+            f"check's {MAX_BYTES / 1e9:.1f} GB; shard more (dp with zero=3, tp, pp) "
+            "or take a smaller model"
+        )
+    if batch_tokens is not None and (
+        isinstance(batch_tokens, bool)
+        or not isinstance(batch_tokens, int)
+        or batch_tokens < 1
+        or (batch_tokens > shape.seq and batch_tokens % shape.seq)
+    ):
+        raise ValueError(
+            f"batch_tokens={batch_tokens!r}: give a whole number up to "
+            f"seq={shape.seq}, or a multiple of it (whole sequences), e.g. 16 or "
+            f"{2 * shape.seq}"
+        )
+    if layers_in_step is not None and (
+        isinstance(layers_in_step, bool)
+        or not isinstance(layers_in_step, int)
+        or layers_in_step < 1
+    ):
+        raise ValueError(
+            f"layers_in_step={layers_in_step!r} must be 1 or more (or None)"
+        )
+    fields = {
+        f.name: getattr(shape, f.name)
+        for f in dataclasses.fields(shape)
+        if f.name not in ("builder", "sample")
+    }
+    return {
+        "model": fields,
+        "layout": dataclasses.asdict(layout),
+        "rank": rank,
+        "step": bool(step),
+        "batch_tokens": batch_tokens,
+        "layers_in_step": layers_in_step,
+    }
+
+
+def _state_bytes(shape: ModelShape, layout: Layout, stage: int) -> float:
+    """About what one rank allocates: fp32 parameters, gradients and Adam's moments
+    of its stage, split by tp, and by dp where the ZeRO stage shards them."""
+    values = shape.layers // layout.pp * shape.layer_parameters()
+    values += shape.vocab * shape.hidden * ((stage == 0) + (stage == layout.pp - 1))
+    values /= layout.tp
+    dp = layout.dp
+    parts = (
+        4 / (dp if layout.zero >= 2 else 1),
+        4 / (dp if layout.zero >= 2 else 1),
+        8 / (dp if layout.zero >= 1 else 1),
+    )
+    return values * sum(parts)
+
+
+def fake_run(
+    model: str | ModelShape,
+    layout: Layout,
+    rank: int = 0,
+    step: bool = True,
+    batch_tokens: int | None = None,
+    layers_in_step: int | None = None,
+    timeout: float = 120.0,
+) -> FakeReport:
+    """Run rank ``rank`` of ``layout`` on PyTorch's fake backend, in a child process.
+
+    The rank builds its pipeline stage (``build_transformer(shape, stage, pp)``) on
+    the meta device, splits it by tensor parallelism on the mesh's "tp" dimension
+    (q, k, v, up, gate by columns; o, down by rows; embedding and head by vocabulary)
+    and by data on "dp": ``zero`` 3 is FSDP2's ``fully_shard`` per block and at the
+    root, 2 the same with ``reshard_after_forward=False``, 1 DDP with
+    ``ZeroRedundancyOptimizer``, 0 DDP. It allocates its shards, runs one micro-batch
+    of ``batch_tokens`` tokens forward and backward and an Adam step while recording
+    every collective, and measures the bytes it holds.
+
+    Args:
+        model: a name of :data:`~workshop.planner.layout.MODELS` or a ModelShape.
+        layout: the degrees, ZeRO stage and precision; ``world_size`` ranks.
+        rank: which rank to be, ``0 .. world_size - 1``.
+        step: run the step and record collectives (else only the memory, with zero
+            gradients given to Adam so that its state exists).
+        batch_tokens: tokens in the micro-batch that runs (default 16: one sequence
+            of 16); tensor-parallel and pipeline traffic scale with tokens, and the
+            report scales them to the layout's ``micro_batch x seq``.
+        layers_in_step: blocks the step runs (default: as many as fit in
+            :data:`STEP_BUDGET` of gathered parameters); with fewer than the stage
+            holds, a second step without blocks gives the per-block traffic, which
+            is scaled to all blocks (every block sends the same).
+        timeout: seconds before the child is stopped.
+
+    Returns:
+        A :class:`FakeReport`.
+
+    Raises:
+        ValueError: a rank outside the world, a layout the model cannot take, or a
+            rank whose shards would not fit this machine (:data:`MAX_BYTES`).
+        RuntimeError: this torch lacks a piece (see :func:`fake_features`), the
+            child failed, or it ran past ``timeout``.
+    """
+    return fake_runs(
+        [(model, layout, rank)],
+        step=step,
+        batch_tokens=batch_tokens,
+        layers_in_step=layers_in_step,
+        timeout=timeout,
+    )[0]
+
+
+def fake_runs(
+    runs: list[tuple],
+    step: bool = True,
+    batch_tokens: int | None = None,
+    layers_in_step: int | None = None,
+    timeout: float = 300.0,
+) -> list[FakeReport]:
+    """Several runs in one child, one after another (its imports, about 3 s, are paid
+    once; each run is a fork of it). Each run is ``(model, layout, rank)``, or
+    ``(model, layout, rank, {"layers_in_step": 1, ...})`` to set that run's own
+    ``step``, ``batch_tokens`` or ``layers_in_step``; other arguments as
+    :func:`fake_run`.
+
+    Raises:
+        ValueError: as :func:`fake_run`, or a run that is not such a tuple.
+    """
+    jobs = []
+    for run in runs:
+        if (
+            not isinstance(run, tuple)
+            or len(run) not in (3, 4)
+            or (len(run) == 4 and not isinstance(run[3], dict))
+        ):
+            raise ValueError(
+                f"run {run!r}: give (model, layout, rank) or (model, "
+                "layout, rank, {'layers_in_step': ...})"
+            )
+        own = {
+            "step": step,
+            "batch_tokens": batch_tokens,
+            "layers_in_step": layers_in_step,
+            **(run[3] if len(run) == 4 else {}),
+        }
+        unknown = set(own) - {"step", "batch_tokens", "layers_in_step"}
+        if unknown:
+            raise ValueError(
+                f"run {run[:3]!r}: unknown options {sorted(unknown)}; use "
+                "step, batch_tokens, layers_in_step"
+            )
+        jobs.append(
+            _job(
+                run[0],
+                run[1],
+                run[2],
+                own["step"],
+                own["batch_tokens"],
+                own["layers_in_step"],
+            )
+        )
+    answers = _in_child(jobs, timeout)
+    reports = []
+    for answer in answers:
+        if "error" in answer:
+            kind = ValueError if answer["error"] == "ValueError" else RuntimeError
+            raise kind(answer["message"])
+        answer["stage_layers"] = tuple(answer["stage_layers"])
+        for key in ("collectives", "measured"):
+            answer[key] = {k: tuple(v) for k, v in answer[key].items()}
+        answer["shards"] = {k: tuple(v) for k, v in answer["shards"].items()}
+        reports.append(FakeReport(**answer))
+    return reports
+
+
+def _in_child(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env["WORKSHOP_FAKE_PARENT"] = str(os.getpid())
+    env["WORKSHOP_FAKE_STARTED"] = repr(time.time())
+    child = subprocess.Popen(
+        [sys.executable, "-m", "workshop.planner.fake_world"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(json.dumps(jobs), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(child)
+        raise RuntimeError(
+            f"fake_run: the child (pid {child.pid}) ran past timeout={timeout} s and "
+            "was stopped; give a longer timeout, a smaller layers_in_step or fewer runs"
+        ) from None
+    except KeyboardInterrupt:
+        _stop(child)
+        raise interrupted(
+            f"fake_run: interrupted; stopped the child (pid {child.pid})"
+        ) from None
+    answers = [
+        json.loads(line[len(_MARK) :])
+        for line in out.splitlines()
+        if line.startswith(_MARK)
+    ]
+    if child.returncode != 0 or len(answers) != len(jobs):
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        raise RuntimeError(
+            f"fake_run: the child (pid {child.pid}) ended with exit code "
+            f"{child.returncode} after {len(answers)} of {len(jobs)} runs:\n{tail}"
+        )
+    return answers
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """TERM the child's process group, wait a moment, then KILL; reap it."""
+    signal_group(child.pid, signal.SIGTERM)
+    try:
+        child.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        signal_group(child.pid, signal.SIGKILL)
+        child.wait()
+    for stream in (child.stdin, child.stdout, child.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _main() -> None:
+    """The child: read the jobs, then run each in a fork of itself. A fresh process
+    per run keeps no process group or cache from the run before it (PyTorch's
+    process-group registry does not survive a second world in one process), and a
+    fork costs milliseconds where a new interpreter costs seconds of imports."""
+    from .._procs import die_with_parent
+
+    parent = int(os.environ.get("WORKSHOP_FAKE_PARENT", "0"))
+    if parent:
+        die_with_parent(parent)
+    started = float(os.environ.get("WORKSHOP_FAKE_STARTED", time.time()))
+    jobs = json.loads(sys.stdin.read())
+    from .fake_record import warm_up
+
+    warm_up()  # the imports, once, before the forks
+
+    for number, job in enumerate(jobs):
+        first = {"start": time.time() - started} if number == 0 else {}
+        pid = os.fork()
+        if pid == 0:
+            die_with_parent(os.getppid())
+            _run_one(job, first)
+            sys.stdout.flush()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            print(
+                _MARK
+                + json.dumps(
+                    {
+                        "error": "RuntimeError",
+                        "message": (
+                            f"run {number + 1} ended with wait status {status}"
+                        ),
+                    }
+                ),
+                flush=True,
+            )
+
+
+def _run_one(job: dict[str, Any], first: dict[str, float]) -> None:
+    from .fake_step import run_job
+
+    start = time.perf_counter()
+    try:
+        answer = run_job(job)
+        # The first run pays the child's start and imports (python, torch, the
+        # workshop package): "start", from the parent's call to the first fork.
+        answer["times"] = {
+            **first,
+            **answer["times"],
+            "total": time.perf_counter() - start,
+        }
+    except ValueError as e:
+        answer = {"error": "ValueError", "message": str(e)}
+    except Exception as e:
+        import traceback
+
+        where = "".join(traceback.format_exception(e)[-6:])
+        answer = {"error": type(e).__name__, "message": f"in the child:\n{where}"}
+    print(_MARK + json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,403 @@
+"""What a layout planner is asked about: a model by its shapes, a parallel layout, a GPU
+and its links.
+
+Three small records, shared by the estimator (:mod:`workshop.planner.estimator`),
+the fake-backend check (:mod:`workshop.planner.fake_world`) and the lesson's planner:
+
+- :class:`ModelShape`: a decoder-only transformer by its layers, hidden size, heads,
+  vocabulary and sequence length (its parameter count is a formula, and
+  :func:`~workshop.planner.transformer.build_transformer` builds the very module
+  the formula counts), or any
+  ``nn.Module`` by a builder (ResNet-50, the workshop's own models);
+- :class:`Layout`: the degrees of data, tensor and pipeline parallelism, the ZeRO stage
+  (3 is FSDP), micro-batches, activation checkpointing and precision;
+- :class:`GPU` and :class:`Network` (in :mod:`.layout_hardware`, re-exported here):
+  memory, peak throughput and link bandwidths, each with its source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from .hardware import pick
+
+__all__ = ["MODELS", "Layout", "ModelShape", "check_counts", "model_shape"]
+
+
+def check_counts(owner: str, unit: str = "", **values: Any) -> None:
+    """Raise ``ValueError`` for the first of ``values`` that is not a whole number of
+    1 or more: "owner: name=0 must be a whole number[ unit], 1 or more" (no prefix
+    when ``owner`` is empty). The planner's modules all check their counts here."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            prefix = f"{owner}: " if owner else ""
+            raise ValueError(
+                f"{prefix}{name}={value!r} must be a whole number{unit}, 1 or more"
+            )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model as the planner sees it.
+
+    For ``kind="transformer"`` the shapes are those of a decoder-only transformer with
+    pre-normalisation (GPT, Llama): ``layers`` blocks of attention (``heads`` query
+    heads, ``kv_heads`` key/value heads) and an MLP of width ``ffn`` ("gelu": two
+    matrices; "swiglu": three), an embedding of ``vocab`` x ``hidden`` and an output
+    head (shared with the embedding when ``tied``). Linear layers have no bias.
+
+    For ``kind="module"``, ``builder`` makes the ``nn.Module`` and ``sample`` its input
+    for one sample; the parameters are counted from the module itself.
+
+    Raises:
+        ValueError: a size below 1, ``hidden`` not divisible by ``heads``, or
+            ``heads`` not divisible by ``kv_heads``.
+    """
+
+    name: str
+    kind: str = "transformer"
+    layers: int = 1
+    hidden: int = 64
+    heads: int = 1
+    vocab: int = 256
+    seq: int = 128
+    ffn: int = 0  # 0: 4 x hidden
+    kv_heads: int = 0  # 0: as many as heads
+    mlp: str = "gelu"
+    tied: bool = False
+    source: str = ""
+    builder: Callable[[], nn.Module] | None = field(default=None, compare=False)
+    sample: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind == "module":
+            if self.builder is None or not self.sample:
+                raise ValueError(
+                    f"{self.name!r}: kind='module' needs builder= (it makes "
+                    "the nn.Module) and sample= (one sample's input shape)"
+                )
+            return
+        if self.kind != "transformer":
+            raise ValueError(
+                f"ModelShape {self.name!r}: kind={self.kind!r}; use 'transformer' "
+                "or 'module'"
+            )
+        check_counts(
+            f"ModelShape {self.name!r}",
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            vocab=self.vocab,
+            seq=self.seq,
+        )
+        if self.ffn == 0:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        check_counts(f"ModelShape {self.name!r}", ffn=self.ffn, kv_heads=self.kv_heads)
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"ModelShape {self.name!r}: hidden={self.hidden} is not divisible by "
+                f"heads={self.heads}; each head gets hidden / heads channels"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"ModelShape {self.name!r}: heads={self.heads} is not divisible by "
+                f"kv_heads={self.kv_heads}; each key/value head serves a whole group"
+            )
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ValueError(
+                f"ModelShape {self.name!r}: mlp={self.mlp!r}; use 'gelu' or 'swiglu'"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head."""
+        return self.hidden // self.heads
+
+    def layer_parameters(self) -> int:
+        """Parameters of one transformer block.
+
+        ``2 h^2 + 2 h (kv_heads x head_dim)`` for attention (query and output
+        projections, keys and values), ``m h ffn`` for the MLP with ``m`` = 2 (GELU)
+        or 3 (SwiGLU), and ``2 h`` for the two RMS norms.
+        """
+        self._need_transformer("layer_parameters")
+        h = self.hidden
+        kv = self.kv_heads * self.head_dim
+        matrices = 3 if self.mlp == "swiglu" else 2
+        return 2 * h * h + 2 * h * kv + matrices * h * self.ffn + 2 * h
+
+    def embedding_parameters(self) -> int:
+        """Parameters outside the blocks: embedding, final norm and output head."""
+        self._need_transformer("embedding_parameters")
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.hidden + head
+
+    def parameters(self) -> int:
+        """All parameters. For a module, counted on the meta device."""
+        if self.kind == "module":
+            assert self.builder is not None
+            with torch.device("meta"):
+                module = self.builder()
+            return sum(p.numel() for p in module.parameters())
+        return self.layers * self.layer_parameters() + self.embedding_parameters()
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward and backward): ``6 N + 12 L h s``.
+
+        ``6 N``: each parameter does a multiply and an add in the forward pass and
+        twice that in the backward (Kaplan et al., "Scaling Laws for Neural Language
+        Models", 2020, section 2.1); ``12 L h s``: the attention scores and their
+        weighted sum, which no parameter counts. The embedding lookup does no
+        multiplications, so its ``V h`` parameters are left out when untied.
+        """
+        self._need_transformer("flops_per_token")
+        n = self.parameters() - (0 if self.tied else self.vocab * self.hidden)
+        return 6.0 * n + 12.0 * self.layers * self.hidden * self.seq
+
+    def with_(self, **changes: Any) -> ModelShape:
+        """A copy with some fields changed (``shape.with_(layers=2)``)."""
+        return replace(self, **changes)
+
+    def _need_transformer(self, what: str) -> None:
+        if self.kind != "transformer":
+            raise ValueError(
+                f"{what}() is a transformer formula; {self.name!r} is a module: "
+                "count its parameters with parameters()"
+            )
+
+
+def _resnet50() -> nn.Module:
+    from ..training.models import resnet
+
+    return resnet("resnet50")
+
+
+def _small_cnn() -> nn.Module:
+    from ..training.models import SmallCNN
+
+    return SmallCNN()
+
+
+_LLAMA = "Meta, Llama 3 model card and config (Llama-3-8B / 70B), 2024"
+
+#: The models the planner offers, by name.
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        ModelShape(
+            "tiny",
+            layers=4,
+            hidden=64,
+            heads=4,
+            vocab=256,
+            seq=32,
+            source="the workshop's test model",
+        ),
+        ModelShape(
+            "gpt2-small",
+            layers=12,
+            hidden=768,
+            heads=12,
+            vocab=50257,
+            seq=1024,
+            tied=True,
+            source="Radford et al., GPT-2, 2019: the smallest model's "
+            "sizes (without its position embeddings and biases)",
+        ),
+        ModelShape(
+            "transformer-1b",
+            layers=22,
+            hidden=2048,
+            heads=32,
+            vocab=32000,
+            seq=2048,
+            mlp="swiglu",
+            ffn=5632,
+            kv_heads=4,
+            source="Zhang et al., TinyLlama (1.1B), 2024: its sizes",
+        ),
+        ModelShape(
+            "transformer-8b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            vocab=128256,
+            seq=8192,
+            ffn=14336,
+            mlp="swiglu",
+            source=_LLAMA,
+        ),
+        ModelShape(
+            "transformer-70b",
+            layers=80,
+            hidden=8192,
+            heads=64,
+            kv_heads=8,
+            vocab=128256,
+            seq=8192,
+            ffn=28672,
+            mlp="swiglu",
+            source=_LLAMA,
+        ),
+        ModelShape(
+            "resnet50",
+            kind="module",
+            builder=_resnet50,
+            sample=(3, 224, 224),
+            source="He et al., 2016; torchvision's resnet50",
+        ),
+        ModelShape(
+            "small-cnn",
+            kind="module",
+            builder=_small_cnn,
+            sample=(1, 16, 16),
+            source="the workshop's SmallCNN (notebooks 01-02)",
+        ),
+    )
+}
+
+
+def model_shape(name: str | ModelShape) -> ModelShape:
+    """A model of :data:`MODELS` by name (a :class:`ModelShape` is returned as it is).
+
+    Raises:
+        ValueError: an unknown name, with the names there are.
+    """
+    return pick(MODELS, name, ModelShape, "model", "ModelShape(...)")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a job splits its model over ``dp x tp x pp`` GPUs.
+
+    Args:
+        dp: data-parallel degree (replicas, or shards under ZeRO/FSDP).
+        tp: tensor-parallel degree, within a node (Megatron-style column/row split).
+        pp: pipeline stages; ``layers`` must divide into them.
+        zero: 0 (DDP), 1, 2 (ZeRO stages) or 3 (ZeRO-3, which FSDP2 is).
+        micro_batch: samples (sequences) per micro-batch on each data-parallel rank.
+        micro_batches: micro-batches per step (pipeline micro-batches, or gradient
+            accumulation when ``pp`` is 1).
+        checkpointing: "none", "selective" (attention recomputed) or "full" (each
+            block's input kept, the rest recomputed).
+        precision: "fp32", or "bf16" (bf16 parameters and gradients for compute, an
+            fp32 master copy and Adam's moments in the optimizer: 2 + 2 + 12 bytes).
+
+    Raises:
+        ValueError: a degree below 1, an unknown stage, checkpointing or precision.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    micro_batches: int = 1
+    checkpointing: str = "none"
+    precision: str = "bf16"
+
+    def __post_init__(self) -> None:
+        check_counts(
+            "Layout",
+            dp=self.dp,
+            tp=self.tp,
+            pp=self.pp,
+            micro_batch=self.micro_batch,
+            micro_batches=self.micro_batches,
+        )
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ValueError(
+                f"Layout: zero={self.zero!r}; use 0 (DDP), 1, 2, or 3 (ZeRO-3, "
+                "which is FSDP)"
+            )
+        if self.checkpointing not in ("none", "selective", "full"):
+            raise ValueError(
+                f"Layout: checkpointing={self.checkpointing!r}; use 'none', "
+                "'selective' or 'full'"
+            )
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(
+                f"Layout: precision={self.precision!r}; use 'fp32' or 'bf16'"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the layout needs: ``dp x tp x pp``."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all replicas: ``dp x micro_batch x micro_batches``."""
+        return self.dp * self.micro_batch * self.micro_batches
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where ``rank`` sits, with ``tp`` varying fastest, then ``dp``, then ``pp``.
+
+        Tensor-parallel ranks are neighbours (on one node) because they talk in every
+        layer; pipeline stages are furthest apart because they talk least.
+
+        Raises:
+            ValueError: ``rank`` outside ``0 .. world_size - 1``.
+        """
+        if (
+            isinstance(rank, bool)
+            or not isinstance(rank, int)
+            or not 0 <= rank < self.world_size
+        ):
+            raise ValueError(
+                f"rank={rank!r} is outside this layout's 0..{self.world_size - 1} "
+                f"(dp={self.dp} x tp={self.tp} x pp={self.pp})"
+            )
+        return {
+            "tp": rank % self.tp,
+            "dp": rank // self.tp % self.dp,
+            "pp": rank // (self.tp * self.dp),
+        }
+
+    def check_fits(self, model: ModelShape) -> None:
+        """Raise ``ValueError`` if ``model`` cannot be split this way, saying why.
+
+        Tensor parallelism splits heads, key/value heads and the MLP width; pipeline
+        parallelism splits whole layers. A module (not a transformer) can only be
+        data parallel.
+        """
+        if model.kind == "module":
+            if self.tp > 1 or self.pp > 1:
+                raise ValueError(
+                    f"{model.name} is a module, not a transformer: the planner splits "
+                    f"it only by data (dp, zero); got tp={self.tp}, pp={self.pp}"
+                )
+            return
+        for what, size in (
+            ("heads", model.heads),
+            ("kv_heads", model.kv_heads),
+            ("ffn", model.ffn),
+            ("vocab", model.vocab),
+        ):
+            if size % self.tp:
+                raise ValueError(
+                    f"tp={self.tp} does not divide {model.name}'s {what}={size}; "
+                    "choose a tensor-parallel degree that divides it"
+                )
+        if model.layers % self.pp:
+            raise ValueError(
+                f"pp={self.pp} does not divide {model.name}'s layers={model.layers}; "
+                "each pipeline stage must get the same number of layers"
+            )
+
+    def describe(self) -> str:
+        """A short label: ``dp=128 tp=8 pp=1 ZeRO-3 bf16 mb=1x4``."""
+        stage = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[self.zero]
+        ckpt = "" if self.checkpointing == "none" else f" ckpt={self.checkpointing}"
+        return (
+            f"dp={self.dp} tp={self.tp} pp={self.pp} {stage} {self.precision} "
+            f"mb={self.micro_batch}x{self.micro_batches}{ckpt}"
+        )

@@ -1,0 +1,414 @@
+"""The estimator's memory terms: what one GPU holds for a parallel layout, in bytes.
+
+The formulas of :func:`workshop.planner.estimator.estimate`'s "parameters",
+"gradients", "optimizer", "activations" and "buffers" (its time terms are in
+:mod:`workshop.planner.step_time`), and the measurement that checks the activation
+formula: :func:`workshop.training.models.saved_tensor_bytes` counts what autograd
+really saves.
+
+Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
+V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
+t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32).
+
+Memory per GPU (bytes)
+----------------------
+- Ψ: the parameters of one pipeline stage (L/p blocks; the embedding on the first
+  stage, the final norm and output head on the last), the block and head matrices and
+  the embedding split over t ranks (Megatron's column/row and vocabulary split), the
+  RMSNorm weights whole on every tensor-parallel rank.
+- parameters, gradients, optimizer: ZeRO (Rajbhandari et al., 2020, section 5):
+  stage 1 divides the optimizer state by N, stage 2 also the gradients, stage 3 also
+  the parameters; bytes per parameter from
+  :data:`PRECISIONS`: fp32 4 + 4 + 8 (Adam's two
+  moments); bf16 with stages 0-2 the paper's 2 + 2 + 12 (16-bit parameters and
+  gradients, fp32 master copy and moments); bf16 with stage 3 what PyTorch's FSDP2
+  with ``MixedPrecisionPolicy(param_dtype=bfloat16)`` holds: the sharded fp32
+  parameters are the master copy, their gradients are fp32, so 4/N + 4/N + 8/N, and
+  the bf16 copies exist only while a block is gathered (counted in buffers).
+  PyTorch's tools for stages 0-2 hold other bytes than the paper's: DDP and
+  ``ZeroRedundancyOptimizer`` under bf16 autocast keep fp32 parameters and gradients
+  (4 + 4 + 8, the optimizer / N at ZeRO-1; autocast also saves a bf16 copy of each
+  weight for the backward pass), and FSDP2 with ``reshard_after_forward=False``
+  (PyTorch's nearest to ZeRO-2) keeps fp32 shards (16 Ψ / N) and holds the gathered
+  bf16 parameters from the forward to the backward pass: 2 Ψ + 16 Ψ / N at its peak,
+  against the paper's 2 Ψ + 14 Ψ / N. The totals are close; the terms differ.
+- activations: the bytes autograd saves for the backward pass, counted for this
+  package's own block (:class:`~workshop.planner.transformer.Block`: RMSNorm written
+  out, grouped-query attention through ``repeat_interleave`` and a fused SDPA kernel,
+  SwiGLU or GELU), in the way of Korthikanti et al. 2022 (section 4), per layer::
+
+      e s b (6 h + 2)  +  [e s b (4 h + k f) + 4 s b a] / t      k = 4 SwiGLU, 2 GELU
+
+  6 h: each RMSNorm keeps its input and its normalised input (2 + 2) and each weighted
+  norm output is kept once for the linear layers after it (1 + 1); these are whole on
+  every tensor-parallel rank (no sequence parallelism). 4 h: the attention kernel
+  keeps q, k, v (k and v after ``repeat_interleave``, so h each) and its output, which
+  is also the output projection's input. k f: SwiGLU keeps the gate's output, its SiLU,
+  the up projection and their product; GELU its input and output. 2 (b s values):
+  the two RMS scales; 4 s b a: the kernel's fp32 log-sum-exp. A fused kernel (flash
+  or memory-efficient, on GPU; its CPU flash kernel too) never stores the s x s scores,
+  so Korthikanti's 5 a s / h term is absent; the math fallback would add it. The first
+  stage adds the token ids (8 s b), the last the final norm and head input
+  (e s b (3 h + 1)), the fp32 log-softmax of the loss (4 s b V / t, the loss computed
+  on ``logits.float()`` as torchtitan does) and the targets (8 s b).
+  Checkpointing (Chen et al., 2016; Korthikanti et al. 2022, section 5): "full" keeps
+  each block's input (e s b h per layer) and one block's full set while it is
+  recomputed; "selective" recomputes the attention scores, which a fused kernel does
+  not store anyway, so it saves no memory here.
+  Pipeline (Narayanan et al., 2021, section 2.2, 1F1B): stage i holds min(p - i, m)
+  micro-batches in flight: the first stage min(p, m), the last one.
+- buffers: FSDP (zero=3): two blocks' parameters gathered (the current one and the one
+  prefetched) and the root's (embedding, norm, head), which FSDP2 keeps gathered after
+  the forward pass (``reshard_after_forward`` is False for the root), in the parameter
+  dtype; and one block's unsharded gradients before their reduce-scatter, in the
+  dtype FSDP reduces them in (:func:`fsdp_reduce_bytes`: fp32, as torchtitan and
+  PyTorch from 2.15 do; ``reduce_dtype=bfloat16`` would halve it). DDP: a copy of the
+  gradients in its buckets (25 MiB each by default; ``gradient_as_bucket_view=True``
+  makes the gradients views of them and saves that copy; PyTorch DDP documentation).
+  ZeRO-1/2: one 25 MiB bucket (assumed). Pipeline: a received activation and a
+  received gradient (2 e s b h).
+- A module (ResNet-50, SmallCNN): Ψ counted on the module; activations measured once
+  (saved-tensor bytes of one sample on the meta device, cached) times b; under FSDP it
+  is one unit, so its buffers are the whole gathered parameters and unsharded gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..training.models import module_figures, module_tensor_sizes
+from .layout import Layout, ModelShape, model_shape
+
+__all__ = [
+    "activation_bytes",
+    "fsdp_reduce_bytes",
+    "layer_activation_bytes",
+    "stage_number",
+    "stage_parameters",
+    "zero_bytes",
+]
+
+# --- ZeRO: the bytes of parameters, gradients and optimizer state --------------
+#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam.
+#: "fp32": everything in fp32, Adam's two moments (the variant the lesson runs).
+#: "mixed": the ZeRO paper's fp16 parameters and gradients, with an fp32 master
+#: copy of the parameters and the two moments as optimizer state (4 + 4 + 4 bytes).
+PRECISIONS: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+
+#: The name of each stage, 0 being plain data parallelism (DDP).
+STAGE_NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+
+
+def stage_number(stage: int | str) -> int:
+    """The stage as a number: "ddp" (or 0) is 0; 1, 2, 3 (or "1", "zero-2", ...).
+
+    Raises:
+        ValueError: anything else, with the stages there are.
+
+    Example:
+        >>> stage_number("ddp"), stage_number(2), stage_number("zero-3")
+        (0, 2, 3)
+    """
+    if isinstance(stage, str):
+        text = stage.strip().lower()
+        if text == "ddp":
+            return 0
+        text = text.removeprefix("zero").lstrip("-_ ")
+        if text in ("0", "1", "2", "3"):
+            return int(text)
+    elif isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3:
+        return stage
+    raise ValueError(
+        f"stage={stage!r} is not a ZeRO stage; pass 'ddp' (or 0) for plain data "
+        "parallelism, or 1, 2 or 3"
+    )
+
+
+def _whole(name: str, value: Any, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name}={value!r} must be a whole number, 1 or more; for example {example}"
+        )
+    return value
+
+
+def zero_bytes(
+    parameters: int, world_size: int, stage: int | str, precision: str = "fp32"
+) -> dict[str, int]:
+    """Bytes each rank keeps for a model of ``parameters`` (Ψ) values trained with Adam.
+
+    A sharded part costs ``bytes per parameter * Ψ / world_size``, rounded up to a
+    whole byte (a real rank also pads Ψ up to a multiple of ``world_size``; that
+    adds at most ``world_size - 1`` values and is left out here).
+
+    Args:
+        parameters: Ψ, the number of parameters of the model.
+        world_size: N, the number of data-parallel ranks.
+        stage: "ddp" (or 0), 1, 2 or 3.
+        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "mixed" (the ZeRO
+            paper's fp16 parameters and gradients, 2 + 2 bytes, and 12 bytes of
+            fp32 master parameters and moments).
+
+    Returns:
+        ``{"params", "grads", "optimizer", "total"}``: bytes per rank.
+
+    Raises:
+        ValueError: a count below 1, or an unknown stage or precision.
+
+    Example:
+        >>> zero_bytes(1000, 4, "ddp")
+        {'params': 4000, 'grads': 4000, 'optimizer': 8000, 'total': 16000}
+        >>> zero_bytes(1000, 4, 2)["total"]      # 4 Ψ + 12 Ψ / 4
+        7000
+    """
+    _whole("parameters", parameters, "zero_bytes(1_000_000, 4, stage=2)")
+    _whole("world_size", world_size, "zero_bytes(1_000_000, 4, stage=2)")
+    number = stage_number(stage)
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision={precision!r} is not known; pass one of "
+            + ", ".join(repr(p) for p in PRECISIONS)
+        )
+    per_param = PRECISIONS[precision]
+    # Stage s shards the last s of (optimizer state, gradients, parameters).
+    sharded = (number >= 3, number >= 2, number >= 1)
+    parts = [
+        -(-size * parameters // world_size) if cut else size * parameters
+        for size, cut in zip(per_param, sharded, strict=True)
+    ]
+    names = ("params", "grads", "optimizer")
+    return dict(zip(names, parts, strict=True), total=sum(parts))
+
+
+BUCKET = 25 * 2**20  # DDP's bucket_cap_mb=25 (PyTorch DDP documentation)
+
+
+def bytes_of(precision: str) -> int:
+    """Bytes of one value in the layout's precision: 2 for "bf16", 4 for "fp32"."""
+    return 2 if precision == "bf16" else 4
+
+
+def fsdp_reduce_bytes(precision: str) -> int:
+    """Bytes per value of the gradients FSDP reduce-scatters: 4, fp32, in both
+    precisions. With bf16 compute the planner reduces in fp32, as torchtitan does by
+    default and as the fake-world check states (``reduce_dtype=torch.float32``);
+    PyTorch's own default (``reduce_dtype=None``) reduces in the gradients' dtype,
+    fp32, from torch 2.15, and in ``param_dtype`` (bf16: half these bytes) before.
+    """
+    bytes_of(precision)  # the same precisions as everywhere
+    return 4
+
+
+def _block_local(model: ModelShape, tp: int) -> int:
+    """One block's parameters on one tensor-parallel rank (the norms are whole)."""
+    norms = 2 * model.hidden
+    return (model.layer_parameters() - norms) // tp + norms
+
+
+def _root_local(model: ModelShape, tp: int, first: bool, last: bool) -> int:
+    """Embedding (first stage), final norm and head (last stage) on one TP rank."""
+    vh = model.vocab * model.hidden
+    count = vh // tp if first else 0
+    if last:
+        count += model.hidden + (0 if (model.tied and first) else vh // tp)
+    return count
+
+
+def stage_parameters(
+    model: str | ModelShape, stage: int = 0, pp: int = 1, tp: int = 1
+) -> int:
+    """Parameters one GPU of pipeline stage ``stage`` of ``pp`` holds at ``tp``-way
+    tensor parallelism: ``L/pp`` blocks (matrices split over ``tp``, RMSNorm weights
+    whole), the embedding on the first stage, the final norm and head on the last.
+
+    With ``tp=1`` this is what
+    :func:`~workshop.planner.transformer.build_transformer` builds for that stage.
+
+    Raises:
+        ValueError: a module, or a layout that cannot split the model (via
+            :meth:`Layout.check_fits`), or a stage outside ``0 .. pp - 1``.
+
+    Example:
+        >>> psi = stage_parameters("transformer-8b", stage=0, pp=1, tp=1)
+        >>> psi == model_shape("transformer-8b").parameters()
+        True
+    """
+    model = model_shape(model)
+    if model.kind != "transformer":
+        raise ValueError(
+            f"stage_parameters needs a transformer; {model.name} is a module"
+        )
+    Layout(tp=tp, pp=pp).check_fits(model)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+        raise ValueError(f"stage={stage!r} is outside 0..{pp - 1} (pp={pp})")
+    per_stage = model.layers // pp
+    root = _root_local(model, tp, stage == 0, stage == pp - 1)
+    return per_stage * _block_local(model, tp) + root
+
+
+def layer_activation_bytes(
+    model: str | ModelShape, micro_batch: int = 1, tp: int = 1, precision: str = "bf16"
+) -> int:
+    """Bytes one block saves for its backward pass, per tensor-parallel rank::
+
+        e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t     (k = 4 SwiGLU, 2 GELU)
+
+    derived for :class:`~workshop.planner.transformer.Block` as Korthikanti et
+    al. (2022, section 4) derive theirs; see the module docstring for each term.
+
+    Raises:
+        ValueError: a module, a micro-batch or ``tp`` below 1, ``tp`` not dividing the
+            heads or MLP width, an unknown precision.
+
+    Example:
+        >>> per_sbh = layer_activation_bytes("transformer-8b") / (8192 * 4096)
+        >>> round(per_sbh, 2)  # bytes per s b h: 6 + 4 + 4 x 3.5, bf16, and a little
+        48.03
+    """
+    model = model_shape(model)
+    if model.kind != "transformer":
+        raise ValueError(
+            f"layer_activation_bytes is a transformer formula; {model.name} is a "
+            "module: "
+            "use activation_bytes(model, layout), which measures it"
+        )
+    Layout(tp=tp, micro_batch=micro_batch, precision=precision).check_fits(model)
+    e = bytes_of(precision)
+    sb = model.seq * micro_batch
+    k = 4 if model.mlp == "swiglu" else 2
+    whole = e * sb * (6 * model.hidden + 2)
+    split = e * sb * (4 * model.hidden + k * model.ffn) + 4 * sb * model.heads
+    return whole + split // tp
+
+
+def _edge_activation_bytes(
+    model: ModelShape,
+    micro_batch: int,
+    tp: int,
+    precision: str,
+    first: bool,
+    last: bool,
+) -> int:
+    e, sb = bytes_of(precision), model.seq * micro_batch
+    total = 8 * sb if first else 0
+    if last:
+        total += e * sb * (3 * model.hidden + 1) + 4 * sb * model.vocab // tp + 8 * sb
+    return total
+
+
+def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) -> int:
+    """Bytes of activations one GPU of pipeline stage ``stage`` holds at its peak.
+
+    Per micro-batch: the stage's blocks (:func:`layer_activation_bytes`, or only each
+    block's input under full checkpointing) and its edges (token ids; final norm, head
+    input and the fp32 log-softmax of the loss); times the micro-batches in flight,
+    ``min(pp - stage, micro_batches)`` under 1F1B; full checkpointing adds one block's
+    whole set, recomputed. A module: measured saved bytes of one sample x micro_batch.
+
+    Raises:
+        ValueError: a layout that cannot split the model, a stage outside the pipeline.
+    """
+    model = model_shape(model)
+    layout.check_fits(model)
+    if not 0 <= stage < layout.pp:
+        raise ValueError(
+            f"stage={stage!r} is outside 0..{layout.pp - 1} (pp={layout.pp})"
+        )
+    if model.kind == "module":
+        saved, _ = module_figures(model.builder, model.sample, layout.precision)
+        return saved * layout.micro_batch
+    b, tp = layout.micro_batch, layout.tp
+    per_stage = model.layers // layout.pp
+    layer = layer_activation_bytes(model, b, tp, layout.precision)
+    edges = _edge_activation_bytes(
+        model, b, tp, layout.precision, stage == 0, stage == layout.pp - 1
+    )
+    in_flight = min(layout.pp - stage, layout.micro_batches)
+    if layout.checkpointing == "full":
+        kept = per_stage * bytes_of(layout.precision) * model.seq * b * model.hidden
+        return in_flight * (kept + edges) + layer
+    return in_flight * (per_stage * layer + edges)
+
+
+def _tensor_sizes(shape: ModelShape, layout: Layout, stage: int) -> list[int]:
+    """Values of each parameter tensor a stage registers, in order, on one TP rank."""
+    if shape.kind == "module":
+        return list(module_tensor_sizes(shape.builder))
+    h, kv, f, t = shape.hidden, shape.kv_heads * shape.head_dim, shape.ffn, layout.tp
+    first, last = stage == 0, stage == layout.pp - 1
+    mlp = [h * f // t] * (2 if shape.mlp == "swiglu" else 1) + [f * h // t]
+    block = [h, h * h // t, h * kv // t, h * kv // t, h * h // t, h, *mlp]
+    sizes = [shape.vocab * h // t] if first else []
+    sizes += block * (shape.layers // layout.pp)
+    if last:
+        sizes += [h] + ([] if shape.tied and first else [shape.vocab * h // t])
+    return sizes
+
+
+# --- all memory terms -----------------------------------------------------------------
+def memory_terms(
+    shape: ModelShape, layout: Layout, stage: int
+) -> tuple[dict[str, float], dict]:
+    """The memory terms of one GPU of pipeline stage ``stage`` (bytes), and for
+    ``estimate``: Ψ, one block's and the root's parameters, and each term's numbers."""
+    first, last = stage == 0, stage == layout.pp - 1
+    pbytes = bytes_of(layout.precision)
+    if shape.kind == "module":
+        psi = sum(module_tensor_sizes(shape.builder))
+        block, root = 0, psi  # one FSDP unit: the whole module
+    else:
+        block = _block_local(shape, layout.tp)
+        root = _root_local(shape, layout.tp, first, last)
+        psi = shape.layers // layout.pp * block + root
+    # bf16 with FSDP2 keeps fp32 shards (4 + 4 + 8); the ZeRO paper's bf16 2 + 2 + 12.
+    table = "mixed" if layout.precision == "bf16" and layout.zero < 3 else "fp32"
+    held = zero_bytes(psi, layout.dp, layout.zero, table)
+    acts = activation_bytes(shape, layout, stage)
+    buffers, why = 0.0, "none"
+    if layout.dp == 1:
+        pass  # nothing to shard or reduce: no FSDP, no DDP
+    elif layout.zero == 3 and shape.kind == "module":  # one unit: the whole module
+        buffers = 2 * psi * pbytes
+        why = f"2 x {psi:,} x {pbytes} B (parameters gathered, gradients unsharded)"
+    elif layout.zero == 3:
+        rbytes = fsdp_reduce_bytes(layout.precision)
+        buffers = (2 * block + root) * pbytes + block * rbytes
+        why = f"(2 x {block:,} + {root:,}) x {pbytes} B + {block:,} x {rbytes} B"
+    elif layout.zero == 0:
+        buffers = held["grads"]
+        why = f"a copy of the gradients in DDP's buckets, {held['grads'] / 1e9:.2f} GB"
+    else:
+        buffers, why = float(BUCKET), "one 25 MiB bucket"
+    if layout.pp > 1 and shape.kind == "transformer":
+        received = 2 * pbytes * shape.seq * layout.micro_batch * shape.hidden
+        buffers += received
+        why += f" + {received / 1e6:.1f} MB received (pipeline)"
+    parts = PRECISIONS[table]
+    divisors = [
+        layout.dp if cut else 1
+        for cut in (layout.zero >= 3, layout.zero >= 2, layout.zero >= 1)
+    ]
+    text = {
+        name: f"{psi:,} x {size} B / {div} = {held[key] / 1e9:.2f} GB"
+        for name, key, size, div in zip(
+            ("parameters", "gradients", "optimizer"),
+            ("params", "grads", "optimizer"),
+            parts,
+            divisors,
+            strict=True,
+        )
+    }
+    in_flight = min(layout.pp - stage, layout.micro_batches)
+    text["activations"] = (
+        f"{in_flight} micro-batch(es) of {layout.micro_batch} in flight, "
+        f"{acts / 1e9:.2f} GB"
+    )
+    text["buffers"] = f"{why}, {buffers / 1e9:.2f} GB"
+    memory = {
+        "parameters": float(held["params"]),
+        "gradients": float(held["grads"]),
+        "optimizer": float(held["optimizer"]),
+        "activations": float(acts),
+        "buffers": float(buffers),
+    }
+    return memory, {"psi": psi, "block": block, "root": root, "text": text}

@@ -408,3 +408,23 @@ def test_the_package_offers_a_learner_s_names_and_its_topics():
         doc = module.__doc__
         missing = [n for n in module.__all__ if not re.search(rf"\b{n}\b", doc)]
         assert missing == [], f"workshop.{topic}'s docstring does not name {missing}"
+
+
+def test_no_two_modules_define_the_same_public_name():
+    # One name, one meaning: per_rank_batch meant two things once. The commands'
+    # protocol (add_arguments, run_from_args, main) and constants are the exceptions.
+    protocol = {"main", "add_arguments", "run_from_args", "__all__"}
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                if not name.startswith("_") and not name.isupper():
+                    where.setdefault(name, []).append(module)
+    twice = {n: m for n, m in where.items() if len(m) > 1 and n not in protocol}
+    assert twice == {}

@@ -17,7 +17,7 @@ from workshop.bench import allreduce_bench
 from workshop.bench.scaling_files import load_scaling
 from workshop.bench.scaling_measure import measure_scaling
 from workshop.bench.scaling_results import strong_scaling, weak_scaling
-from workshop.bench.scaling_worker import per_rank_batch, scaling_worker
+from workshop.bench.scaling_worker import scaling_batch, scaling_worker
 from workshop.comm.costmodel import ring_all_reduce_time
 
 # SmallCNN(in_channels=3, num_classes=10): 94,762 float32 parameters.
@@ -56,17 +56,17 @@ def test_formulas_refuse_values_that_are_not_positive():
 
 
 def test_strong_scaling_says_when_the_global_batch_does_not_divide():
-    assert per_rank_batch("strong", 64, 4) == 16
-    assert per_rank_batch("weak", 64, 4) == 64
+    assert scaling_batch("strong", 64, 4) == 16
+    assert scaling_batch("weak", 64, 4) == 64
     with pytest.raises(
         ValueError,
         match=r"global batch of 30 samples across the ranks, but 30 does not divide "
         r"by world size 4; pass a global batch that is a multiple of 4 \(for example "
         r"32\), or world sizes that divide 30",
     ):
-        per_rank_batch("strong", 30, 4)
+        scaling_batch("strong", 30, 4)
     with pytest.raises(ValueError, match=r"mode='both' is not known"):
-        per_rank_batch("both", 30, 4)
+        scaling_batch("both", 30, 4)
 
 
 def test_settings_are_checked_before_any_rank_starts():

@@ -17,11 +17,11 @@ from torch import nn
 from workshop import launch
 from workshop.comm.bucket_plan import (
     DEFAULT_BUCKET_CAP_MB,
-    count_ddp_buckets,
     first_bucket_mb,
     gradient_bytes,
     plan_buckets,
 )
+from workshop.comm.ddp_buckets import count_ddp_buckets
 from workshop.env import visible_gpu_count
 from workshop.training.models import resnet
 

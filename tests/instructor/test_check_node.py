@@ -31,7 +31,7 @@ from workshop.instructor.check_node import (
 from workshop.instructor.check_results import (
     STEPS,
     CheckReport,
-    StepResult,
+    CheckStep,
     TrainSettings,
 )
 from workshop.instructor.check_steps import Context, _run, parse_pytest_counts
@@ -45,11 +45,11 @@ def made_up(*failed: str, long: bool = False) -> CheckReport:
     for name in STEPS:
         if name in failed:
             text = "word " * 60 if long else f"{name} broke"
-            steps.append(StepResult(name, "FAILED", 2.0, text, f"mend {name} " + text))
+            steps.append(CheckStep(name, "FAILED", 2.0, text, f"mend {name} " + text))
         elif name == "nccl":
-            steps.append(StepResult(name, "SKIPPED", 0.0, "no GPU visible"))
+            steps.append(CheckStep(name, "SKIPPED", 0.0, "no GPU visible"))
         else:
-            steps.append(StepResult(name, "PASS", 1.5, f"{name} fine"))
+            steps.append(CheckStep(name, "PASS", 1.5, f"{name} fine"))
     return CheckReport("gpu042", steps, seconds=12.0)
 
 
@@ -86,7 +86,7 @@ def test_a_skipped_step_shows_its_reason():
 
 def test_failures_are_listed_with_their_fixes():
     report = made_up("nccl", "notebooks")
-    report.steps[3] = StepResult(
+    report.steps[3] = CheckStep(
         "nccl",
         "FAILED",
         3.0,
@@ -192,7 +192,7 @@ def test_every_step_skipped_runs_nothing_and_writes_json(tmp_path):
 
 
 def test_exit_status_is_1_when_a_step_fails(monkeypatch, capsys):
-    broken = StepResult("doctor", "FAILED", 0.0, "a probe failed", "read the rows")
+    broken = CheckStep("doctor", "FAILED", 0.0, "a probe failed", "read the rows")
     monkeypatch.setitem(check_steps.STEP_FUNCTIONS, "doctor", lambda ctx: broken)
     others = [word for step in STEPS[1:] for word in ("--skip", step)]
     assert main(["check", *others]) == 1

@@ -27,7 +27,12 @@ from conftest import ROOT
 
 from workshop.__main__ import main
 from workshop.instructor import site_env
-from workshop.instructor.site_env import SiteEnvError, SitePython, check, kind_of
+from workshop.instructor.site_env import (
+    SiteEnvError,
+    SitePython,
+    check_site_python,
+    kind_of,
+)
 
 SCRIPT = ROOT / "workshop" / "machine" / "site_env.py"
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -394,12 +399,12 @@ def _python(**changes: object) -> SitePython:
 )
 def test_check_refuses_what_cannot_carry_the_workshop(changes, message):
     with pytest.raises(SiteEnvError, match=message):
-        check(_python(**changes), Path("/work/.venv"))
+        check_site_python(_python(**changes), Path("/work/.venv"))
 
 
 @pytest.mark.parametrize("version", ["2.4.0", "2.11.0+cu130", "unknown"])
 def test_check_takes_torch_2_4_and_newer(version):
-    check(_python(torch_version=version), Path("/work/.venv"))
+    check_site_python(_python(torch_version=version), Path("/work/.venv"))
 
 
 def test_python_m_workshop_site_env_describes_this_python(capsys):

@@ -28,7 +28,7 @@ from workshop.planner.memory import (
     stage_parameters,
     zero_bytes,
 )
-from workshop.planner.search import best_layouts, describe, table
+from workshop.planner.search import best_layouts, describe_estimate, table
 from workshop.planner.step_time import ring_time
 from workshop.planner.transformer import build_transformer
 from workshop.training.models import saved_tensor_bytes
@@ -345,9 +345,9 @@ def test_describe_and_table_fit_88_columns():
         ),
         estimate("resnet50", Layout(dp=4, micro_batch=32)),
     ]
-    for text in [describe(e) for e in ests] + [table(ests)]:
+    for text in [describe_estimate(e) for e in ests] + [table(ests)]:
         assert max(len(line) for line in text.splitlines()) <= 88
-    assert "stage" in describe(ests[0]) and "GB" in describe(ests[0])
+    assert "stage" in describe_estimate(ests[0]) and "GB" in describe_estimate(ests[0])
     assert len(table(ests).splitlines()) == 3
 
 

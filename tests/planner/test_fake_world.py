@@ -15,7 +15,7 @@ import torch
 
 from workshop.planner import fake_record, fake_world
 from workshop.planner.estimator import Estimate
-from workshop.planner.fake_compare import Row, compare
+from workshop.planner.fake_compare import ComparedTerm, compare
 from workshop.planner.fake_report import FakeReport
 from workshop.planner.fake_world import fake_features, fake_run, fake_runs
 from workshop.planner.hardware import GPUS, NETWORKS
@@ -285,8 +285,10 @@ def test_compare_refuses_another_layout_or_stage(reports):
 
 
 def test_a_row_ratio():
-    assert Row("x", 0, 0).ratio == 1 and math.isinf(Row("x", 0, 1).ratio)
-    assert Row("x", 2, 1).ratio == 0.5
+    assert ComparedTerm("x", 0, 0).ratio == 1 and math.isinf(
+        ComparedTerm("x", 0, 1).ratio
+    )
+    assert ComparedTerm("x", 2, 1).ratio == 0.5
 
 
 def test_every_difference_from_the_estimator_has_a_reason(reports):

@@ -23,7 +23,7 @@ from workshop.planner.estimator import Estimate
 from workshop.planner.fake_compare import compare
 from workshop.planner.hardware import GPUS, NETWORKS
 from workshop.planner.layout import MODELS, Layout
-from workshop.planner.report import plan, plan_table, split_gpus
+from workshop.planner.report import layout_for_gpus, plan, plan_table
 from workshop.planner.widget import Planner
 
 ipywidgets = pytest.importorskip("ipywidgets")
@@ -77,15 +77,17 @@ def test_the_table_shows_each_term_the_total_and_whether_it_fits():
 
 
 def test_split_gpus_derives_dp_and_says_when_the_degrees_do_not_divide():
-    assert split_gpus(16, 8, tp=8, pp=4, zero=1) == Layout(dp=4, tp=8, pp=4, zero=1)
+    assert layout_for_gpus(16, 8, tp=8, pp=4, zero=1) == Layout(
+        dp=4, tp=8, pp=4, zero=1
+    )
     with pytest.raises(
         ValueError,
         match=r"3 nodes x 8 GPUs = 24 GPUs cannot be split "
         r"into groups of tp x pp = 16 x 1 = 16",
     ):
-        split_gpus(3, 8, tp=16)
+        layout_for_gpus(3, 8, tp=16)
     with pytest.raises(ValueError, match=r"nodes=0 must be a whole number"):
-        split_gpus(0, 8)
+        layout_for_gpus(0, 8)
 
 
 def test_plan_prints_the_estimators_table_and_draws_it(capsys, monkeypatch):

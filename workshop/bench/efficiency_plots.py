@@ -15,14 +15,12 @@ from typing import TYPE_CHECKING, Any
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import FONT
 from ..sources.doc_table import DocumentTable
-from .scaling_plots import scaling_series, series_style
+from .scaling_plots import Points, scaling_series, series_style
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["efficiency_series", "plot_efficiency"]
-
-Points = list[tuple[int, float]]
 
 
 def efficiency_series(*sources: Any) -> dict[str, Points]:

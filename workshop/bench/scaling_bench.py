@@ -66,7 +66,7 @@ from .scaling_results import (
 from .scaling_worker import (
     check_divides,
     default_image_size,
-    per_rank_batch,
+    scaling_batch,
     scaling_worker,
 )
 
@@ -240,7 +240,7 @@ def _under_launcher(
         planned = [
             SimpleNamespace(
                 mode=m,
-                batch_per_rank=per_rank_batch(
+                batch_per_rank=scaling_batch(
                     m, batch if m == "weak" else global_batch, info.world_size
                 ),
                 global_batch=global_batch,

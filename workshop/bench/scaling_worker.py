@@ -18,13 +18,13 @@ from typing import Any
 
 from .scaling_results import MODES
 
-__all__ = ["per_rank_batch", "scaling_worker"]
+__all__ = ["scaling_batch", "scaling_worker"]
 
 CNN_NAMES = ("cnn", "smallcnn")
 _FIT_REPEATS = 5
 
 
-def per_rank_batch(mode: str, batch: int, world_size: int) -> int:
+def scaling_batch(mode: str, batch: int, world_size: int) -> int:
     """Samples each rank computes per step.
 
     Args:
@@ -40,7 +40,7 @@ def per_rank_batch(mode: str, batch: int, world_size: int) -> int:
             world size.
 
     Example:
-        >>> per_rank_batch("strong", 64, 4)
+        >>> scaling_batch("strong", 64, 4)
         16
     """
     if mode not in MODES:
@@ -189,7 +189,7 @@ def scaling_worker(
     ``with workshop.process_group():`` under torchrun, srun or mpirun.
 
     Args:
-        mode: "weak" or "strong" (see :func:`per_rank_batch`).
+        mode: "weak" or "strong" (see :func:`scaling_batch`).
         batch: samples per rank (weak) or global samples per step (strong).
         steps: timed steps of each kind (with and without all-reduce).
         warmup: untimed steps of each kind first.
@@ -234,7 +234,7 @@ def scaling_worker(
         backend_name(dist.get_backend()),  # "nccl" for "cpu:gloo,cuda:nccl"
     )
     device = rank_device(backend)
-    per_rank = per_rank_batch(mode, batch, world_size)
+    per_rank = scaling_batch(mode, batch, world_size)
     torch.manual_seed(seed)
     net, default_size, classes = build_model(model)
     size = default_size if image_size is None else image_size

@@ -142,7 +142,7 @@ def start_time(pid: int) -> str:
         return ""
 
 
-def watch(parent: int, started: str, folder: Path, stop_script: Path) -> None:
+def watch_cluster(parent: int, started: str, folder: Path, stop_script: Path) -> None:
     """Wait for ``parent`` to end, then stop the cluster in ``folder`` and remove it.
 
     A cluster already stopped (its folder removed by the parent's own clean-up) ends
@@ -161,4 +161,4 @@ if __name__ == "__main__":
         stop_cluster(sys.argv[2], sys.argv[3])
     else:
         _pid, _started, _folder, _script = sys.argv[1:5]
-        watch(int(_pid), _started, Path(_folder), Path(_script))
+        watch_cluster(int(_pid), _started, Path(_folder), Path(_script))

@@ -15,7 +15,7 @@ from .._exports import offer
 _NAMES = {
     "collectives": "trace_data",
     "communication_kind": "kinds",
-    "count_ddp_buckets": "bucket_plan",
+    "count_ddp_buckets": "ddp_buckets",
     "ddp_timeline": "ddp_buckets",
     "gradient_bytes": "bucket_plan",
     "plan_buckets": "bucket_plan",

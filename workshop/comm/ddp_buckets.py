@@ -31,9 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bucket_plan import _positive_mb
+
 __all__ = [
     "BucketRecord",
     "DDPSteps",
+    "count_ddp_buckets",
     "ddp_timeline",
     "timed_ddp_steps",
     "watch_buckets",
@@ -333,3 +336,66 @@ def _phases_by_step(
         if p[1] == "optimizer":
             steps.append([])
     return [s for s in steps if s]
+
+
+def count_ddp_buckets(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    bucket_cap_mb: float | None = None,
+    steps: int = 2,
+) -> list[int]:
+    """Wrap ``model`` in a real DDP on this rank and count the buckets it all-reduces.
+
+    Runs ``steps`` forward and backward passes (no optimizer step) with a hook that
+    records every bucket (see :func:`watch_buckets`).
+    Step 1 runs with one bucket of everything; DDP then rebuilds its buckets in
+    the order it saw the gradients arrive, so the last step shows the buckets DDP
+    keeps. Call it inside a rank (``launch``, ``torchrun``); one rank is enough.
+
+    Args:
+        model: the model, on this rank's device; it is wrapped, not copied.
+        inputs: one batch for the model (moved to the model's device).
+        bucket_cap_mb: DDP's ``bucket_cap_mb``; None leaves DDP's default, which
+            is also when DDP caps the first bucket at 1 MiB.
+        steps: forward and backward passes, at least 2.
+
+    Returns:
+        The bytes of each bucket of the last step, in the order DDP sent them.
+
+    Raises:
+        RuntimeError: no process group (call it inside a rank).
+        ValueError: ``steps`` below 2 or not whole, or a ``bucket_cap_mb`` that is
+            not a number above 0.
+
+    Example:
+        >>> count_ddp_buckets(workshop.resnet("resnet50"),        # doctest: +SKIP
+        ...                   torch.randn(2, 3, 64, 64))
+        [8196000, 31502336, 26255360, 26550272, 9724160]
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(
+            f"steps={steps!r}: DDP settles its buckets after step 1, so count over "
+            "at least 2 steps"
+        )
+    if bucket_cap_mb is not None:
+        _positive_mb("bucket_cap_mb", bucket_cap_mb)
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "count_ddp_buckets needs a process group; run it inside a rank, e.g. "
+            "workshop.launch(fn, world_size=1)"
+        )
+    device = next(model.parameters()).device
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    gpu = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=gpu, **options)
+    records = watch_buckets(ddp)
+    state = ddp._workshop_bucket_state
+    inputs = inputs.to(device)
+    for step in range(1, steps + 1):
+        state.step = step
+        ddp.zero_grad(set_to_none=True)
+        ddp(inputs).float().sum().backward()
+    return [r.bytes for r in records if r.step == steps]

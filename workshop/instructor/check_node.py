@@ -46,7 +46,7 @@ from .check_results import (
     SKIPPED,
     STEPS,
     CheckReport,
-    StepResult,
+    CheckStep,
     TrainSettings,
 )
 from .check_steps import ROOT, STEP_FUNCTIONS, Context
@@ -111,7 +111,7 @@ def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
         six steps, at most 25 lines even when every step failed.
 
     Example:
-        >>> steps = [StepResult("doctor", "PASS", 1.0, "torch 2.6")]
+        >>> steps = [CheckStep("doctor", "PASS", 1.0, "torch 2.6")]
         >>> print(format_verdict(CheckReport("gpu01", steps)).splitlines()[-1])
         READY: nothing failed.
     """
@@ -223,7 +223,7 @@ def check_node(
     for number, name in enumerate(STEPS, 1):
         print(f"\n[{number}/{len(STEPS)}] {name}", file=out, flush=True)
         if name in left_out:
-            result = StepResult(name, SKIPPED, summary=left_out[name])
+            result = CheckStep(name, SKIPPED, summary=left_out[name])
         else:
             t0 = time.monotonic()
             try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["STEPS", "CheckReport", "StepResult", "TrainSettings"]
+__all__ = ["STEPS", "CheckReport", "CheckStep", "TrainSettings"]
 
 PASS, FAILED, SKIPPED = "PASS", "FAILED", "SKIPPED"
 #: The steps, in the order they run; the names ``--skip`` takes.
@@ -15,7 +15,7 @@ STEPS = ("doctor", "gpu-tests", "launch", "nccl", "train", "notebooks")
 
 
 @dataclass
-class StepResult:
+class CheckStep:
     """What one step found.
 
     Attributes:
@@ -40,11 +40,11 @@ class CheckReport:
     """Every step's result, and where and how long the check ran."""
 
     host: str
-    steps: list[StepResult]
+    steps: list[CheckStep]
     seconds: float = 0.0
 
     @property
-    def failed(self) -> list[StepResult]:
+    def failed(self) -> list[CheckStep]:
         """The steps that failed, in order."""
         return [s for s in self.steps if s.status == FAILED]
 

@@ -1,7 +1,7 @@
 """The steps of the node check (:mod:`workshop.instructor.check_node`).
 
 Each step is a function of the check's settings that returns a
-:class:`~workshop.instructor.check_results.StepResult`. A step that needs a process of
+:class:`~workshop.instructor.check_results.CheckStep`. A step that needs a process of
 its own (a launch, the NCCL run, a notebook) runs a probe of ``check_probes.py`` in
 one. Every command runs under the keeper of
 :func:`workshop.cluster.commands.run_command`: at its timeout, on Ctrl-C, or when
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .check_probes import ANSWER
-from .check_results import FAILED, PASS, SKIPPED, StepResult, TrainSettings
+from .check_results import FAILED, PASS, SKIPPED, CheckStep, TrainSettings
 
 START_PATHS = ("fork", "server", "spawn")
 NCCL_BYTES = 256 * 2**20
@@ -50,8 +50,8 @@ class Context:
             print(f"      {line}", file=self.out, flush=True)
 
 
-def _failed(name: str, summary: str, fix: str, figures: Any = None) -> StepResult:
-    return StepResult(name, FAILED, summary=summary, fix=fix, figures=figures or {})
+def _failed(name: str, summary: str, fix: str, figures: Any = None) -> CheckStep:
+    return CheckStep(name, FAILED, summary=summary, fix=fix, figures=figures or {})
 
 
 # ------------------------------------------------------------------ commands
@@ -114,7 +114,7 @@ def _probe(timeout: float, *args: object) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the steps
-def step_doctor(ctx: Context) -> StepResult:
+def step_doctor(ctx: Context) -> CheckStep:
     """The doctor's table, shown; FAILED where a probe broke or torch sees no GPU
     that nvidia-smi lists."""
     from ..machine.doctor import doctor
@@ -138,7 +138,7 @@ def step_doctor(ctx: Context) -> StepResult:
         )
         return _failed("doctor", note, fix, figures)
     summary = f"torch {torch_version}, {ctx.gpus} GPUs visible, backend {backend}"
-    return StepResult("doctor", PASS, summary=summary, figures=figures)
+    return CheckStep("doctor", PASS, summary=summary, figures=figures)
 
 
 def parse_pytest_counts(output: str) -> dict[str, int]:
@@ -156,7 +156,7 @@ def parse_pytest_counts(output: str) -> dict[str, int]:
     return {}
 
 
-def step_gpu_tests(ctx: Context) -> StepResult:
+def step_gpu_tests(ctx: Context) -> CheckStep:
     """``python -m pytest -q -m gpu tests/``; SKIPPED, without running them, where
     no GPU is visible."""
     name = "gpu-tests"
@@ -169,7 +169,7 @@ def step_gpu_tests(ctx: Context) -> StepResult:
     if ctx.gpus == 0:
         # Each of them would skip: collecting the suite to say so costs 10 to 15 s.
         why = "no GPU visible (the tests marked gpu need one; not run)"
-        return StepResult(name, SKIPPED, summary=why)
+        return CheckStep(name, SKIPPED, summary=why)
     command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/"]
     ran = _run(command, ctx.timeout, cwd=ctx.root)
     counts = parse_pytest_counts(ran.stdout)
@@ -186,10 +186,10 @@ def step_gpu_tests(ctx: Context) -> StepResult:
         return _failed(name, what, f"run `{rerun}`; read the first failure", counts)
     passed, skipped = counts.get("passed", 0), counts.get("skipped", 0)
     extra = f", {skipped} skipped (they need more GPUs)" if skipped else ""
-    return StepResult(name, PASS, summary=f"{passed} passed{extra}", figures=counts)
+    return CheckStep(name, PASS, summary=f"{passed} passed{extra}", figures=counts)
 
 
-def step_launch(ctx: Context) -> StepResult:
+def step_launch(ctx: Context) -> CheckStep:
     """Two ranks from each start path, each from a fresh process."""
     deadline = time.monotonic() + ctx.timeout
     paths, problems, parts = [], [], []
@@ -222,7 +222,7 @@ def step_launch(ctx: Context) -> StepResult:
         if any(path.get("timed_out") for path in paths):
             fix = f"a launch hung or was slow: pass a longer --timeout, or {fix}"
         return _failed("launch", problems[0] + more, fix, figures)
-    return StepResult("launch", PASS, summary=", ".join(parts), figures=figures)
+    return CheckStep("launch", PASS, summary=", ".join(parts), figures=figures)
 
 
 def _after_backward(
@@ -247,10 +247,10 @@ def _after_backward(
     return answer
 
 
-def step_nccl(ctx: Context) -> StepResult:
+def step_nccl(ctx: Context) -> CheckStep:
     """An NCCL all-reduce on every visible GPU, checked, and its bus bandwidth."""
     if ctx.gpus == 0:
-        return StepResult("nccl", SKIPPED, summary="no GPU visible")
+        return CheckStep("nccl", SKIPPED, summary="no GPU visible")
     answer = _probe(ctx.timeout, "nccl", NCCL_BYTES, ctx.timeout)
     fix = "check `nvidia-smi topo -m`; rerun with NCCL_DEBUG=INFO set to see why"
     if "error" in answer:
@@ -271,14 +271,14 @@ def step_nccl(ctx: Context) -> StepResult:
         speed = "no busbw (1 GPU)" if n == 1 else "no busbw (256 MiB did not fit)"
     ctx.say(f"{n} ranks on {', '.join(r['device'] for r in ranks)}: {speed}")
     summary = f"{n} GPU{'s' if n > 1 else ''}, sum correct, {speed}"
-    return StepResult("nccl", PASS, summary=summary, figures=answer)
+    return CheckStep("nccl", PASS, summary=summary, figures=answer)
 
 
-def step_train(ctx: Context) -> StepResult:
+def step_train(ctx: Context) -> CheckStep:
     """``python -m workshop.bench train``, with and without ``--bare``."""
     if ctx.gpus == 0 and not ctx.cpu_train:
         why = "ResNet-50 on a CPU says nothing about the node (--cpu-train)"
-        return StepResult("train", SKIPPED, summary=why)
+        return CheckStep("train", SKIPPED, summary=why)
     deadline = time.monotonic() + ctx.timeout
     rates: dict[str, float] = {}
     bench = [sys.executable, "-m", "workshop.bench", "train", *ctx.train.args()]
@@ -302,10 +302,10 @@ def step_train(ctx: Context) -> StepResult:
         f"{rates['bare']:,.0f}" + (f", ratio {ratio:.2f}" if ratio is not None else "")
     )
     figures = {"samples_per_second": rates, "ratio": ratio, **asdict(ctx.train)}
-    return StepResult("train", PASS, summary=summary, figures=figures)
+    return CheckStep("train", PASS, summary=summary, figures=figures)
 
 
-def step_notebooks(ctx: Context) -> StepResult:
+def step_notebooks(ctx: Context) -> CheckStep:
     """Every notebook executed into a temporary folder, its error cells counted."""
     missing = [m for m in ("nbformat", "nbclient", "ipykernel") if not find_spec(m)]
     if missing:
@@ -342,10 +342,10 @@ def step_notebooks(ctx: Context) -> StepResult:
         return _failed("notebooks", problems[0], fix, figures)
     times = ", ".join(f"{r['notebook'][:2]} {r['seconds']:.0f} s" for r in runs)
     summary = f"{len(runs)} notebooks, no error cells ({times})"
-    return StepResult("notebooks", PASS, summary=summary, figures=figures)
+    return CheckStep("notebooks", PASS, summary=summary, figures=figures)
 
 
-STEP_FUNCTIONS: dict[str, Callable[[Context], StepResult]] = {
+STEP_FUNCTIONS: dict[str, Callable[[Context], CheckStep]] = {
     "doctor": step_doctor,
     "gpu-tests": step_gpu_tests,
     "launch": step_launch,

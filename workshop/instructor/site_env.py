@@ -39,8 +39,8 @@ __all__ = [
     "SitePython",
     "add_arguments",
     "apply",
-    "check",
-    "describe",
+    "check_site_python",
+    "describe_python",
     "kind_of",
     "run_from_args",
 ]
@@ -91,14 +91,14 @@ def kind_of(prefix: str | Path, base_prefix: str | Path) -> str:
     return "conda" if (Path(prefix) / "conda-meta").is_dir() else "plain"
 
 
-def describe() -> SitePython:
+def describe_python() -> SitePython:
     """What the running Python is: its kind, where its packages are, its torch.
 
     Returns:
         A :class:`SitePython` of ``sys.executable``.
 
     Example:
-        >>> describe().kind  # doctest: +SKIP
+        >>> describe_python().kind  # doctest: +SKIP
         'venv'
     """
     kind = kind_of(sys.prefix, sys.base_prefix)
@@ -131,11 +131,11 @@ def describe() -> SitePython:
     )
 
 
-def check(python: SitePython, venv: Path) -> None:
+def check_site_python(python: SitePython, venv: Path) -> None:
     """Raise :class:`SiteEnvError` unless ``python`` can carry the workshop.
 
     Args:
-        python: the site's Python, from :func:`describe`.
+        python: the site's Python, from :func:`describe_python`.
         venv: the virtual environment to make on top of it.
 
     Raises:
@@ -143,7 +143,7 @@ def check(python: SitePython, venv: Path) -> None:
             ``python`` is ``venv``'s own.
 
     Example:
-        >>> check(describe(), Path(".venv"))  # doctest: +SKIP
+        >>> check_site_python(describe_python(), Path(".venv"))  # doctest: +SKIP
     """
     where = f"{python.executable} (Python {'.'.join(map(str, python.version))})"
     if python.version < MIN_PYTHON:
@@ -315,18 +315,18 @@ def apply(python: SitePython, venv: Path) -> SitePython:
     """Make ``venv`` on top of ``python`` and check that it sees the same torch.
 
     Args:
-        python: the running (site's) Python, from :func:`describe`.
+        python: the running (site's) Python, from :func:`describe_python`.
         venv: the virtual environment to make; it must not exist yet.
 
     Returns:
-        What ``venv``'s Python is, as :func:`describe` sees it from there.
+        What ``venv``'s Python is, as :func:`describe_python` sees it from there.
 
     Raises:
         SiteEnvError: ``venv`` exists, making it failed, or its Python sees another
             torch (or none).
 
     Example:
-        >>> apply(describe(), Path(".venv")).torch_dir  # doctest: +SKIP
+        >>> apply(describe_python(), Path(".venv")).torch_dir  # doctest: +SKIP
         '/site/venv/lib/python3.12/site-packages'
     """
     if venv.exists():
@@ -386,12 +386,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         ...               json=False))  # doctest: +SKIP
         0
     """
-    python = describe()
+    python = describe_python()
     if args.json:
         print(json.dumps(asdict(python), indent=1))
         return 0
     try:
-        check(python, args.venv)
+        check_site_python(python, args.venv)
         if args.apply:
             seen = apply(python, args.venv)
             print(f"{args.venv} sees torch {seen.torch_version} in {seen.torch_dir}.")

@@ -25,7 +25,7 @@ from .estimator import Estimate
 from .fake_report import FakeReport
 from .layout import Layout
 
-__all__ = ["TOLERANCE", "Comparison", "Row", "compare"]
+__all__ = ["TOLERANCE", "ComparedTerm", "Comparison", "compare"]
 
 #: Relative difference below which a term agrees (3 %).
 TOLERANCE = 0.03
@@ -33,7 +33,7 @@ _MEMORY = ("parameters", "gradients", "optimizer")
 
 
 @dataclass(frozen=True)
-class Row:
+class ComparedTerm:
     """One term: the estimate's figure, the framework's, their ratio, and why they
     differ (empty when within the tolerance)."""
 
@@ -54,11 +54,11 @@ class Row:
 class Comparison:
     """The rows of :func:`compare`, and the tolerance they were judged with."""
 
-    rows: list[Row]
+    rows: list[ComparedTerm]
     tolerance: float
     title: str
 
-    def row(self, term: str) -> Row:
+    def row(self, term: str) -> ComparedTerm:
         """The row of ``term`` ("parameters", "all_gather dp calls", ...)."""
         for r in self.rows:
             if r.term == term:
@@ -67,7 +67,7 @@ class Comparison:
             f"no term {term!r}; the terms are " + ", ".join(r.term for r in self.rows)
         )
 
-    def differing(self) -> list[Row]:
+    def differing(self) -> list[ComparedTerm]:
         """The rows outside the tolerance."""
         return [r for r in self.rows if abs(r.ratio - 1) > self.tolerance]
 
@@ -145,11 +145,13 @@ def compare(
     rows = []
     for term in _MEMORY:
         est, got = float(estimate.memory.get(term, 0.0)), float(report.held[term])
-        rows.append(Row(term, est, got, _memory_reason(term, est, got, layout, report)))
+        rows.append(
+            ComparedTerm(term, est, got, _memory_reason(term, est, got, layout, report))
+        )
     est = sum(float(estimate.memory.get(t, 0.0)) for t in _MEMORY)
     got = float(sum(report.held[t] for t in _MEMORY))
     rows.append(
-        Row(
+        ComparedTerm(
             "state total",
             est,
             got,
@@ -161,7 +163,7 @@ def compare(
         f_n, f_b = report.collectives.get(key, (0, 0))
         for what, e, f in (("calls", e_n, f_n), ("bytes", e_b, f_b)):
             reason = _collective_reason(key, what, float(e), float(f), layout, report)
-            rows.append(Row(f"{key} {what}", float(e), float(f), reason))
+            rows.append(ComparedTerm(f"{key} {what}", float(e), float(f), reason))
     title = (
         f"{report.model}, {report.layout}, rank {report.rank} of "
         f"{report.world_size} (stage {stage}): estimate against {report.wrapper}"

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from .layout import ModelShape
 
-__all__ = ["plan", "plan_table", "split_gpus", "throughput"]
+__all__ = ["layout_for_gpus", "plan", "plan_table", "throughput"]
 
 WIDTH = 88  # printed lines fit a projector
 DEFAULT_GPU = "H100 80GB"
@@ -39,7 +39,7 @@ MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "buffers"
 TIME_TERMS = ("compute", "dp comm", "tp comm", "pp comm", "bubble")
 
 
-def split_gpus(
+def layout_for_gpus(
     nodes: int, gpus_per_node: int, tp: int = 1, pp: int = 1, **rest: Any
 ) -> Layout:
     """The layout that uses all ``nodes x gpus_per_node`` GPUs: ``dp`` is what is left
@@ -61,7 +61,7 @@ def split_gpus(
         ValueError: a count below 1, or ``tp x pp`` not dividing the GPUs.
 
     Example:
-        >>> split_gpus(8, 8, tp=8).describe()
+        >>> layout_for_gpus(8, 8, tp=8).describe()
         'dp=8 tp=8 pp=1 DDP bf16 mb=1x1'
     """
     check_counts("", nodes=nodes, gpus_per_node=gpus_per_node, tp=tp, pp=pp)

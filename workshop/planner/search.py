@@ -1,5 +1,5 @@
-"""Reading estimates and searching layouts: :func:`describe` and :func:`table` print
-:class:`~workshop.planner.estimator.Estimate` records in 88 columns, and
+"""Reading estimates and searching layouts: :func:`describe_estimate` and :func:`table`
+print :class:`~workshop.planner.estimator.Estimate` records in 88 columns, and
 :func:`best_layouts` tries every layout of a number of GPUs with
 :func:`~workshop.planner.estimator.estimate` and ranks those that fit.
 """
@@ -14,7 +14,7 @@ from .hardware import GPU, Network
 from .layout import Layout, ModelShape, check_counts, model_shape
 from .step_time import gpu_record, network_record
 
-__all__ = ["best_layouts", "describe", "table"]
+__all__ = ["best_layouts", "describe_estimate", "table"]
 
 
 def _throughput(est: Estimate) -> float:
@@ -23,13 +23,13 @@ def _throughput(est: Estimate) -> float:
     return est.layout.global_batch * per_sample / est.step / est.layout.world_size
 
 
-def describe(est: Estimate) -> str:
+def describe_estimate(est: Estimate) -> str:
     """A text summary of one estimate, at most 88 columns: memory by term against the
     GPU's capacity, time by term against the step, and the throughput.
 
     Example:
         >>> from workshop.planner.estimator import estimate
-        >>> print(describe(estimate("tiny", Layout(dp=2))).splitlines()[0])
+        >>> print(describe_estimate(estimate("tiny", Layout(dp=2))).splitlines()[0])
         tiny on 2 x H100 80GB (8 per node), NVLink 4 + NDR 400G
     """
     lay, cap = est.layout, est.gpu.memory_bytes

@@ -23,8 +23,8 @@ from .report import (
     DEFAULT_NETWORK,
     MEMORY_TERMS,
     _estimate,
+    layout_for_gpus,
     plan_table,
-    split_gpus,
 )
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class Planner:
             ValueError: the inputs make no layout (the message says why).
         """
         c = {name: w.value for name, w in self.controls.items()}
-        layout = split_gpus(
+        layout = layout_for_gpus(
             c["nodes"],
             c["gpus_per_node"],
             c["tp"],

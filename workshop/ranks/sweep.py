@@ -133,7 +133,7 @@ def tagged(prefix: str, exact: bool = False, since: int = 0) -> list[int]:
     return found
 
 
-def describe(pid: int) -> str:
+def describe_process(pid: int) -> str:
     """``pid`` with the start of its command line, the program by its name alone:
     a long path to the interpreter would fill the line before its arguments."""
     try:
@@ -170,7 +170,7 @@ def stop_tagged(
         if not pids:
             break
         for pid in pids:
-            found.setdefault(pid, describe(pid))
+            found.setdefault(pid, describe_process(pid))
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
             for pid in pids:
                 try:
@@ -186,7 +186,7 @@ def stop_tagged(
     return list(found.values())
 
 
-def watch(kernel: int, poll: float = 0.25) -> None:
+def watch_kernel(kernel: int, poll: float = 0.25) -> None:
     """Wait for the kernel (this process's parent) to end, then stop every process
     that carries one of its tags. The kernel is gone: no grace period."""
     since = start_ticks(kernel)
@@ -197,7 +197,7 @@ def watch(kernel: int, poll: float = 0.25) -> None:
 
 
 def start_watchdog() -> subprocess.Popen | None:
-    """Start the watchdog of this kernel (see :func:`watch`); None without /proc.
+    """Start the watchdog of this kernel (see :func:`watch_kernel`); None without /proc.
 
     It runs in a session of its own, so that a signal to the kernel's process group
     (Jupyter's interrupt and restart send those) does not end it before its work.
@@ -225,7 +225,7 @@ def main(argv: list[str]) -> None:
     # (proctrack/linuxproc follows parents, and a daemon has left its parent). It
     # ends on its own once that is done; Slurm's SIGKILL comes only later.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    watch(int(argv[0]))
+    watch_kernel(int(argv[0]))
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ CHECK_ARGS ?=
 CHECK_PYTHON := $(if $(wildcard $(VENV_PYTHON)),$(VENV_PYTHON),python3)
 
 check-node:
-	$(CHECK_PYTHON) -m workshop check $(CHECK_ARGS)
+	$(CHECK_PYTHON) -m workshop check-node $(CHECK_ARGS)
 
 lint: environment
 	$(RUN_PYTHON) -m ruff check .

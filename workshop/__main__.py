@@ -1,10 +1,10 @@
 """Command line of the workshop package::
 
-    python -m workshop doctor     # what this machine has, what the workshop will use
-    python -m workshop check      # the instructor's check of a node, before class
-    python -m workshop monitor    # CPU, memory, disk, network and GPU use, as CSV rows
-    python -m workshop site-env   # .venv on top of a site's Python and its torch
-    python -m workshop kernel-spec   # a Jupyter kernel for a site's JupyterHub
+    python -m workshop doctor       # what this machine has, what the workshop will use
+    python -m workshop check-node   # the instructor's check of a node, before class
+    python -m workshop monitor      # CPU, memory, disk, network and GPU use, as CSV
+    python -m workshop site-env     # .venv on top of a site's Python and its torch
+    python -m workshop kernel-spec  # a Jupyter kernel for a site's JupyterHub
     python -m workshop portal start|stop|status   # a private JupyterHub on Slurm
 
 A command is a function that takes the parsed arguments and returns an exit status;
@@ -31,7 +31,7 @@ def _check(args: argparse.Namespace) -> int:
     try:
         return run_from_args(args)
     except KeyboardInterrupt:
-        message = "workshop check: interrupted; everything it started was stopped"
+        message = "workshop check-node: interrupted; everything it started was stopped"
         print(f"\n{message}", file=sys.stderr)
         return 130
 
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(run=_doctor)
     check = commands.add_parser(
-        "check",
+        "check-node",
         help="check a node before class: GPUs, launches, NCCL, throughput, notebooks",
         description="Run the doctor, the GPU tests, a launch on every start path, "
         "an NCCL all-reduce, ResNet-50 throughput and the notebooks, then print a "

@@ -13,7 +13,7 @@ import pytest
 from conftest import clean_env, run_module
 from scaling_helpers import scaling_result
 
-from workshop.bench import allreduce_bench
+from workshop.bench import scaling_measure
 from workshop.bench.scaling_files import load_scaling
 from workshop.bench.scaling_measure import measure_scaling
 from workshop.bench.scaling_results import strong_scaling, weak_scaling
@@ -106,10 +106,9 @@ def test_alpha_and_beta_from_the_allreduce_benchmarks_file(monkeypatch, tmp_path
 
     path = tmp_path / "allreduce.json"
     monkeypatch.setattr(
-        allreduce_bench,
+        scaling_measure,
         "load_allreduce",
         lambda p: {"fit": {"alpha": 2e-5, "beta": 5e8}},
-        raising=False,
     )
     alpha, beta, source = given_alpha_beta(None, None, path)
     assert (alpha, beta) == (2e-5, 5e8) and source == f"from {path}"
@@ -118,11 +117,9 @@ def test_alpha_and_beta_from_the_allreduce_benchmarks_file(monkeypatch, tmp_path
         def fit(self):
             return SimpleNamespace(alpha=3e-5, beta=2e9)
 
-    monkeypatch.setattr(
-        allreduce_bench, "load_allreduce", lambda p: Sweep(), raising=False
-    )
+    monkeypatch.setattr(scaling_measure, "load_allreduce", lambda p: Sweep())
     assert given_alpha_beta(None, None, path)[:2] == (3e-5, 2e9)
-    monkeypatch.setattr(allreduce_bench, "load_allreduce", lambda p: {}, raising=False)
+    monkeypatch.setattr(scaling_measure, "load_allreduce", lambda p: {})
     with pytest.raises(ValueError, match=r"holds no alpha and beta fit; run"):
         given_alpha_beta(None, None, path)
     with pytest.raises(ValueError, match=r"not both"):

@@ -1,5 +1,5 @@
 """Diagrams of one node's devices: the bars, labels, lanes and titles they show, drawn
-from plain data (and from what single_node really measured)."""
+from plain data (and from what notebook01_devices really measured)."""
 
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from workshop.draw.diagrams import (
     draw_schedule,
     draw_timeline,
 )
-from workshop.lessons.pipeline import bubble_fraction, pipeline_schedule
-from workshop.lessons.single_node import Event, StepRecord
+from workshop.lessons.notebook01_devices import Event, StepRecord
+from workshop.lessons.notebook01_pipeline import bubble_fraction, pipeline_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 MS = 1e-3
 
 
 def _step_record() -> StepRecord:
-    """A two-device data-parallel step, times in seconds, as single_node records it."""
+    """A two-device data-parallel step, times in seconds, as notebook01_devices
+    records it."""
     events = [
         Event("scatter", 0, 0.0, 0.1 * MS),
         Event("scatter", 1, 0.1 * MS, 0.2 * MS),
@@ -197,7 +198,7 @@ def test_bars_too_narrow_for_a_label_go_unlabelled():
 
 def test_a_timeline_object_names_its_own_lanes():
     @dataclasses.dataclass
-    class Timeline:  # the fields of single_node.Timeline that drawing reads
+    class Timeline:  # the fields of notebook01_pipeline.Timeline that drawing reads
         events: list
         devices: list
 

@@ -1,4 +1,4 @@
-"""python -m workshop check: the verdict (pure, from made-up results), its options
+"""python -m workshop check-node: the verdict (pure, from made-up results), its options
 and exit status, each step's failure paths, one real quick run, and
 ``python -m workshop.bench train --bare`` beside the workshop's loop.
 
@@ -73,7 +73,7 @@ def context(tmp_path: Path, **changes) -> Context:
 def test_verdict_says_ready_and_lists_what_was_skipped():
     text = format_verdict(made_up())
     lines = text.splitlines()
-    assert lines[1] == "workshop check on gpu042: READY, 12 s"
+    assert lines[1] == "workshop check-node on gpu042: READY, 12 s"
     assert "doctor     PASS      1.5 s  doctor fine" in lines
     assert lines[-1] == "READY: nothing failed (skipped: nccl)."
     assert made_up().exit_status == 0
@@ -94,7 +94,7 @@ def test_failures_are_listed_with_their_fixes():
         "check `nvidia-smi topo -m`; rerun with NCCL_DEBUG=INFO set to see why",
     )
     text = format_verdict(report)
-    assert "workshop check on gpu042: NOT READY (2 failed), 12 s" in text
+    assert "workshop check-node on gpu042: NOT READY (2 failed), 12 s" in text
     assert "NOT READY: 2 of 6 steps failed." in text
     tail = text.split("steps failed.\n")[1].splitlines()
     assert tail == [
@@ -140,7 +140,7 @@ def test_skip_and_quick_say_why_a_step_is_left_out():
 def test_command_line_options_are_parsed():
     args = _parser().parse_args(
         [
-            "check",
+            "check-node",
             "--quick",
             "--skip",
             "nccl",
@@ -158,7 +158,7 @@ def test_command_line_options_are_parsed():
     assert args.quick and args.cpu_train
     assert args.skip == ["nccl", "launch"] and args.json == "r.json"
     assert args.timeout == 30.0 and args.train_model == "smallcnn"
-    defaults = _parser().parse_args(["check"])
+    defaults = _parser().parse_args(["check-node"])
     assert defaults.skip == [] and defaults.timeout == 900.0 and not defaults.quick
     assert defaults.train_model == "resnet50" and defaults.train_batch_size is None
 
@@ -172,7 +172,7 @@ def test_command_line_options_are_parsed():
 )
 def test_bad_options_are_argparses_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["check", *argv])
+        main(["check-node", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -195,10 +195,10 @@ def test_exit_status_is_1_when_a_step_fails(monkeypatch, capsys):
     broken = CheckStep("doctor", "FAILED", 0.0, "a probe failed", "read the rows")
     monkeypatch.setitem(check_steps.STEP_FUNCTIONS, "doctor", lambda ctx: broken)
     others = [word for step in STEPS[1:] for word in ("--skip", step)]
-    assert main(["check", *others]) == 1
+    assert main(["check-node", *others]) == 1
     out = capsys.readouterr().out
     assert "  doctor: a probe failed\n    -> read the rows" in out
-    assert main(["check", "--skip", "doctor", *others]) == 0
+    assert main(["check-node", "--skip", "doctor", *others]) == 0
 
 
 def test_an_interrupt_stops_the_step_and_names_it_in_one_line(tmp_path, monkeypatch):
@@ -227,8 +227,8 @@ def test_an_interrupt_stops_the_step_and_names_it_in_one_line(tmp_path, monkeypa
     others = [s for s in STEPS if s != "launch"]
     with pytest.raises(
         KeyboardInterrupt,
-        match=r"^workshop check: interrupted in step launch; everything it started "
-        r"was stopped$",
+        match=r"^workshop check-node: interrupted in step launch; everything it "
+        r"started was stopped$",
     ) as caught:
         check_node(others, file=io.StringIO())
     assert caught.value._render_traceback_() == [f"KeyboardInterrupt: {caught.value}"]
@@ -453,7 +453,7 @@ def test_a_quick_check_of_this_machine(tmp_path):
     report_file = tmp_path / "check.json"
     run = run_module(
         "workshop",
-        "check",
+        "check-node",
         "--quick",
         "--launch-repeats",
         "1",

@@ -11,7 +11,7 @@ import pytest
 from workshop.comm.costmodel import bus_factor, ring_all_reduce_time
 from workshop.comm.ring_collective import ring_all_reduce
 from workshop.lessons.exercises import EXERCISES, check, judge
-from workshop.lessons.pipeline import bubble_fraction
+from workshop.lessons.notebook01_pipeline import bubble_fraction
 from workshop.training.checkpoint import load_checkpoint
 from workshop.training.throughput import StepCost, projected_speedup
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from workshop.lessons.exercises import EXERCISES, judge
-from workshop.lessons.exercises_cluster import CLUSTER_EXERCISES, WHERE_ITEMS
+from workshop.lessons.notebook05 import EXERCISES as CLUSTER_EXERCISES
+from workshop.lessons.notebook05 import WHERE_ITEMS
 from workshop.training.profiler_schedule import recorded_steps
 
 

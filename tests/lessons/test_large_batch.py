@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from workshop.lessons.large_batch import (
+from workshop.lessons.notebook03_batches import (
     BatchRun,
     LargeBatchResult,
     compare_global_batch,

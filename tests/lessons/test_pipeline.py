@@ -19,15 +19,15 @@ from lesson_helpers import (
 from torch import nn
 
 from workshop.env import visible_gpu_count
-from workshop.lessons import pipeline
-from workshop.lessons.pipeline import (
+from workshop.lessons import notebook01_pipeline as pipeline
+from workshop.lessons.notebook01_devices import lesson_devices
+from workshop.lessons.notebook01_pipeline import (
     Slot,
     TwoStageModel,
     bubble_fraction,
     pipeline_forward_backward,
     pipeline_schedule,
 )
-from workshop.lessons.single_node import lesson_devices
 
 GPUS = visible_gpu_count()
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import workshop
+from workshop.lessons.questions import LETTERS
 from workshop.lessons.quiz import QUIZZES, Quiz, Verdict, quiz
-from workshop.lessons.quizzes import LETTERS
 
 
 def walk(widget):

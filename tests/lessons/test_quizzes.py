@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from workshop.lessons.questions import LETTERS, Option, Question
 from workshop.lessons.quiz import QUIZZES, quiz
-from workshop.lessons.quizzes import LETTERS, Option, Question
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 QUESTIONS = [

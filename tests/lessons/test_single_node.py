@@ -19,8 +19,8 @@ from lesson_helpers import (
 from torch import nn
 
 from workshop.env import visible_gpu_count
-from workshop.lessons import single_node
-from workshop.lessons.single_node import (
+from workshop.lessons import notebook01_devices as single_node
+from workshop.lessons.notebook01_devices import (
     data_parallel_step,
     lesson_devices,
     torch_data_parallel,

@@ -9,8 +9,12 @@ from lesson_helpers import CPU2, batch
 from torch import nn
 
 from workshop.env import visible_gpu_count
-from workshop.lessons.pipeline import TwoStageModel
-from workshop.lessons.split_check import RELATIVE_TOLERANCE, SplitCheck, check_split
+from workshop.lessons.notebook01_pipeline import TwoStageModel
+from workshop.lessons.notebook01_split import (
+    RELATIVE_TOLERANCE,
+    SplitCheck,
+    check_split,
+)
 
 # Every test trains in this process: see conftest.py.
 pytestmark = pytest.mark.backward_in_process

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import workshop
-from workshop.lessons.stuck import flight_record, summarize_error
+from workshop.lessons.notebook05_stuck import flight_record, summarize_error
 
 
 def _mismatched():

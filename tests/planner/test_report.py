@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 
 import pytest
 
-from workshop.lessons import exercises_plan
+from workshop.lessons import notebook04_planner as exercises_plan
 from workshop.lessons.exercises import judge
-from workshop.lessons.exercises_plan import FIT, TP_NODES, best_fit, tp_nodes_ratio
+from workshop.lessons.notebook04_planner import FIT, TP_NODES, best_fit, tp_nodes_ratio
 from workshop.planner import report as planner
 from workshop.planner import widget as planner_widget
 from workshop.planner.estimator import Estimate

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..comm.costmodel import fit_alpha_beta, ring_all_reduce_time
+from .allreduce_result import load_allreduce
 from .scaling_results import (
     MODES,
     ScalingResult,
@@ -138,14 +139,6 @@ def given_alpha_beta(
         )
     if allreduce_json is None:
         return None
-    try:  # the all-reduce benchmark's reader, where this version has one
-        from .allreduce_result import load_allreduce
-    except ImportError as exc:
-        raise ValueError(
-            f"cannot read {str(allreduce_json)!r}: this version of "
-            "workshop.bench.allreduce_bench has no load_allreduce(); pass alpha and "
-            "beta (--alpha, --beta) instead"
-        ) from exc
     data = load_allreduce(allreduce_json)
     fit = _get(data, "fit")
     fit = fit() if callable(fit) else fit  # a method that fits, or a stored fit

@@ -6,7 +6,7 @@ bf16 and channels_last on an H100: about 2,600 to 2,800 images per second).
 
 ``--bare`` times the same model, batch, precision and memory format with a training
 loop written out in plain PyTorch instead of the workshop's ``train_step``, so the
-two figures show what the workshop's loop costs (``python -m workshop check`` runs
+two figures show what the workshop's loop costs (``python -m workshop check-node`` runs
 both on a GPU node).
 """
 

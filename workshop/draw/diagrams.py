@@ -1,11 +1,11 @@
 """Diagrams of work on one node's devices, drawn from plain data.
 
-Each function takes what :mod:`workshop.lessons.single_node` or
-:mod:`workshop.lessons.pipeline` measured (or the same data read back from a file:
-objects with the fields below, or dicts with those keys) and returns a matplotlib Figure
-sized for a projector: large type, Okabe-Ito colours that stay distinct with every
-common colour-vision deficiency, legends outside the plot. Nothing here imports torch or
-touches a process group, so a picture can be redrawn anywhere.
+Each function takes what :mod:`workshop.lessons.notebook01_devices` or
+:mod:`workshop.lessons.notebook01_pipeline` measured (or the same data read back from a
+file: objects with the fields below, or dicts with those keys) and returns a matplotlib
+Figure sized for a projector: large type, Okabe-Ito colours that stay distinct with
+every common colour-vision deficiency, legends outside the plot. Nothing here imports
+torch or touches a process group, so a picture can be redrawn anywhere.
 
 * :func:`draw_data_parallel_step`: the phases of one data-parallel step, a lane per
   device.
@@ -71,8 +71,8 @@ def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
     wall time, first start to last end across devices.
 
     Args:
-        record: a :class:`workshop.lessons.single_node.StepRecord`, or a dict with its
-            ``events``, ``devices``, ``chunk_sizes`` and ``parallel``.
+        record: a :class:`workshop.lessons.notebook01_devices.StepRecord`, or a dict
+            with its ``events``, ``devices``, ``chunk_sizes`` and ``parallel``.
         title: replaces the first line of the title.
 
     Returns:
@@ -144,8 +144,9 @@ def draw_timeline(
 
     Args:
         events: events with ``device``, ``phase``, ``start``, ``end`` (seconds) and
-            ``micro_batch``; or a :class:`workshop.lessons.pipeline.Timeline`, whose
-            ``devices`` then name the lanes.
+            ``micro_batch``; or a
+            :class:`workshop.lessons.notebook01_pipeline.Timeline`, whose ``devices``
+            then name the lanes.
         title: the figure's title.
         lanes: a name per lane (device), e.g. ``["cuda:0", "cuda:1"]``.
 
@@ -227,7 +228,7 @@ def draw_schedule(schedule: Sequence[Any], title: str | None = None) -> Figure:
 
     Args:
         schedule: ``(step, stage, micro_batch, phase)`` rows, e.g.
-            :func:`workshop.lessons.pipeline.pipeline_schedule`.
+            :func:`workshop.lessons.notebook01_pipeline.pipeline_schedule`.
         title: replaces the first line of the title.
 
     Returns:

@@ -1,7 +1,7 @@
 """The instructor's node check, run on the reserved GPU node the day before class::
 
-    python -m workshop check              # every step; a few minutes on a GPU node
-    python -m workshop check --quick      # without the notebooks and ResNet-50
+    python -m workshop check-node              # every step; a few minutes on a GPU node
+    python -m workshop check-node --quick      # without the notebooks and ResNet-50
     make check-node CHECK_ARGS=--quick    # the same, with .venv's python if any
 
 Run it in the environment the class will use (on a cluster: the site's torch module
@@ -117,7 +117,7 @@ def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
     """
     failed = report.failed
     state = f"NOT READY ({len(failed)} failed)" if failed else "READY"
-    title = f"workshop check on {report.host}: {state}, {report.seconds:.0f} s"
+    title = f"workshop check-node on {report.host}: {state}, {report.seconds:.0f} s"
     lines = ["=" * width, title[:width], "-" * width]
     lines.append(f"{'step':<10} {'status':<7} {'time':>7}  what it found")
     for step in report.steps:
@@ -213,7 +213,7 @@ def check_node(
     report = CheckReport(socket.gethostname(), [])
     started = time.monotonic()
     print(
-        f"workshop check on {report.host}: {len(STEPS) - len(left_out)} of "
+        f"workshop check-node on {report.host}: {len(STEPS) - len(left_out)} of "
         f"{len(STEPS)} steps, each stopped after {timeout:.0f} s",
         file=out,
     )
@@ -232,7 +232,7 @@ def check_node(
                 # Each step runs its commands under run_command, which stopped
                 # them; one line in the cell instead of the steps' frames.
                 raise interrupted(
-                    f"workshop check: interrupted in step {name}; everything it "
+                    f"workshop check-node: interrupted in step {name}; everything it "
                     "started was stopped"
                 ) from None
             result.seconds = time.monotonic() - t0
@@ -255,7 +255,7 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``python -m workshop check``."""
+    """Options of ``python -m workshop check-node``."""
     parser.add_argument(
         "--quick", action="store_true", help="leave out the notebooks and ResNet-50"
     )

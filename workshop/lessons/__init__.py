@@ -1,5 +1,8 @@
-"""The helpers of one lesson each, and the two engines every notebook ends on: the
-exercises (``workshop.check``) and the quizzes (``workshop.quiz``).
+"""The lessons, by notebook, on the two engines every notebook ends on: the exercises
+(``workshop.check``: ``exercises.py`` with ``judges.py``) and the quizzes
+(``workshop.quiz``: ``quiz.py`` with ``questions.py``). ``notebook01.py`` to
+``notebook05.py`` hold each notebook's exercises and quiz; ``notebook01_devices.py``
+and its like hold the helpers of one notebook's lessons.
 
 - One node, many devices (notebook 01): lesson_devices, data_parallel_step,
   torch_data_parallel, TwoStageModel, pipeline_forward_backward, pipeline_schedule,
@@ -13,17 +16,17 @@ Imports every wing below it but ``cluster``, ``bench`` and ``machine``.
 from .._exports import offer
 
 _NAMES = {
-    "bubble_fraction": "pipeline",
-    "check_split": "split_check",
-    "compare_global_batch": "large_batch",
-    "data_parallel_step": "single_node",
-    "flight_record": "stuck",
-    "lesson_devices": "single_node",
-    "pipeline_forward_backward": "pipeline",
-    "pipeline_schedule": "pipeline",
-    "summarize_error": "stuck",
-    "torch_data_parallel": "single_node",
-    "TwoStageModel": "pipeline",
+    "bubble_fraction": "notebook01_pipeline",
+    "check_split": "notebook01_split",
+    "compare_global_batch": "notebook03_batches",
+    "data_parallel_step": "notebook01_devices",
+    "flight_record": "notebook05_stuck",
+    "lesson_devices": "notebook01_devices",
+    "pipeline_forward_backward": "notebook01_pipeline",
+    "pipeline_schedule": "notebook01_pipeline",
+    "summarize_error": "notebook05_stuck",
+    "torch_data_parallel": "notebook01_devices",
+    "TwoStageModel": "notebook01_pipeline",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = offer(__name__, _NAMES)

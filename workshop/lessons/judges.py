@@ -1,6 +1,7 @@
 """What every exercise is made of: a question, a judge of the learner's answer and a
 hint (:class:`Exercise`), and the judges that several notebooks' exercises share: a
-number close enough, and a function checked case by case against the right one."""
+number close enough, a function checked case by case against the right one, and
+one run on real ranks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Exercise", "close", "first_wrong_case", "show"]
+from ..ranks.launcher import launch
+
+__all__ = ["Exercise", "close", "first_wrong_case", "passes_on_ranks", "show"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,23 @@ def show(value: Any) -> str:
             else f"{value:.6g}"
         )
     return repr(value)
+
+
+def passes_on_ranks(
+    check: Callable[..., bool | str],
+    answer: Any,
+    cases: tuple[tuple[int, ...], ...],
+) -> bool | str:
+    """True when ``check(answer, *args)`` is True on every rank, for each case
+    ``(world_size, *args)``: the learner's function runs on real ranks. Otherwise
+    the first rank's reason."""
+    if not callable(answer):
+        return f"the answer should be a function, but it is {type(answer).__name__}"
+    for world_size, *args in cases:
+        result = launch(
+            check, answer, *args, world_size=world_size, timeout=30, show="none"
+        )
+        for verdict in result.returns:
+            if verdict is not True:
+                return verdict  # the first rank's reason
+    return True

@@ -7,7 +7,7 @@ score line counts the right answers. Without widgets, and in tests, the same ver
 come from ``quiz("02").answer(1, "a")``, and the cell shows the questions as plain text.
 
 Like the exercises' answers, the right options live in the package
-(:mod:`~workshop.lessons.quizzes` and its siblings); nothing here shows them before
+(:mod:`~workshop.lessons.questions` and its siblings); nothing here shows them before
 the learner answers: not the text, not the widgets' state saved in the notebook.
 """
 
@@ -18,17 +18,18 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from .quizzes import LETTERS, QUIZZES_EARLY, Question
-from .quizzes_cluster import QUIZZES_CLUSTER
-from .quizzes_scale import QUIZZES_SCALE
+from . import notebook01, notebook02, notebook03, notebook04, notebook05
+from .questions import LETTERS, Question
 
 __all__ = ["QUIZZES", "Quiz", "Verdict", "quiz"]
 
 # notebook -> (title, questions), for every notebook that ends with a quiz
 QUIZZES: dict[str, tuple[str, tuple[Question, ...]]] = {
-    **QUIZZES_EARLY,
-    **QUIZZES_SCALE,
-    **QUIZZES_CLUSTER,
+    "01": notebook01.QUIZ,
+    "02": notebook02.QUIZ,
+    "03": notebook03.QUIZ,
+    "04": notebook04.QUIZ,
+    "05": notebook05.QUIZ,
 }
 WIDTH = 88  # printed lines fit a projector
 RIGHT, WRONG = "Right:", "Not quite:"

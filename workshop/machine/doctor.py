@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from .. import env
-from ..allocation import cpu_limit, memory_limit
+from ..allocation import cpu_limit, memory_limit, slurm_allocation
 from ..ranks.streams import display_path
 from .doctor_probes import (
     Items,
@@ -85,7 +85,7 @@ def _pytorch_items() -> Items:
 def _job_gpus() -> int | None:
     """GPUs the Slurm job has on this node ("4", or ids "0,1"); None outside a job
     or where it asked for none."""
-    given = env.slurm_allocation().gpus_on_node
+    given = slurm_allocation().gpus_on_node
     if not given:
         return None
     return int(given) if given.isdigit() else len(given.split(","))
@@ -199,7 +199,7 @@ def _torchrun() -> str:
 
 
 def _slurm_items() -> Items:
-    allocation = env.slurm_allocation()
+    allocation = slurm_allocation()
     if not allocation.inside:
         return [("allocation", "none (not inside a Slurm job)")]
     nodes = "not set" if allocation.nodes is None else str(allocation.nodes)

@@ -3,8 +3,9 @@
 Used by notebook 01, section 4. :class:`TwoStageModel` puts each half of a model on
 its own device; :func:`pipeline_forward_backward` feeds it micro-batches so that, on
 two GPUs, stage 2 works on one micro-batch while stage 1 works on the next, and
-records every piece of work as plain :class:`~workshop.lessons.single_node.Event` data
-for :func:`workshop.draw.diagrams.draw_timeline`. :func:`pipeline_schedule` and
+records every piece of work as plain
+:class:`~workshop.lessons.notebook01_devices.Event` data for
+:func:`workshop.draw.diagrams.draw_timeline`. :func:`pipeline_schedule` and
 :func:`bubble_fraction` give the idealised schedule and its idle share.
 """
 
@@ -18,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .single_node import (
+from .notebook01_devices import (
     Clock,
     DeviceLike,
     Event,

@@ -1,5 +1,5 @@
 """Is the split model the same model? :func:`check_split` compares a
-:class:`~workshop.lessons.pipeline.TwoStageModel` with an unsplit copy of it.
+:class:`~workshop.lessons.notebook01_pipeline.TwoStageModel` with an unsplit copy of it.
 
 Used by notebook 01, section 4, as notebook 04 checks tensor parallelism with
 :func:`workshop.parallel.check_tensor_parallel`: same weights, so the same outputs
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .pipeline import TwoStageModel, _stages_of, pipeline_forward_backward
-from .single_node import LossFn
+from .notebook01_devices import LossFn
+from .notebook01_pipeline import TwoStageModel, _stages_of, pipeline_forward_backward
 
 __all__ = ["RELATIVE_TOLERANCE", "SplitCheck", "check_split"]
 
@@ -82,7 +82,7 @@ def check_split(
     Builds the unsplit model from copies of the stages (the same weights) on the
     first stage's device, then compares (1) the outputs of one forward pass over
     the whole batch, and (2) the gradients of
-    :func:`~workshop.lessons.pipeline.pipeline_forward_backward` with
+    :func:`~workshop.lessons.notebook01_pipeline.pipeline_forward_backward` with
     ``micro_batches`` against one backward pass of the unsplit model over the whole
     batch, parameter by parameter, and the two losses.
 

@@ -15,10 +15,11 @@ import math
 from typing import Any
 
 from ..planner.layout import Layout, model_shape
+from .judges import Exercise
 
 __all__ = [
+    "EXERCISES",
     "FIT",
-    "PLAN_EXERCISES",
     "TP_NODES",
     "best_fit",
     "bubble_micro_batches",
@@ -180,7 +181,7 @@ def _bubble_mb(answer: Any) -> bool | str:
     return True
 
 
-PLAN_EXERCISES: dict[str, tuple[str, Any, str]] = {
+_SPECS: dict[str, tuple[str, Any, str]] = {
     "04.fit8b": (
         f"a Layout of {FIT['model']} on {FIT['gpus']} GPUs ({FIT['gpu']}, "
         f"{FIT['gpus_per_node']} per node) with a global batch of "
@@ -206,3 +207,4 @@ PLAN_EXERCISES: dict[str, tuple[str, Any, str]] = {
         "inequality strict",
     ),
 }
+EXERCISES = {name: Exercise(*spec) for name, spec in _SPECS.items()}

@@ -1,141 +1,87 @@
-"""The closing quizzes of notebooks 03 (many nodes) and 04 (beyond data parallelism);
-see :mod:`workshop.lessons.quizzes` for the form of a question."""
+"""Notebook 04 (beyond data parallelism): its exercises, checked with
+``workshop.check("04.row_split", answer)``, and the questions of its closing quiz,
+shown by ``workshop.quiz("04")``; the planner's exercises (section 8) are in
+:mod:`~workshop.lessons.notebook04_planner`.
+"""
 
 from __future__ import annotations
 
-from .quizzes import Question, question
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["QUIZZES_SCALE"]
+from .judges import Exercise, close, first_wrong_case, passes_on_ranks
+from .questions import question
 
-QUIZ_03 = (
-    question(
-        "How do you start one training job on two nodes with torchrun?",
-        "rdzv_endpoint",
-        "b",
-        (
-            "Once, on the first node, with --nnodes=2: it reaches the other node",
-            "torchrun starts ranks only on its own node; the other node's ranks need "
-            "a torchrun there too.",
-        ),
-        (
-            "On both nodes, the same command with one --rdzv_endpoint",
-            "With --nnodes=2 and the same --rdzv_id, the two agents meet there, number "
-            "the nodes, and each starts its own ranks.",
-        ),
-        (
-            "On each node, with --standalone",
-            "--standalone hosts a private rendezvous on each node: two separate jobs "
-            "that never meet.",
-        ),
-    ),
-    question(
-        "You hand Slurm a batch script with sbatch. What does Slurm call the piece "
-        "of work it then queues and schedules?",
-        "job",
-        "c",
-        (
-            "A task",
-            "A task is one process of the job (srun starts one per rank); the job "
-            "holds them all.",
-        ),
-        (
-            "A job step",
-            "Each srun inside the running job is a step; what sbatch queued is the "
-            "job around them.",
-        ),
-        (
-            "A job",
-            "What users submit to a cluster is a job: the term the quiz of Alves's "
-            "chapter asks for (doc 002).",
-        ),
-        (
-            "A process",
-            "Slurm starts processes for you, but it queues, schedules and accounts "
-            "for jobs.",
-        ),
-    ),
-    question(
-        "A rank dies in a torchrun job started with --max_restarts=1. What happens "
-        "next?",
-        "max_restarts",
-        "a",
-        (
-            "torchrun restarts the whole group, which resumes from its checkpoint",
-            "Restarts are of the whole group, and the checkpoint makes the result "
-            "equal to an unbroken run.",
-        ),
-        (
-            "torchrun starts a new rank in place of the dead one; the others go on",
-            "torchrun cannot replace one rank inside a running process group.",
-        ),
-        (
-            "The other ranks finish the epoch without it",
-            "A collective cannot finish without every rank: the others fail too.",
-        ),
-    ),
-    question(
-        "What does mpirun do for a PyTorch job?",
-        "mpirun",
-        "b",
-        (
-            "It carries the tensors between the ranks, instead of NCCL or gloo",
-            "The ranks still talk through NCCL or gloo, as in Alves's chapter: Open "
-            "MPI launches, NCCL communicates (doc 002).",
-        ),
-        (
-            "It starts and numbers the ranks; nothing more",
-            "It sets OMPI_COMM_WORLD_RANK and friends; you pass MASTER_ADDR and "
-            "MASTER_PORT to every rank with -x.",
-        ),
-        (
-            "It runs a c10d rendezvous for the ranks, as torchrun does",
-            "Open MPI knows nothing of PyTorch's rendezvous; that is why you pass the "
-            "address yourself.",
-        ),
-    ),
-    question(
-        "What are the two main tasks of a workload manager such as Slurm?",
-        "workload manager",
-        "a",
-        (
-            "Managing the cluster's resources and scheduling the jobs",
-            "It tracks free nodes, cores, GPUs and memory, and decides which job runs "
-            "where and when (Alves, doc 002).",
-        ),
-        (
-            "Starting the ranks and carrying their tensors",
-            "Starting ranks is a launcher's work (srun, mpirun, torchrun); NCCL or "
-            "gloo carries the tensors.",
-        ),
-        (
-            "Allocating memory to threads and scheduling the threads on cores",
-            "That is each node's operating system; Slurm decides for whole jobs, "
-            "which nodes and cores they get.",
-        ),
-    ),
-    question(
-        "In weak scaling across nodes, what mostly decides the efficiency?",
-        "weak scaling",
-        "c",
-        (
-            "The number of GPUs, because each rank sends more bytes as N grows",
-            "A ring rank sends 2(N-1)/N of the gradient, which tends to twice the "
-            "gradient; only the latency term grows with N.",
-        ),
-        (
-            "The compute time per step, which grows with N",
-            "Weak scaling keeps the batch per rank, so each step's compute time stays "
-            "the same.",
-        ),
-        (
-            "The network: its bandwidth, and how well backward hides it",
-            "The all-reduce's bytes per link stay near twice the gradient; how fast "
-            "they move, and how much overlaps backward, sets the efficiency.",
-        ),
-    ),
-)
+__all__ = ["EXERCISES", "QUESTIONS", "QUIZ"]
 
-QUIZ_04 = (
+
+def _matches_row_split(
+    row_parallel: Callable[..., Any], batch: int, d_in: int
+) -> bool | str:
+    # Runs inside each rank: the learner's row-split layer against the unsplit one.
+    import torch
+    import torch.distributed as dist
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(0)  # the same full layer and input on every rank
+    x = torch.randn(batch, d_in, generator=g)
+    weight = torch.randn(3, d_in, generator=g)
+    bias = torch.randn(3, generator=g)
+    expected = x @ weight.T + bias
+    k = d_in // world_size
+    mine = slice(rank * k, (rank + 1) * k)
+    got = row_parallel(x[:, mine].clone(), weight[:, mine].clone(), bias.clone())
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        shape = (
+            tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        )
+        return (
+            f"on {world_size} ranks, rank {rank} returned {shape}, not a tensor of "
+            f"shape {tuple(expected.shape)}"
+        )
+    if not torch.allclose(got, expected, atol=1e-5):
+        worst = (got - expected).abs().max().item()
+        return (
+            f"on {world_size} ranks, rank {rank}'s output is off by up to {worst:.3g} "
+            "from x @ weight.T + bias"
+        )
+    return True
+
+
+def _row_split_function(answer: Any) -> bool | str:
+    # (world_size, batch, d_in): 8 input features cut in 2 and in 4
+    return passes_on_ranks(_matches_row_split, answer, ((2, 4, 8), (4, 4, 8)))
+
+
+def _server_bytes_function(answer: Any) -> bool | str:
+    cases = [(8, 4e6), (2, 1000), (1, 4), (64, 25_557_032 * 4)]
+    return first_wrong_case(answer, "server_bytes", cases, lambda w, b: 2 * w * b)
+
+
+EXERCISES: dict[str, Exercise] = {
+    "04.row_split": Exercise(
+        "a function row_parallel(x_part, weight_part, bias) that every rank calls with "
+        "its slice of the input's features and the matching columns of the weight, and "
+        "that returns the full output x @ weight.T + bias on every rank",
+        _row_split_function,
+        "each rank's x_part @ weight_part.T is a partial sum of the output: add them "
+        "over the ranks with dist.all_reduce, then add the bias once",
+    ),
+    "04.server_bytes": Exercise(
+        "a function server_bytes(workers, parameter_bytes) giving the bytes that pass "
+        "through the parameter server (in and out together) in one synchronous step",
+        _server_bytes_function,
+        "every worker pushes a whole gradient (parameter_bytes) and pulls the whole "
+        "parameter vector back",
+    ),
+    "04.bubble": Exercise(
+        "the idle fraction of a GPipe pipeline of 4 stages and 8 micro-batches",
+        close(3 / 11),
+        "(stages - 1) / (micro_batches + stages - 1)",
+    ),
+}
+
+QUESTIONS = (
     question(
         "An MLP block fc2(gelu(fc1(x))) is split with fc1 cut by columns and fc2 by "
         "rows. What crosses the network in its forward pass?",
@@ -314,7 +260,5 @@ QUIZ_04 = (
     ),
 )
 
-QUIZZES_SCALE: dict[str, tuple[str, tuple[Question, ...]]] = {
-    "03": ("Many nodes: torchrun, Open MPI and Slurm", QUIZ_03),
-    "04": ("Beyond data parallelism", QUIZ_04),
-}
+#: The quiz that closes the notebook: its title and questions.
+QUIZ = ("Beyond data parallelism", QUESTIONS)

@@ -490,7 +490,7 @@ _RUN_WIDE_CHILDREN: set[int] = set()
 def _hand_over(cluster, previous: str | None) -> None:
     """Hide ``cluster`` from what runs next: SLURM_CONF as it was before (or unset),
     and slurm_cluster() no longer answering with it."""
-    from workshop.cluster import slurm_cluster as module
+    from workshop.cluster import slurm_here as module
 
     if module._PRIVATE is cluster:
         module._PRIVATE = None
@@ -542,8 +542,8 @@ def _slurm_for_the_run():
     """The private two-node cluster of this run (slurm_cluster() starts it in this
     process), hidden until a module asks for it; stopped at the end of the run,
     which must leave none of its processes."""
-    from workshop.cluster import slurm_cluster as module
-    from workshop.cluster.slurm_cluster import slurm_cluster
+    from workshop.cluster import slurm_here as module
+    from workshop.cluster.slurm_here import slurm_cluster
 
     if shutil.which("slurmctld") is None or os.geteuid() != 0:
         pytest.skip("needs Slurm's daemons and root (make setup installs slurm-wlm)")
@@ -592,7 +592,7 @@ def private_slurm(_slurm_for_the_run):
     when it started it here (SLURM_CONF set, slurm_cluster() answering with it), its
     nodes idle and its queue empty. When the module ends its jobs are cancelled and
     it is hidden again."""
-    from workshop.cluster import slurm_cluster as module
+    from workshop.cluster import slurm_here as module
 
     cluster = _slurm_for_the_run
     assert cluster.available, f"the run's private cluster is gone: {cluster.reason}"

@@ -321,6 +321,10 @@ def test_each_name_a_topic_offers_is_defined_in_the_module_it_names():
         topic = importlib.import_module(f"workshop.{wing}")
         names = getattr(topic, "_NAMES", {})
         assert sorted(names) == sorted(getattr(topic, "__all__", [])), wing
+        # A name that is also a module of the wing would be the module or the name
+        # depending on what was imported first.
+        modules = {m.split(".")[1] for m in MODULES if m.startswith(f"{wing}.")}
+        assert set(names) & modules == set(), wing
         for name, module in names.items():
             source = MODULES[f"{wing}.{module}"].read_text()
             assert re.search(rf"^(def|class) {name}\b|^{name}\b.*=", source, re.M), (

@@ -44,7 +44,7 @@ from conftest import (
 
 from workshop.cluster import slurm_watchdog
 from workshop.cluster.reaper import descendants
-from workshop.cluster.slurm_cluster import slurm_cluster
+from workshop.cluster.slurm_here import slurm_cluster
 
 _TCP_LISTEN = "0A"  # the kernel's TCP_LISTEN, as /proc/net/tcp writes it
 _TABLES = ("tcp", "tcp6", "udp", "udp6")
@@ -447,7 +447,7 @@ def test_local_slurm_refuses_a_host_name_that_is_not_on_loopback(tmp_path):
 @needs_slurm
 def test_slurm_cluster_says_why_no_private_cluster_started(tmp_path):
     code = (
-        "from workshop.cluster.slurm_cluster import slurm_cluster\n"
+        "from workshop.cluster.slurm_here import slurm_cluster\n"
         "c = slurm_cluster()\n"
         "print(c.available, c.kind)\n"
         "print(c.reason)\n"

@@ -30,10 +30,10 @@ from conftest import ROOT, clean_env, needs_private_slurm
 from workshop.bench.scaling_files import load_scaling
 from workshop.bench.scaling_plots import plot_scaling
 from workshop.cluster import slurm as slurm_module
-from workshop.cluster import slurm_cluster as _slurm_cluster
+from workshop.cluster import slurm_here as _slurm_cluster
 from workshop.cluster import slurm_watchdog
 from workshop.cluster.slurm import SlurmJob, submit
-from workshop.cluster.slurm_cluster import slurm_cluster
+from workshop.cluster.slurm_here import slurm_cluster
 from workshop.cluster.slurm_options import find_script, project_root, sbatch_options
 from workshop.cluster.slurm_status import (
     JobStatus,
@@ -726,7 +726,7 @@ def test_sbatch_refuses_more_nodes_than_there_are(cluster, tmp_path):
 @needs_private_slurm
 def test_a_controller_that_answers_is_used_not_started(cluster):
     done = subprocess.run(
-        [PYTHON, "-c", "from workshop.cluster.slurm_cluster import slurm_cluster; "
+        [PYTHON, "-c", "from workshop.cluster.slurm_here import slurm_cluster; "
          "c = slurm_cluster(); print(c.kind, c.nodes); print(c)"],
         env=clean_env(SLURM_CONF=os.environ["SLURM_CONF"]),
         capture_output=True, text=True, timeout=60,
@@ -741,7 +741,7 @@ KERNEL = """\
     import os, sys, time
     os.environ.pop("SLURM_CONF", None)
     from workshop.cluster.slurm import submit
-    from workshop.cluster.slurm_cluster import slurm_cluster
+    from workshop.cluster.slurm_here import slurm_cluster
     cluster = slurm_cluster()
     print("folder", cluster.folder, cluster.kind, flush=True)
     if sys.argv[-1] == "exit":

@@ -24,7 +24,7 @@ _NAMES = {
     "run_command": "commands",
     "run_commands": "commands",
     "scontrol_time_limit": "slurm_time",
-    "slurm_cluster": "slurm_cluster",
+    "slurm_cluster": "slurm_here",
     "SlurmJob": "slurm",
     "srun_command": "srun",
     "submit": "slurm",

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._procs import interrupted
 from ..ranks.streams import display_path
-from .slurm_cluster import conf_problem
+from .slurm_here import conf_problem
 from .slurm_options import (
     find_script,
     gives_output,

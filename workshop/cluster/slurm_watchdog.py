@@ -3,7 +3,7 @@ watchdog that does it when the process that started the cluster dies.
 
 A notebook kernel that started a private cluster stops it at exit (``atexit``), but a
 kernel can also be SIGKILLed or restarted, and Slurm's daemons detach from it: they
-would outlive it. So :mod:`workshop.cluster.slurm_cluster` also starts this file as a
+would outlive it. So :mod:`workshop.cluster.slurm_here` also starts this file as a
 small detached process::
 
     python -I workshop/cluster/slurm_watchdog.py PID START_TIME DIR STOP_SCRIPT

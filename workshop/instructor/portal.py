@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._procs import is_alive
-from ..cluster import slurm_cluster, slurm_watchdog
+from ..cluster import slurm_here, slurm_watchdog
 from ..cluster.ports import quiet_ports
 from .portal_python import closed_to_others, learner_python
 from .portal_users import (
@@ -240,7 +240,7 @@ def start(
                     f"the private Slurm cluster did not start: {started.stderr.strip()}"
                 )
             conf = folder / "slurm" / "slurm.conf"
-            slurm_cluster._unique_job_ids(conf)
+            slurm_here._unique_job_ids(conf)
         else:
             conf = Path(slurm_conf).resolve()
         passwords = {name: secrets.token_urlsafe(9) for name in names}

@@ -1,7 +1,8 @@
-"""Is there a Slurm to submit to? A real cluster, a private one started here, or none.
+"""Is there a Slurm here to submit to? A real cluster, a private one started here, or
+none.
 
-:func:`slurm_cluster` answers with a :class:`SlurmCluster` (re-exported by
-:mod:`workshop.cluster.slurm`). Where no controller answers but Slurm's daemons are
+:func:`slurm_cluster` (``workshop.cluster.slurm_cluster``) answers with a
+:class:`SlurmCluster`. Where no controller answers but Slurm's daemons are
 installed and we are root, it starts a private two-node cluster with
 ``scripts/local_slurm.sh`` in a temporary folder (two node daemons on this machine, so
 that a job of two nodes runs on two nodes) and makes sure it stops: at interpreter

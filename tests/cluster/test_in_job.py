@@ -184,7 +184,7 @@ from pathlib import Path
 # A site with task/affinity binds the kernel's task: srun exports its mask.
 os.environ["SLURM_CPU_BIND"] = "quiet,mask_cpu:0x1"
 import workshop
-from workshop import env
+from workshop import allocation, env
 from workshop.allocation import cpu_limit, memory_limit
 from workshop.instructor.check_node import allocation_line
 from workshop.machine.doctor import collect_rows
@@ -208,7 +208,7 @@ def rank_view():
     return {"rank": info.rank, "world_size": info.world_size,
             "local_rank": info.local_rank, "launcher": info.launcher,
             "sum": int(total), "threads": torch.get_num_threads(),
-            "task_variables": env.task_variables(),
+            "task_variables": allocation.task_variables(),
             "job": os.environ.get("SLURM_JOB_ID")}
 
 

@@ -171,7 +171,7 @@ def test_cifar10_goes_through_a_loader_and_survives_pickling(tmp_path):
 _WORKERS = """
 import sys
 from torch.utils.data import DataLoader
-from workshop.training.data import cifar10
+from workshop.training.cifar import cifar10
 
 train = cifar10(sys.argv[1], verify_md5=False)
 for method in ("spawn", "forkserver"):

@@ -289,4 +289,4 @@ def test_the_closing_lines_make_the_venv_with_site_env_not_a_bare_venv(
     # The path named is the script's, in the tree and inside the workshop's wheel.
     wheel_copy = "python workshop-wheel/workshop/instructor/site_env.py --apply"
     assert wheel_copy in commands
-    assert (ROOT / "workshop" / "machine" / "site_env.py").is_file()
+    assert (ROOT / "workshop" / "instructor" / "site_env.py").is_file()

@@ -34,7 +34,7 @@ from workshop.instructor.site_env import (
     kind_of,
 )
 
-SCRIPT = ROOT / "workshop" / "machine" / "site_env.py"
+SCRIPT = ROOT / "workshop" / "instructor" / "site_env.py"
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # This torch, and the Python this one was made from.
 TORCH_VERSION = importlib.metadata.version("torch")

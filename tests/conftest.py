@@ -5,7 +5,7 @@ share the tests (`-n 3 --dist loadfile`).
 
 Also the run order and a guard that keep the test process forkable on a GPU node.
 Two things in the pytest process make forked ranks unusable there (see
-workshop/ranks/forkable.py): starting CUDA, and a backward pass with a GPU visible.
+workshop/_procs.py): starting CUDA, and a backward pass with a GPU visible.
 So tests run in three groups: the rest first, then those marked
 ``backward_in_process`` (they run a backward pass here), then those marked ``gpu``.
 A test that starts CUDA without the gpu mark, or runs a backward pass without either
@@ -117,7 +117,7 @@ def notebook_stderr(outputs) -> str:
 def pytest_terminal_summary(terminalreporter) -> None:
     """Say where the process stopped being forkable, as the doctor would say it."""
     if _BACKWARD["first"] is not None:
-        from workshop.ranks.forkable import AUTOGRAD, HAZARDS
+        from workshop._procs import AUTOGRAD, HAZARDS
 
         terminalreporter.write_line(
             f"workshop: {HAZARDS[AUTOGRAD]} (the first backward pass in the pytest "
@@ -278,7 +278,7 @@ def _stand_in_for_autograd_threads(tmp_root: Path) -> None:
     named ``pt_autograd_0`` (forkable.TASK_DIR pointed at a folder that lists one).
     On a CPU machine the engine starts none, so without this the CPU suite would
     never take the path the node takes."""
-    from workshop.ranks import forkable
+    from workshop import _procs as forkable
 
     task = tmp_root / "autograd-stand-in" / "1"
     task.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def _forks_are_poisoned() -> bool:
     driver), without forking. Else one child is forked and asked, as ``launch``
     does; only its real answer counts (``_POISONED``), not a child that did not
     answer in time."""
-    from workshop.ranks import forkable
+    from workshop import _procs as forkable
 
     if not (hasattr(os, "fork") and forkable._driver_loaded()):
         return False

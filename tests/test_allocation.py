@@ -1,4 +1,4 @@
-"""What a process may use (workshop/allocation.py, workshop/_cgroup.py): cores and
+"""What a process may use (workshop/allocation.py): cores and
 memory from the affinity mask, cgroup v2 and v1 files (stand-ins written here, laid
 out as Slurm's cgroup plugins and containers lay them out) and a Slurm job's
 variables."""
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from workshop import allocation
-from workshop._cgroup import cgroup_cpus, cgroup_memory
 from workshop.allocation import (
     CpuLimit,
     MemoryLimit,
+    cgroup_cpus,
+    cgroup_memory,
     cpu_limit,
     memory_limit,
     slurm_allocation,

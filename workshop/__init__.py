@@ -50,7 +50,7 @@ from .lessons.exercises import check
 from .lessons.quiz import quiz
 from .machine.doctor import doctor
 from .ranks.launcher import launch
-from .ranks.results import LaunchError
+from .ranks.session import LaunchError
 from .ranks.worker import process_group, rank_device
 from .training.batches import per_rank_batch
 from .training.checkpoint import load_checkpoint, save_checkpoint

@@ -63,58 +63,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     check_arguments(check)
     check.set_defaults(run=_check)
-    # python -m workshop monitor --output monitor.csv --seconds 600 &  (in a batch job)
-    from .machine.monitor import add_arguments as monitor_arguments
-    from .machine.monitor import run_from_args as run_monitor
+    # Each module below offers add_arguments(parser) and run_from_args(args).
+    from .instructor import kernelspec, portal, site_env
+    from .machine import monitor
 
-    monitor = commands.add_parser(
-        "monitor",
-        help="sample CPU, memory, disk, network and GPUs into a CSV file",
-        description="Sample this node every --interval seconds into a CSV file, "
-        "one row per sample, until --seconds pass or SIGTERM; draw it with "
-        "workshop.machine.plot_monitor(workshop.machine.load_samples(path)).",
-    )
-    monitor_arguments(monitor)
-    monitor.set_defaults(run=run_monitor)
-    from .instructor.portal_cli import add_arguments as portal_arguments
-    from .instructor.portal_cli import run_from_args as run_portal
-
-    portal = commands.add_parser(
-        "portal",
-        help="start, stop or show a private JupyterHub that spawns on Slurm",
-        description="A private cluster portal on this machine: JupyterHub with "
-        "batchspawner's SlurmSpawner on the private two-node Slurm cluster, learner "
-        "accounts with passwords made at start, all on 127.0.0.1. Needs root.",
-    )
-    portal_arguments(portal)
-    portal.set_defaults(run=run_portal)
-    # Before anything is installed: python workshop/instructor/site_env.py (no imports).
-    from .instructor.site_env import add_arguments as site_env_arguments
-    from .instructor.site_env import run_from_args as run_site_env
-
-    site_env = commands.add_parser(
-        "site-env",
-        help="make .venv on top of the site's Python and its torch",
-        description="Say what this Python is (a plain install, a conda environment "
-        "or a venv) and print the lines that make .venv see its torch; --apply "
-        "runs them and checks that .venv sees the same torch.",
-    )
-    site_env_arguments(site_env)
-    site_env.set_defaults(run=run_site_env)
-    # For a portal (docs/portal.md): python -m workshop kernel-spec --check
-    from .instructor.kernelspec import add_arguments as kernel_spec_arguments
-    from .instructor.kernelspec import run_from_args as run_kernel_spec
-
-    kernel_spec = commands.add_parser(
-        "kernel-spec",
-        help="write a Jupyter kernel spec for the workshop (JupyterHub, OnDemand)",
-        description="Write a Jupyter kernel spec that runs the workshop's Python, "
-        "after loading environment modules if asked, with the workshop importable; "
-        "--dry-run prints it, --check starts a kernel from it and imports workshop "
-        "and torch. Exits with status 0, or 1 after saying what is wrong.",
-    )
-    kernel_spec_arguments(kernel_spec)
-    kernel_spec.set_defaults(run=run_kernel_spec)
+    for module, name, help_, description in (
+        # python -m workshop monitor --output monitor.csv --seconds 600 &  (a batch job)
+        (monitor, "monitor",
+         "sample CPU, memory, disk, network and GPUs into a CSV file",
+         "Sample this node every --interval seconds into a CSV file, one row per "
+         "sample, until --seconds pass or SIGTERM; draw it with "
+         "workshop.machine.plot_monitor(workshop.machine.load_samples(path))."),
+        (portal, "portal",
+         "start, stop or show a private JupyterHub that spawns on Slurm",
+         "A private cluster portal on this machine: JupyterHub with batchspawner's "
+         "SlurmSpawner on the private two-node Slurm cluster, learner accounts with "
+         "passwords made at start, all on 127.0.0.1. Needs root."),
+        # Before anything is installed: python workshop/instructor/site_env.py
+        (site_env, "site-env", "make .venv on top of the site's Python and its torch",
+         "Say what this Python is (a plain install, a conda environment or a venv) "
+         "and print the lines that make .venv see its torch; --apply runs them and "
+         "checks that .venv sees the same torch."),
+        # For a portal (docs/portal.md): python -m workshop kernel-spec --check
+        (kernelspec, "kernel-spec",
+         "write a Jupyter kernel spec for the workshop (JupyterHub, OnDemand)",
+         "Write a Jupyter kernel spec that runs the workshop's Python, after loading "
+         "environment modules if asked, with the workshop importable; --dry-run "
+         "prints it, --check starts a kernel from it and imports workshop and torch. "
+         "Exits with status 0, or 1 after saying what is wrong."),
+    ):  # fmt: skip
+        command = commands.add_parser(name, help=help_, description=description)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run_from_args)
     return parser
 
 

@@ -15,7 +15,6 @@ import pytest
 from conftest import clean_env, repo_env
 from figure_helpers import texts_on
 
-from workshop.bench.allreduce_plots import plot_allreduce
 from workshop.bench.allreduce_result import (
     FIT_TOLERANCE,
     AllreduceResult,
@@ -23,6 +22,7 @@ from workshop.bench.allreduce_result import (
     load_allreduce,
     message_sizes,
     parse_size,
+    plot_allreduce,
     save_allreduce,
 )
 from workshop.bench.allreduce_worker import (
@@ -672,7 +672,7 @@ def test_cli_checks_that_out_can_be_written_before_starting_ranks(
 def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
     tmp_path, monkeypatch, capsys
 ):
-    from workshop.bench import allreduce_bench
+    from workshop.bench import allreduce_worker
 
     folder = tmp_path / "runs"
 
@@ -683,7 +683,7 @@ def test_cli_prints_the_results_when_writing_them_fails_at_the_end(
         folder.write_text("not a folder")
         return _synthetic()
 
-    monkeypatch.setattr(allreduce_bench, "measure_allreduce", measured)
+    monkeypatch.setattr(allreduce_worker, "measure_allreduce", measured)
     prefix = folder / "ar"
     assert _cli_without_a_launcher(monkeypatch, "--out", str(prefix), "--plot") == 1
     shown = capsys.readouterr()

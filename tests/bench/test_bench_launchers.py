@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import free_port, task_env
 
 from workshop.bench.allreduce_result import load_allreduce
-from workshop.bench.scaling_files import load_scaling
+from workshop.bench.scaling_plots import load_scaling
 
 
 def _run_job(launcher: str, cwd: Path, *args: str) -> list[str]:

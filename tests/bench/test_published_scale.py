@@ -17,15 +17,13 @@ import pytest
 from workshop.bench.published import PublishedQuote, PublishedTable, Source
 from workshop.bench.published_scale import (
     derived,
+    plot_published_busbw,
+    plot_published_mfu,
     scale_quotes,
     scale_sources,
     scale_tables,
 )
 from workshop.bench.published_scale_data import QuotedBandwidth, ScaleTable
-from workshop.bench.published_scale_plots import (
-    plot_published_busbw,
-    plot_published_mfu,
-)
 from workshop.comm.costmodel import bus_factor
 from workshop.draw.projector import MIN_LABEL_PX, NOTEBOOK_AREA_PX, projector_fit
 from workshop.sources.documents import numbers_of_text

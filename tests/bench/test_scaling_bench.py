@@ -14,10 +14,13 @@ from conftest import clean_env, run_module
 from scaling_helpers import scaling_result
 
 from workshop.bench import scaling_measure
-from workshop.bench.scaling_files import load_scaling
-from workshop.bench.scaling_measure import measure_scaling
+from workshop.bench.scaling_measure import (
+    measure_scaling,
+    scaling_batch,
+    scaling_worker,
+)
+from workshop.bench.scaling_plots import load_scaling
 from workshop.bench.scaling_results import strong_scaling, weak_scaling
-from workshop.bench.scaling_worker import scaling_batch, scaling_worker
 from workshop.comm.costmodel import ring_all_reduce_time
 
 # SmallCNN(in_channels=3, num_classes=10): 94,762 float32 parameters.
@@ -484,9 +487,9 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
 def test_docstring_examples_run():
     import doctest
 
-    from workshop.bench import scaling_results, scaling_worker
+    from workshop.bench import scaling_measure, scaling_results
 
-    for module in (scaling_results, scaling_worker):
+    for module in (scaling_results, scaling_measure):
         assert doctest.testmod(module).failed == 0, module.__name__
 
 

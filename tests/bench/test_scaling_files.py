@@ -15,8 +15,7 @@ matplotlib.use("Agg")
 import pytest
 from scaling_helpers import scaling_result
 
-from workshop.bench.scaling_files import load_scaling
-from workshop.bench.scaling_plots import plot_scaling
+from workshop.bench.scaling_plots import load_scaling, plot_scaling
 from workshop.bench.scaling_results import ScalingResult, ScalingRow, add_speedups
 
 

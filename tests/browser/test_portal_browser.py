@@ -13,7 +13,7 @@ train_ddp.sbatch is left out, as it trains three epochs (a minute and more here)
 
 Two things the test supplies where the portal does not (yet), each printed as
 ``WORKED AROUND`` when it is needed: where the learners run a venv that the portal
-made (workshop/instructor/portal_python.py), that venv has no ``etc/jupyter`` nor
+made (workshop/instructor/portal_learners.py), that venv has no ``etc/jupyter`` nor
 ``share/jupyter``, so their server starts without JupyterLab; and the learner's copy
 of the workshop has no ``.venv/bin/activate``, which slurm/*.sbatch source.
 """

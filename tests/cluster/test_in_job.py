@@ -416,7 +416,7 @@ def _running_as(user: str) -> list[str]:
     its parent (a container's first process may never reap it); a process inside
     exit() is gone a moment later, as the launcher's sweep counts it (CI once saw
     one listed as 'R [w50x.1]', its command line already released)."""
-    from workshop.ranks.sweep import _stat
+    from workshop._procs import _stat
 
     ps = subprocess.run(["ps", "-u", user, "-o", "pid=,stat=,args="],
                         capture_output=True, text=True)  # fmt: skip

@@ -27,8 +27,7 @@ import matplotlib.pyplot as plt
 import pytest
 from conftest import ROOT, clean_env, needs_private_slurm
 
-from workshop.bench.scaling_files import load_scaling
-from workshop.bench.scaling_plots import plot_scaling
+from workshop.bench.scaling_plots import load_scaling, plot_scaling
 from workshop.cluster import slurm as slurm_module
 from workshop.cluster import slurm_here as _slurm_cluster
 from workshop.cluster import slurm_watchdog

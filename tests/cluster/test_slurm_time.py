@@ -1,6 +1,6 @@
-"""workshop.cluster.slurm_time: --time read as Slurm reads it, printed as scontrol
-prints it; and Slurm's own reading of the same forms, on the machine's Slurm or a
-private cluster."""
+"""workshop.cluster.slurm_status, time limits: --time read as Slurm reads it, printed
+as scontrol prints it; and Slurm's own reading of the same forms, on the machine's
+Slurm or a private cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from conftest import needs_private_slurm
 
-from workshop.cluster.slurm_time import scontrol_time_limit, time_limit_minutes
+from workshop.cluster.slurm_status import scontrol_time_limit, time_limit_minutes
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from workshop import launch
-from workshop.comm.ring_collective import ring_all_reduce
+from workshop.comm.ring import ring_all_reduce
 
 
 def _compare(n_elements):

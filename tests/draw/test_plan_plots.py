@@ -29,8 +29,7 @@ from workshop.draw.plan_plots import (
 from workshop.draw.plots import COLOURS
 from workshop.draw.projector import MIN_LABEL_PX, projector_fit
 from workshop.planner.estimator import Estimate
-from workshop.planner.hardware import GPUS, NETWORKS
-from workshop.planner.layout import Layout, model_shape
+from workshop.planner.layout import GPUS, NETWORKS, Layout, model_shape
 
 GB = 1e9
 

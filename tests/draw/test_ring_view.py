@@ -1,4 +1,4 @@
-"""The ring all-reduce behind a slider (workshop.draw.ring_view): its steps numbered
+"""The ring all-reduce behind a slider (workshop.draw.ring_diagram): its steps numbered
 as the pictures number them, and what a notebook stores of it."""
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ matplotlib.use("Agg")
 
 import pytest
 
-import workshop.draw.ring_view
+import workshop.draw.ring_diagram
 from workshop.comm.ring import ring_all_reduce_steps
 from workshop.draw.projector import png_size
-from workshop.draw.ring_diagram import draw_ring_step
-from workshop.draw.ring_view import RingWidget, ring_widget
+from workshop.draw.ring_diagram import RingWidget, draw_ring_step, ring_widget
 
 STEPS = ring_all_reduce_steps([[float(4 * r + i) for i in range(4)] for r in range(4)])
 
@@ -75,4 +74,4 @@ def test_without_ipywidgets_the_widget_is_the_grid(monkeypatch):
 
 
 def test_the_docstring_examples_run():
-    assert doctest.testmod(workshop.draw.ring_view).failed == 0
+    assert doctest.testmod(workshop.draw.ring_diagram).failed == 0

@@ -339,7 +339,7 @@ def test_nccl_step_checks_the_sum(answer, status, summary, monkeypatch, tmp_path
 
 def _after_backward(took="fork", hazard=None, sum_ok=True, **more):
     """A probe's answer about the launch after a backward pass in a fresh process."""
-    from workshop.ranks.forkable import HAZARDS
+    from workshop._procs import HAZARDS
 
     reason = HAZARDS.get(hazard, "the kernel can still fork")
     return {"took": took, "hazard": hazard, "reason": reason, "sum_ok": sum_ok} | more
@@ -388,7 +388,7 @@ def test_launch_step_fails_when_a_path_falls_back(monkeypatch, tmp_path):
 def test_the_launch_step_checks_a_launch_after_a_backward_pass(
     monkeypatch, tmp_path, answer, status, said
 ):
-    # On a GPU node a kernel that trained can no longer fork (forkable.py): the
+    # On a GPU node a kernel that trained can no longer fork (_procs.fork_hazard): the
     # check's launch step starts ranks after a backward pass, as notebook 02 does.
     asked = []
 

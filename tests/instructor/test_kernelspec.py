@@ -1,7 +1,7 @@
-"""python -m workshop kernel-spec (workshop/cluster/kernelspec*.py): specs written into
-a temporary prefix, real kernels started from them through jupyter_client (each shut
-down, none left behind), environment modules through a stand-in ``module`` function,
-the dry run, and every error message.
+"""python -m workshop kernel-spec (workshop/instructor/kernelspec*.py): specs written
+into a temporary prefix, real kernels started from them through jupyter_client (each
+shut down, none left behind), environment modules through a stand-in ``module``
+function, the dry run, and every error message.
 
 Pythons to point the spec at, made here in a fraction of a second each: this one
 (the workshop installed), and venvs without pip on the same base that see this one's
@@ -25,14 +25,15 @@ import pytest
 from conftest import ROOT, gone
 
 from workshop.__main__ import main
-from workshop.instructor.kernelspec_check import check_kernel
+from workshop.instructor.kernelspec import check_kernel
 from workshop.instructor.kernelspec_plan import (
+    KernelSpecError,
+    _shell_pythonpath,
     kernels_dir,
     parse_env,
     plan_kernel_spec,
     write_kernel_spec,
 )
-from workshop.instructor.kernelspec_probe import KernelSpecError, _shell_pythonpath
 
 TIMEOUT = 90.0  # a kernel that imports torch started in about 5 s here
 FAKE_INIT = """\

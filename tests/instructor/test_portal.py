@@ -29,10 +29,10 @@ pytest.importorskip(
     reason='the portal extra is not installed (pip install -e ".[portal]")',
 )
 
-from workshop.instructor import portal, portal_python
-from workshop.instructor.portal_classroom import classroom
-from workshop.instructor.portal_client import Hub, Kernel
-from workshop.instructor.portal_hub import BATCH_SCRIPT, hash_password
+from workshop.instructor import portal, portal_learners
+from workshop.instructor.portal_classroom import Hub, Kernel, classroom
+from workshop.instructor.portal_hub import BATCH_SCRIPT
+from workshop.instructor.portal_learners import hash_password
 
 LEARNERS = 6
 
@@ -191,7 +191,7 @@ def test_an_environment_other_users_cannot_enter_is_refused_before_anything_star
     readable.mkdir(mode=0o755)
     readable.chmod(0o755)
     monkeypatch.setattr(
-        portal_python, "_environment_folders", lambda: [closed / ".venv", readable]
+        portal_learners, "_environment_folders", lambda: [closed / ".venv", readable]
     )
     before = {user.pw_name for user in pwd.getpwall()}
     with pytest.raises(portal.PortalError) as caught:

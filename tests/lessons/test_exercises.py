@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workshop.comm.costmodel import bus_factor, ring_all_reduce_time
-from workshop.comm.ring_collective import ring_all_reduce
+from workshop.comm.ring import ring_all_reduce
 from workshop.lessons.exercises import EXERCISES, check, judge
 from workshop.lessons.notebook01_pipeline import bubble_fraction
 from workshop.training.checkpoint import load_checkpoint

@@ -9,7 +9,7 @@ import pytest
 from workshop.lessons.exercises import EXERCISES, judge
 from workshop.lessons.notebook05 import EXERCISES as CLUSTER_EXERCISES
 from workshop.lessons.notebook05 import WHERE_ITEMS
-from workshop.training.profiler_schedule import recorded_steps
+from workshop.training.profiling import recorded_steps
 
 
 def to_purge(mtimes, now, days):

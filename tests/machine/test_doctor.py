@@ -26,9 +26,9 @@ from conftest import ROOT, repo_env, run_module
 
 from workshop import env
 from workshop.__main__ import main
+from workshop._procs import choose_start_method, fork_hazard
 from workshop.machine.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.machine.doctor_probes import slurm_unconfigured, version_line
-from workshop.ranks.forkable import choose_start_method, fork_hazard
 from workshop.ranks.streams import display_path
 
 # The module, beside its function doctor imported above: tests patch its globals.

@@ -19,7 +19,7 @@ from workshop.parallel.param_server import (
     parameter_server,
     traffic_per_step,
 )
-from workshop.ranks.results import LaunchError
+from workshop.ranks.session import LaunchError
 
 STEPS, WIDTH = 3, 1000
 GRADIENT_BYTES = 4 * WIDTH  # float32

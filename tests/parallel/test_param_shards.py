@@ -10,7 +10,7 @@ import torch
 from workshop import launch
 from workshop.parallel.param_server import parameter_server
 from workshop.parallel.param_shards import server_traffic, sharded_parameter_server
-from workshop.ranks.results import LaunchError
+from workshop.ranks.session import LaunchError
 
 STEPS, WIDTH, WORKERS = 2, 1001, 2  # 1001: the slices differ in size (501, 500)
 OPTIONS = {"backend": "gloo", "show": "none"}

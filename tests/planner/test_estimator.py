@@ -1,6 +1,5 @@
-"""The planner's estimator (layout_estimate, with its memory terms in layout_memory,
-its time terms in layout_time and its search in layout_search): each formula against
-a value worked out by hand, the
+"""The planner's estimator (estimator, with its search, its memory terms in memory and
+its time terms in step_time): each formula against a value worked out by hand, the
 parameter, gradient and optimizer terms against ``memory.zero_bytes``, the
 activation formula against the bytes autograd really saves for this package's Block
 (``saved_tensors_hooks`` on CPU), the search of layouts, and bad input refused."""
@@ -14,21 +13,19 @@ import torch
 from torch import nn
 
 import workshop.planner.estimator as le
+import workshop.planner.layout as ll
 import workshop.planner.memory as lm
-import workshop.planner.search as ls
 import workshop.planner.step_time as lt
 from workshop.comm.bucket_plan import plan_buckets
 from workshop.planner import step_time
-from workshop.planner.estimator import estimate
-from workshop.planner.hardware import GPUS, NETWORKS
-from workshop.planner.layout import MODELS, Layout, ModelShape
+from workshop.planner.estimator import best_layouts, describe_estimate, estimate, table
+from workshop.planner.layout import GPUS, MODELS, NETWORKS, Layout, ModelShape
 from workshop.planner.memory import (
     activation_bytes,
     layer_activation_bytes,
     stage_parameters,
     zero_bytes,
 )
-from workshop.planner.search import best_layouts, describe_estimate, table
 from workshop.planner.step_time import ring_time
 from workshop.planner.transformer import build_transformer
 from workshop.training.models import saved_tensor_bytes
@@ -418,5 +415,5 @@ def test_bad_input_is_refused_with_what_to_do():
 
 
 def test_the_docstring_examples_run():
-    for module in (le, lm, lt, ls):
+    for module in (le, ll, lm, lt):
         assert doctest.testmod(module).failed == 0, module.__name__

@@ -18,13 +18,10 @@ from workshop.lessons import notebook04_planner as exercises_plan
 from workshop.lessons.exercises import judge
 from workshop.lessons.notebook04_planner import FIT, TP_NODES, best_fit, tp_nodes_ratio
 from workshop.planner import report as planner
-from workshop.planner import widget as planner_widget
 from workshop.planner.estimator import Estimate
 from workshop.planner.fake_compare import compare
-from workshop.planner.hardware import GPUS, NETWORKS
-from workshop.planner.layout import MODELS, Layout
-from workshop.planner.report import layout_for_gpus, plan, plan_table
-from workshop.planner.widget import Planner
+from workshop.planner.layout import GPUS, MODELS, NETWORKS, Layout
+from workshop.planner.report import Planner, layout_for_gpus, plan, plan_table
 
 ipywidgets = pytest.importorskip("ipywidgets")
 
@@ -108,7 +105,7 @@ def test_plan_prints_the_estimators_table_and_draws_it(capsys, monkeypatch):
 
 
 def test_plan_of_several_layouts_prints_a_line_each_and_draws_them(capsys, monkeypatch):
-    from workshop.planner.search import table
+    from workshop.planner.estimator import table
 
     shown = []
     monkeypatch.setattr(planner, "_show_figure", shown.append)
@@ -124,7 +121,7 @@ def test_plan_of_several_layouts_prints_a_line_each_and_draws_them(capsys, monke
 
 
 def test_the_widgets_replan_on_a_change_and_show_why_a_layout_fails():
-    p = planner_widget.explore(nodes=8, gpus_per_node=8, tp=8, pp=1)
+    p = planner.explore(nodes=8, gpus_per_node=8, tp=8, pp=1)
     assert isinstance(p, Planner)
     assert p.estimate is not None and p.estimate.layout.dp == 8
     table = p.plot_out.outputs[0]["text"]
@@ -153,7 +150,7 @@ def test_the_widgets_replan_on_a_change_and_show_why_a_layout_fails():
 
 
 def test_the_fake_backend_button_prints_the_comparison():
-    p = planner_widget.explore(
+    p = planner.explore(
         model="tiny", nodes=2, gpus_per_node=4, tp=2, pp=1, checkpointing="none"
     )
     p.controls["rank"].value = 5
@@ -170,7 +167,7 @@ def test_the_fake_backend_button_prints_the_comparison():
 
 def test_an_unknown_starting_model_is_refused():
     with pytest.raises(ValueError, match=r"model='gpt5' is not one the planner knows"):
-        planner_widget.explore(model="gpt5")
+        planner.explore(model="gpt5")
 
 
 # --- the exercises --------------------------------------------------------------------

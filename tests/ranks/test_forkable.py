@@ -1,4 +1,4 @@
-"""The start decision (workshop/ranks/forkable.py): may the kernel fork its ranks?
+"""The start decision (workshop/_procs.py): may the kernel fork its ranks?
 
 On a CPU machine neither hazard can really occur: CUDA cannot start, and autograd's
 engine starts no device threads. So the signals are stood in for: a library named like
@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 
 import workshop
-from workshop.ranks import forkable, launcher
-from workshop.ranks.forkable import AUTOGRAD, CUDA, HAZARDS, choose_start_method
+from workshop import _procs as forkable
+from workshop._procs import AUTOGRAD, CUDA, HAZARDS, choose_start_method
+from workshop.ranks import launcher
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -81,7 +82,7 @@ def test_a_cpu_backward_pass_starts_no_autograd_thread(script):
     # stand-in to take the GPU node's path).
     s = script("""
         import torch
-        from workshop.ranks import forkable
+        from workshop import _procs as forkable
         from workshop.env import visible_gpu_count
         w = torch.ones(3, requires_grad=True)
         (w * w).sum().backward()
@@ -117,7 +118,7 @@ def test_the_fork_decision_follows_torchs_fork_poisoning(script, tmp_path):
         import ctypes, shutil, _ctypes, sys
         import torch, workshop
         import workshop.ranks.launcher
-        from workshop.ranks.forkable import _cuda_initialized
+        from workshop._procs import _cuda_initialized
         shutil.copy(_ctypes.__file__, {str(tmp_path / "libcuda.so.1")!r})
         ctypes.CDLL({str(tmp_path / "libcuda.so.1")!r})
         # A GPU node counts its GPUs with NVML, which marks no fork. Without NVML

@@ -17,8 +17,8 @@ from conftest import ROOT, children_of, repo_env
 import workshop
 from workshop import LaunchError
 from workshop.allocation import usable_cores
-from workshop.ranks import checks as checks
 from workshop.ranks import launcher
+from workshop.ranks import launcher as checks
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 

@@ -23,7 +23,7 @@ from conftest import gone
 
 import workshop
 from workshop import LaunchError
-from workshop.ranks import sweep
+from workshop import _procs as sweep
 
 METHODS = ["fork", "server", "spawn"]
 # Two children per rank, two ranks.

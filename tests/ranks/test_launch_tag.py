@@ -1,4 +1,4 @@
-"""Where a launch's tag (``WORKSHOP_LAUNCH``, see workshop/ranks/sweep.py) really
+"""Where a launch's tag (``WORKSHOP_LAUNCH``, see workshop/_procs.py) really
 shows, for each start method: in the rank's ``os.environ`` always; in
 ``/proc/PID/environ`` (the environment a program was started with, which the sweep
 reads) for a spawned rank and for every program a rank starts, but not for a rank
@@ -15,7 +15,7 @@ import warnings
 import pytest
 
 import workshop
-from workshop.ranks.sweep import TAG_VAR, kernel_prefix
+from workshop._procs import TAG_VAR, kernel_prefix
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -90,7 +90,7 @@ def test_where_each_process_of_a_launch_carries_its_tag(method):
 
 def test_a_rank_gets_the_job_but_not_the_kernels_slurm_task(monkeypatch):
     # A kernel on a cluster's portal is task 0 of a Slurm job step; its ranks are not.
-    from workshop.ranks.rendezvous import rank_env
+    from workshop.env import rank_env
 
     step = {"SLURM_JOB_ID": "8", "SLURM_CPUS_ON_NODE": "1", "SLURM_PROCID": "0",
             "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1",
@@ -112,7 +112,7 @@ def _stat_line(name: str, state: str, flags: int, start: int) -> bytes:
 
 
 def test_a_process_inside_exit_counts_as_gone_not_as_left_running():
-    from workshop.ranks.sweep import PF_EXITING, parse_stat
+    from workshop._procs import PF_EXITING, parse_stat
 
     # A name with a space and a parenthesis, as a rank's tag never has but a
     # program may: the name is what lies between the first "(" and the last ")".
@@ -123,7 +123,7 @@ def test_a_process_inside_exit_counts_as_gone_not_as_left_running():
 
 
 def test_this_process_parses_as_running_with_its_own_start_time():
-    from workshop.ranks.sweep import _stat, start_ticks
+    from workshop._procs import _stat, start_ticks
 
     _name, state, start = _stat(str(os.getpid()))
     assert state in (b"R", b"S") and start == start_ticks() > 0

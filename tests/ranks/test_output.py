@@ -12,8 +12,7 @@ import torch.distributed as dist
 
 import workshop
 from workshop.ranks import output
-from workshop.ranks.lines import MAX_LINE_CHARS, MAX_LINES
-from workshop.ranks.output import SHOWN_LINES, RankOutput
+from workshop.ranks.output import MAX_LINE_CHARS, MAX_LINES, SHOWN_LINES, RankOutput
 
 CHUNK = 1 << 16  # what the launcher reads from a rank's pipe at most
 

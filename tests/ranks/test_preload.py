@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from workshop.ranks import preload as preload_module
-from workshop.ranks.preload import PRELOAD_VAR, WANTED, preload
+from workshop.ranks import start as preload_module
+from workshop.ranks.start import PRELOAD_VAR, WANTED, preload
 
 # What a rank finds already imported when it starts (checked before fn does anything).
 RANK_SEES = """
@@ -59,8 +59,8 @@ def test_preload_imports_the_modules_and_never_starts_cuda(script):
         """
     import json, sys, threading, workshop
     import torch
-    from workshop.ranks import forkable
-    from workshop.ranks.preload import preload
+    from workshop import _procs as forkable
+    from workshop.ranks.start import preload
 
     calls = []
 

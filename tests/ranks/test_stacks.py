@@ -20,8 +20,8 @@ import torch.distributed as dist
 from conftest import gone
 
 from workshop import LaunchError, launch
-from workshop.ranks import stacks
-from workshop.ranks.stacks import (
+from workshop.ranks import rank as stacks
+from workshop.ranks.rank import (
     READY,
     Frame,
     StackDumps,
@@ -199,7 +199,7 @@ def test_the_ready_mark_follows_the_registration(tmp_path, monkeypatch):
     path = tmp_path / "rank-0.txt"
     code = (
         "import os, signal, time\n"
-        "from workshop.ranks.stacks import register_stack_dump\n"
+        "from workshop.ranks.rank import register_stack_dump\n"
         "def waiting_here():\n"
         "    register_stack_dump()\n"
         "    os.kill(os.getpid(), signal.SIGUSR1)\n"

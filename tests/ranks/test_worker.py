@@ -382,7 +382,7 @@ def test_a_block_that_destroyed_its_group_still_leaves_together():
 
 def test_a_rank_that_raised_leaves_at_once_and_is_named():
     import workshop
-    from workshop.ranks.results import LaunchError
+    from workshop.ranks.session import LaunchError
 
     with pytest.raises(LaunchError, match="rank 1 of 2 failed") as caught:
         workshop.launch(raise_on_rank_1, world_size=2, show="none", timeout=60)

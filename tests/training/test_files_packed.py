@@ -1,4 +1,4 @@
-"""workshop.training.files_packed: the same images packed in one tar archive and in
+"""workshop.training.files, packed: the same images packed in one tar archive and in
 one .npy file give the same samples as the PNG files, with one open per process."""
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ from torch.utils.data import DataLoader
 
 from workshop.training.files import (
     ImageFiles,
-    count_opens,
-    time_epochs,
-    write_image_files,
-)
-from workshop.training.files_packed import (
     PackedImages,
     TarImages,
+    count_opens,
     pack_images,
     pack_tar,
+    time_epochs,
+    write_image_files,
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerAction, profile, schedule, tensorboard_trace_handler
 
-from workshop.training.profiler_schedule import (
+from workshop.training.profiling import (
     recorded_steps,
     stable_trace_name,
     trace_files,
@@ -91,7 +91,7 @@ def test_gzipped_traces_are_read_and_other_files_ignored(tmp_path):
 def test_quiet_profiler_silences_kineto_and_the_cycle_warning(monkeypatch):
     import warnings
 
-    from workshop.training.profiler_schedule import quiet_profiler
+    from workshop.training.profiling import quiet_profiler
 
     monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     with warnings.catch_warnings(record=True) as caught:

@@ -15,13 +15,13 @@ from .._exports import offer
 
 _NAMES = {
     "load_allreduce": "allreduce_result",
-    "load_scaling": "scaling_files",
+    "load_scaling": "scaling_plots",
     "measure_allreduce": "allreduce_worker",
     "measure_scaling": "scaling_measure",
-    "plot_allreduce": "allreduce_plots",
-    "plot_efficiency": "efficiency_plots",
-    "plot_published_busbw": "published_scale_plots",
-    "plot_published_mfu": "published_scale_plots",
+    "plot_allreduce": "allreduce_result",
+    "plot_efficiency": "scaling_plots",
+    "plot_published_busbw": "published_scale",
+    "plot_published_mfu": "published_scale",
     "plot_scaling": "scaling_plots",
     "published_scaling": "published",
     "published_sources": "published",

@@ -16,11 +16,13 @@ A figure from one of the workshop's source documents names the document itself
 :func:`figures_not_in_documents` checks it. Document 004's tables in seconds (MNIST
 on CPU cores and GPUs) are not throughput tables: they live, with all its other
 tables, in :mod:`workshop.sources.tables` (``workshop.sources.document_tables()``), and
-:func:`workshop.bench.efficiency_plots.plot_efficiency` draws their efficiency.
+:func:`workshop.bench.scaling_plots.plot_efficiency` draws their efficiency.
 """
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..sources.doc_table import DocumentTable
@@ -32,6 +34,7 @@ __all__ = [
     "PublishedTable",
     "Source",
     "figures_not_in_documents",
+    "line_wrapper",
     "published_quotes",
     "published_scaling",
     "published_sources",
@@ -308,6 +311,27 @@ def published_scaling(*names: str) -> dict[str, list[tuple[int, float]]]:
     return {t.label: list(t.points) for t in published_tables(*names)}
 
 
+def line_wrapper(
+    width: int, break_long_words: bool = True
+) -> Callable[[str, str], list[str]]:
+    """``wrap(text, indent="- ")``: an item of a list of sources, in lines at most
+    ``width`` long (40 or more, else ValueError), the first after ``indent``."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 40:
+        raise ValueError(f"width={width!r} must be a whole number, 40 or more")
+
+    def wrap(text: str, indent: str = "- ") -> list[str]:
+        return textwrap.wrap(
+            text,
+            width,
+            initial_indent=indent,
+            subsequent_indent=" " * len(indent) + "  ",
+            break_on_hyphens=False,  # keep addresses and names whole
+            break_long_words=break_long_words,
+        )
+
+    return wrap
+
+
 def published_sources(width: int = 88) -> str:
     """Every published table and quote with its source, as lines of text.
 
@@ -329,22 +353,9 @@ def published_sources(width: int = 88) -> str:
     Example:
         >>> print(published_sources())                          # doctest: +SKIP
     """
-    import textwrap
-
     from ..sources.tables import document_tables
 
-    if isinstance(width, bool) or not isinstance(width, int) or width < 40:
-        raise ValueError(f"width={width!r} must be a whole number, 40 or more")
-
-    def wrap(text: str, indent: str) -> list[str]:
-        return textwrap.wrap(
-            text,
-            width,
-            initial_indent=indent,
-            subsequent_indent=" " * len(indent) + "  ",
-            break_on_hyphens=False,  # keep addresses and names whole
-        )
-
+    wrap = line_wrapper(width)
     lines = wrap("Tables of throughput (drawn by plot_scaling):", "")
     for t in _TABLES:
         (n0, x0), (n, x) = t.points[0], t.points[-1]

@@ -16,25 +16,8 @@ launches run) and rank 0 prints and writes the rows.
 * strong scaling: a fixed global batch is split across the ranks; speed-up =
   T_1 / T_N (seconds per step), efficiency = speed-up / N.
 
-How a step is split into compute and communication, and why this way: every rank
-alternates an ordinary DDP step with the same step under ``no_sync()``, where DDP
-skips the gradient all-reduce and the rank only computes; a barrier (not timed)
-starts each step on all ranks together, so both kinds see the same load on the
-machine. The difference of the median step times is the communication a step *waits
-for*: all-reduce time not hidden behind the backward pass, plus waiting for a slower
-rank. That is what costs throughput, so it is the split reported; timing the
-all-reduce alone would miss the overlap. It is still recorded: a DDP comm hook notes
-when each bucket's all-reduce starts and when its future completes, and the time at
-least one is in flight is reported beside the split (often longer, since it overlaps
-backward). Buffers are not synced in each forward pass (``forward_sync_buffers=False``,
-``broadcast_buffers=False`` before torch 2.15), so the gradient all-reduce is the only
-communication in a step. The data is synthetic, made once per rank in memory: the
-benchmark times training, not loading. Every step time of every rank is kept; the
-summaries are medians, which a busy shared machine disturbs less.
-
-The alpha-beta model (:mod:`workshop.comm.costmodel`) then predicts the all-reduce of
-the gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark,
-or a quick fit of a few all-reduce sizes timed in the same run.
+How a step is split into compute and communication, and why this way:
+:mod:`workshop.bench.scaling_measure`.
 """
 
 from __future__ import annotations
@@ -49,26 +32,19 @@ from types import SimpleNamespace
 
 from ..env import RankInfo
 from .bench_output import check_writable, save_or_keep
-from .scaling_files import load_scaling
 from .scaling_measure import (
     _fit_sizes,
     _gradient_bytes,
-    assemble,
-    check_baseline,
+    check_divides,
     check_settings,
+    default_image_size,
     given_alpha_beta,
     measure_scaling,
-)
-from .scaling_results import (
-    MODES,
-    ScalingResult,
-)
-from .scaling_worker import (
-    check_divides,
-    default_image_size,
     scaling_batch,
     scaling_worker,
 )
+from .scaling_plots import load_scaling, plot_scaling
+from .scaling_results import MODES, ScalingResult, assemble, check_baseline
 
 __all__ = ["add_arguments", "main"]
 
@@ -204,16 +180,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _json(result: ScalingResult) -> str:
-    """What :meth:`ScalingResult.save` writes to ``PREFIX.json``."""
-    import json
-    from dataclasses import asdict
-
-    from .scaling_results import KIND
-
-    return json.dumps({"kind": KIND, **asdict(result)}, indent=1)
-
-
 def _default_world_sizes(gpus: int) -> list[int]:
     if not gpus:
         return [1, 2, 4]
@@ -285,7 +251,7 @@ def _under_launcher(
 def main(args: argparse.Namespace) -> int:
     """Run the scaling benchmark, print its table and explanation."""
     from ..env import rank_info, visible_gpu_count
-    from ..ranks.results import LaunchError
+    from ..ranks.session import LaunchError
 
     if args.plot and not args.out:
         print(
@@ -351,12 +317,10 @@ def main(args: argparse.Namespace) -> int:
     print("\n" + result.report())
     code = 0
     if args.out:
-        written = save_or_keep(result.save, args.out, lambda: _json(result))
+        written = save_or_keep(result.save, args.out, result.to_json)
         for path in written:
             print(f"wrote {path}")
         if args.plot and written:
-            from .scaling_plots import plot_scaling
-
             figure = plot_scaling(result, title=f"DDP scaling of {args.model}")
             figure.savefig(f"{args.out}.png", dpi=110)
             print(f"wrote {args.out}.png")

@@ -1,31 +1,62 @@
-"""Scaling plots: throughput and efficiency against the number of ranks.
+"""Scaling runs read back and drawn: throughput, speed-up and efficiency against ranks.
 
-Drawn from plain numbers, so a learner's run and a published table appear side by
-side: a ``ScalingResult`` of :func:`workshop.bench.scaling_bench.measure_scaling`, a
-table typed in by hand, ``{"label": [(ranks, samples_per_sec), ...]}``, or a file
-(the ``.json`` or ``.csv`` the benchmark writes, or any CSV with columns ``ranks`` and
-``throughput``). No published figures live here: whoever quotes one passes it in,
-with its source in the label::
+:func:`load_scaling` reads runs back from the JSON files the benchmark wrote: a batch
+job measures one world size per step (``slurm/scaling.sbatch``: 1 rank, then 1 node,
+2 nodes, ...), each step in its own file, and read together they are one
+``ScalingResult`` with every world size in it, so the table and the plot show the
+whole curve. Nothing here needs torch: the results can be drawn on a login node.
+
+The plots are drawn from plain numbers, so a learner's run and a published table
+appear side by side: a ``ScalingResult`` of
+:func:`workshop.bench.scaling_measure.measure_scaling`, a table typed in by hand,
+``{"label": [(ranks, samples_per_sec), ...]}``, or a file (the ``.json`` or ``.csv``
+the benchmark writes, or any CSV with columns ``ranks`` and ``throughput``). No
+published figures live here: whoever quotes one passes it in, its source in the label::
 
     plot_scaling(result, {"Horovod ResNet-50 (paper, Fig. N)": [(2, ...), (64, ...)]})
+
+A published table may also give the time of a whole run (smaller is faster) rather
+than a rate: :func:`plot_efficiency` turns both into a speed-up over the series'
+smallest count (time ratio, or rate ratio) and an efficiency, speed-up / (N / N0),
+drawn beside the ideal::
+
+    plot_efficiency(document_table("cpu-batch50"), load_scaling("docs/results/..."))
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS, FONT
+from ..sources.doc_table import DocumentTable
+from .scaling_results import (
+    KIND,
+    MODES,
+    ScalingResult,
+    ScalingRow,
+    add_speedups,
+    why_not_comparable,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["plot_scaling", "relative_efficiency", "scaling_series"]
+__all__ = [
+    "efficiency_series",
+    "load_scaling",
+    "plot_efficiency",
+    "plot_scaling",
+    "relative_efficiency",
+    "scaling_series",
+]
 
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X"]  # shape as well as colour tells lines
 
@@ -42,6 +73,7 @@ def series_style(i: int) -> dict[str, Any]:
 
 
 Points = list[tuple[int, float]]
+PathLike = str | os.PathLike[str]
 
 
 def _checked(label: Any, points: Any) -> Points:
@@ -125,6 +157,134 @@ def _read_csv(path: Path) -> dict[str, Points]:
     return series
 
 
+def load_scaling(*paths: PathLike) -> ScalingResult:
+    """Read scaling runs back from the JSON files :meth:`ScalingResult.save` wrote.
+
+    Several files (or folders of them) become one result: their rows in one table,
+    ordered by mode and world size, with speed-up and efficiency taken against the
+    smallest world size of each mode among all of them. That is how the steps of a
+    batch job, each measured at its own world size, are read together.
+
+    Args:
+        *paths: ``.json`` files, or folders whose ``*.json`` scaling files are all
+            read (other JSON files in a folder are passed over).
+
+    Returns:
+        The :class:`ScalingResult`; with several files, its descriptive fields
+        (steps, launcher, machine, ...) are those of the first file.
+
+    Raises:
+        FileNotFoundError: no such file, or a folder with no scaling file in it.
+        ValueError: a file that is not a scaling run's JSON (a CSV, say); files
+            that measured different models, backends or batches; two files that
+            both hold the same mode at the same world size.
+
+    Example:
+        >>> job = load_scaling("runs/scaling-1234")            # doctest: +SKIP
+        >>> both = load_scaling("base.json", "two_nodes.json")  # doctest: +SKIP
+    """
+    if not paths:
+        raise TypeError(
+            "load_scaling needs at least one path: a .json file that "
+            "`python -m workshop.bench scaling --out PREFIX` wrote, or its folder"
+        )
+    found = [run for p in paths for run in _runs(Path(p))]
+    files, runs = [f for f, _ in found], [run for _, run in found]
+    if len(runs) == 1:
+        return runs[0]
+    return _merge(runs, files)
+
+
+def _runs(path: Path) -> list[tuple[Path, ScalingResult]]:
+    """The file's run, or the runs of a folder's scaling files in name order (each
+    file read once; other JSON files in a folder are passed over)."""
+    if path.is_dir():
+        found = []
+        for f in sorted(path.glob("*.json")):
+            try:
+                found.append((f, _read(f)))
+            except (OSError, ValueError):
+                continue
+        if not found:
+            raise FileNotFoundError(
+                f"no scaling results in the folder {str(path)!r}; it holds no .json "
+                "file that `python -m workshop.bench scaling --out PREFIX` wrote"
+            )
+        return found
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no scaling results at {str(path)!r}; write them with "
+            "`python -m workshop.bench scaling --out PREFIX` (PREFIX.json)"
+        )
+    return [(path, _read(path))]
+
+
+def _read(path: Path) -> ScalingResult:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(
+            f"{str(path)!r} is not JSON ({exc}); pass the .json file that "
+            "`--out PREFIX` wrote, not the .csv"
+        ) from exc
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ValueError(
+            f"{str(path)!r} is not a scaling run (its 'kind' is "
+            f"{data.get('kind') if isinstance(data, dict) else None!r}, not {KIND!r})"
+        )
+    names = {f.name for f in fields(ScalingRow)}
+    rows = [
+        ScalingRow(**{k: v for k, v in r.items() if k in names}) for r in data["rows"]
+    ]
+    names = {f.name for f in fields(ScalingResult)}
+    return ScalingResult(
+        **{k: v for k, v in data.items() if k in names} | {"rows": rows}
+    )
+
+
+def _merge(runs: list[ScalingResult], files: list[Path]) -> ScalingResult:
+    """One result from runs of the same benchmark at different world sizes."""
+    first, name = runs[0], str(files[0])
+    held: dict[tuple[str, int], str] = {}
+    for run, path in zip(runs, files, strict=True):
+        if (run.backend, run.device) != (first.backend, first.device):
+            raise ValueError(
+                f"{name!r} measured {first.backend} on {first.device} but "
+                f"{str(path)!r} {run.backend} on {run.device}; load runs of one "
+                "backend and device together"
+            )
+        why = why_not_comparable(
+            (first.model, first.image_size, first.rows),
+            (run.model, run.image_size, run.rows),
+        )
+        if why:
+            raise ValueError(
+                f"{name!r} and {str(path)!r} measured different things: {why}; "
+                "load runs of one model, image size and batch together"
+            )
+        for row in run.rows:
+            key = (row.mode, row.world_size)
+            if key in held:
+                raise ValueError(
+                    f"{held[key]!r} and {str(path)!r} both hold {row.mode} scaling at "
+                    f"{row.world_size} rank(s); load only one of them"
+                )
+            held[key] = str(path)
+    rows = sorted(
+        (row for run in runs for row in run.rows),
+        key=lambda r: (MODES.index(r.mode), r.world_size),
+    )
+    add_speedups(rows)
+    # A 1-rank step fits no alpha and beta (there is no all-reduce): say where the
+    # other steps' came from, not that there are none.
+    sources = sorted({run.alpha_beta_source for run in runs})
+    sources = [s for s in sources if not s.startswith("none")] or sources
+    return ScalingResult(
+        **{f.name: getattr(first, f.name) for f in fields(ScalingResult)}
+        | {"rows": rows, "alpha_beta_source": "; ".join(sources)}
+    )
+
+
 def scaling_series(source: Any) -> dict[str, Points]:
     """One source of measurements as ``{label: [(ranks, samples/s), ...]}``, sorted.
 
@@ -159,8 +319,6 @@ def scaling_series(source: Any) -> dict[str, Points]:
         path = Path(source)
         if path.is_dir() or path.suffix.lower() == ".json":
             # A batch job's results: one JSON file per world size, in one folder.
-            from .scaling_files import load_scaling
-
             return scaling_series(load_scaling(path))
         if not path.is_file():
             raise FileNotFoundError(f"no table at {str(path)!r}")
@@ -187,6 +345,51 @@ def relative_efficiency(points: Points) -> Points:
     """
     n0, x0 = points[0]
     return [(n, (x / x0) * (n0 / n)) for n, x in points]
+
+
+def _add(series: dict[str, Points], label: str, points: Points) -> None:
+    """``series[label] = points``, the label numbered " (2)", " (3)", ... when it is
+    already there (two runs of the same model and mode)."""
+    unique, k = label, 2
+    while unique in series:
+        unique, k = f"{label} ({k})", k + 1
+    series[unique] = points
+
+
+def _count_axes(axes: Any, counts: list[int], xlabel: str, log: bool = True) -> None:
+    """The counts drawn, and only they, as ticks of each panel's x axis."""
+    from matplotlib.ticker import NullLocator
+
+    for ax in axes:
+        if log:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(counts, [str(n) for n in counts])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.4)
+
+
+def _efficiency_and_legend(
+    fig: Figure, ax_e: Any, handles: list, labels: list[str], title: str
+) -> None:
+    """The efficiency panel in percent from 0, and one legend under both panels:
+    whole on a 1280x720 projector (workshop.draw.projector), with nothing drawn over
+    the lines."""
+    from matplotlib.ticker import PercentFormatter
+
+    longest = max(len(text) for text in labels)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncols=3 if longest <= 30 else 2 if longest <= 56 else 1,
+        frameon=False,
+    )
+    top = max(max(line.get_ydata()) for line in ax_e.get_lines())
+    ax_e.set_ylim(0, max(110, 1.1 * top))
+    ax_e.yaxis.set_major_formatter(PercentFormatter())
+    ax_e.set_ylabel("efficiency (of ideal)")
+    ax_e.set_title(title)
 
 
 def plot_scaling(
@@ -226,12 +429,7 @@ def plot_scaling(
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import (
-        FuncFormatter,
-        NullFormatter,
-        NullLocator,
-        PercentFormatter,
-    )
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     if not sources:
         raise ValueError(
@@ -241,15 +439,10 @@ def plot_scaling(
     series: dict[str, Points] = {}
     for source in sources:
         for label, points in scaling_series(source).items():
-            unique, k = label, 2
-            while unique in series:  # two runs of the same model and mode
-                unique, k = f"{label} ({k})", k + 1
-            series[unique] = points
+            _add(series, label, points)
     ranks_drawn = sorted({n for points in series.values() for n, _ in points})
 
     with plt.rc_context(FONT):
-        # Side by side, one legend under both: whole on a 1280x720 projector
-        # (workshop.draw.projector), with nothing drawn over the lines.
         fig, (ax_t, ax_e) = plt.subplots(
             1, 2, figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained"
         )
@@ -270,13 +463,7 @@ def plot_scaling(
             handles.append(line)
             labels.append(label + ("" if n0 == 1 else f" (efficiency vs {n0} ranks)"))
         ax_e.axhline(100, ls="--", lw=1.8, color="0.35", label="ideal", gid="ideal")
-        for ax in (ax_t, ax_e):
-            if log:
-                ax.set_xscale("log", base=2)
-            ax.set_xticks(ranks_drawn, [str(n) for n in ranks_drawn])
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.set_xlabel(xlabel)
-            ax.grid(True, alpha=0.4)
+        _count_axes((ax_t, ax_e), ranks_drawn, xlabel, log)
         if log:
             ax_t.set_yscale("log")
         ax_t.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
@@ -292,19 +479,114 @@ def plot_scaling(
         ax_t.set_title("Throughput")
         handles.append(Line2D([], [], ls="--", lw=1.6, color="0.35"))
         labels.append("ideal (linear from the first point)")
-        longest = max(len(text) for text in labels)
-        fig.legend(
-            handles,
-            labels,
-            loc="outside lower center",
-            ncols=3 if longest <= 30 else 2 if longest <= 56 else 1,
-            frameon=False,
-        )
-        top = max(max(line.get_ydata()) for line in ax_e.get_lines())
-        ax_e.set_ylim(0, max(110, 1.1 * top))
-        ax_e.yaxis.set_major_formatter(PercentFormatter())
-        ax_e.set_ylabel("efficiency (of ideal)")
-        ax_e.set_title("Scaling efficiency")
+        _efficiency_and_legend(fig, ax_e, handles, labels, "Scaling efficiency")
         fig.suptitle(title or "Scaling: throughput and efficiency against ranks")
     plt.close(fig)  # shown once, as the cell's value; no figure left open
+    return fig
+
+
+def efficiency_series(*sources: Any) -> dict[str, Points]:
+    """Each source's speed-up over its smallest count, as ``{label: [(N, x)]}``.
+
+    Args:
+        *sources: a :class:`~workshop.sources.tables.DocumentTable` (every measured
+            column becomes a series), or anything :func:`scaling_series` reads: a
+            ``ScalingResult``, a dict ``{label: [(ranks, samples_per_sec), ...]}``,
+            a CSV or JSON path. A dict of speed-ups (``table.speedups("V100")``)
+            reads as rates too: a speed-up is a rate over the first one.
+
+    Returns:
+        Speed-ups, sorted by count; the first point of each series is 1.
+
+    Raises:
+        ValueError: no source, a bad table, or a document table of single runs.
+        TypeError: a source of another kind.
+
+    Example:
+        >>> efficiency_series({"mine": [(1, 100.0), (4, 300.0)]})
+        {'mine': [(1, 1.0), (4, 3.0)]}
+    """
+    if not sources:
+        raise ValueError(
+            "nothing to draw; pass a document table "
+            "(workshop.sources.document_table(name)), "
+            "a ScalingResult or a dict {label: [(ranks, samples_per_sec), ...]}"
+        )
+    out: dict[str, Points] = {}
+    for source in sources:
+        if isinstance(source, DocumentTable):
+            raw = source.speedups()
+        else:
+            raw = scaling_series(source)
+        for label, points in scaling_series(raw).items():
+            x0 = points[0][1]
+            _add(out, label, [(n, x / x0) for n, x in points])
+    return out
+
+
+def plot_efficiency(
+    *sources: Any,
+    title: str = "",
+    xlabel: str = "CPU cores, GPUs or ranks",
+) -> Figure:
+    """Speed-up (left) and efficiency (right) against the count, with the ideal.
+
+    Speed-up is over each series' smallest count: for a table in seconds, time at
+    that count / time; for rates, rate / rate at that count. Efficiency is speed-up /
+    (N / N0); the ideal is N / N0 and 100 %. A series that starts above 1 (a table
+    from 2 GPUs up) says so in the legend.
+
+    Args:
+        *sources: document tables, measured runs or tables of rates; see
+            :func:`efficiency_series`.
+        title: the figure's title.
+        xlabel: what is counted.
+
+    Returns:
+        The matplotlib Figure, ``fig.axes`` (speed-up, efficiency), whole on a
+        1280x720 projector; closed in pyplot, so a cell shows it once.
+
+    Raises:
+        ValueError, TypeError: as :func:`efficiency_series`.
+
+    Example:
+        >>> fig = plot_efficiency(document_table("cpu-batch50"),
+        ...                       document_table("cpu-batch256"))  # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    series = efficiency_series(*sources)
+    counts = sorted({n for points in series.values() for n, _ in points})
+    with plt.rc_context(FONT):
+        fig, (ax_s, ax_e) = plt.subplots(
+            1, 2, figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained"
+        )
+        handles, labels = [], []
+        for i, (label, points) in enumerate(series.items()):
+            style = series_style(i)
+            ns, gains = zip(*points, strict=True)
+            n0 = ns[0]
+            (line,) = ax_s.plot(ns, gains, **style)
+            ax_e.plot(ns, [100 * g * n0 / n for n, g in points], **style)
+            handles.append(line)
+            labels.append(label + ("" if n0 == 1 else f" (vs {n0})"))
+        ideal_x = [counts[0], counts[-1]]
+        ax_s.plot(ideal_x, [1, counts[-1] / counts[0]], ls="--", lw=1.8,
+                  color="0.35", gid="ideal")  # fmt: skip
+        ax_e.axhline(100, ls="--", lw=1.8, color="0.35", gid="ideal")
+        _count_axes((ax_s, ax_e), counts, xlabel)
+        ax_s.set_yscale("log", base=2)
+        ax_s.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax_s.yaxis.set_minor_locator(NullLocator())
+        ax_s.set_ylabel("speed-up over the first count")
+        ax_s.set_title("Speed-up")
+        handles.append(Line2D([], [], ls="--", lw=1.8, color="0.35"))
+        labels.append("ideal (N / N0, 100 %)")
+        _efficiency_and_legend(
+            fig, ax_e, handles, labels, "Efficiency = speed-up / (N / N0)"
+        )
+        fig.suptitle(title or "Speed-up and efficiency against the ideal")
+    plt.close(fig)
     return fig

@@ -1,26 +1,34 @@
 """Results of the scaling benchmark: speed-up and efficiency, rows, JSON and CSV.
 
-The workers' plain dicts become :class:`ScalingRow` s here. Nothing here needs torch,
-so a saved run (read back by :mod:`workshop.bench.scaling_files`) can be drawn anywhere.
+The workers' plain dicts become :class:`ScalingRow` s here (:func:`assemble`). A saved
+run is read back by :func:`workshop.bench.scaling_plots.load_scaling`, which needs no
+torch: it can be drawn anywhere, a login node included.
 """
 
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import os
+import platform
+import statistics
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..comm.costmodel import fit_alpha_beta, ring_all_reduce_time
+
 __all__ = [
     "MODES",
     "ScalingResult",
     "ScalingRow",
     "add_speedups",
+    "assemble",
+    "check_baseline",
     "strong_scaling",
     "weak_scaling",
     "why_not_comparable",
@@ -285,7 +293,7 @@ class ScalingResult:
         most = max(self.rows, key=_ranks)
         n = most.world_size
         if self.device == "CPU" and cores and n > 1:
-            threads = _threads_text(least.threads_per_rank)
+            threads = ranks_text(least.threads_per_rank, "thread")
             if least.world_size == n:  # one world size: a step of a batch job
                 text = (
                     f"on the CPU the {n} ranks share this machine's {cores} cores, "
@@ -296,7 +304,7 @@ class ScalingResult:
                     f"on the CPU the ranks share this machine's {cores} cores: with "
                     f"{ranks_text(least.world_size)}, each rank computes with "
                     f"{threads}; with {n} ranks, with "
-                    f"{_threads_text(most.threads_per_rank)}"
+                    f"{ranks_text(most.threads_per_rank, 'thread')}"
                 )
             if (
                 least.world_size < n
@@ -356,6 +364,10 @@ class ScalingResult:
         ]
         return "\n".join([wrapped[0], "", self.table(), "", *wrapped[1:]])
 
+    def to_json(self) -> str:
+        """What :meth:`save` writes to ``prefix.json``, which ``load_scaling`` reads."""
+        return json.dumps({"kind": KIND, **asdict(self)}, indent=1)
+
     def save(self, prefix: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``prefix.json`` (everything) and ``prefix.csv`` (a row per world
         size and mode, with every step time as a JSON list); return both paths."""
@@ -363,7 +375,7 @@ class ScalingResult:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         json_path = prefix.with_name(prefix.name + ".json")
         csv_path = prefix.with_name(prefix.name + ".csv")
-        json_path.write_text(json.dumps({"kind": KIND, **asdict(self)}, indent=1))
+        json_path.write_text(self.to_json())
         with open(csv_path, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(_CSV_COLUMNS)
@@ -407,9 +419,118 @@ def _ranks(row: ScalingRow) -> int:
     return row.world_size
 
 
-def ranks_text(n: int) -> str:
-    return f"{n} rank" if n == 1 else f"{n} ranks"
+def ranks_text(n: int, what: str = "rank") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
-def _threads_text(n: int) -> str:
-    return f"{n} thread" if n == 1 else f"{n} threads"
+# ------------------------------------------------------------------ assembling
+def _row(raw: dict[str, Any], ab: tuple[float, float] | None) -> ScalingRow:
+    n = raw["world_size"]
+    step = max(statistics.median(t) for t in raw["step_seconds"])
+    compute = max(statistics.median(t) for t in raw["compute_seconds"])
+    predicted = None
+    if n == 1:
+        predicted = 0.0
+    elif ab is not None:
+        predicted = ring_all_reduce_time(raw["gradient_bytes"], n, ab[0], ab[1])
+    return ScalingRow(
+        mode=raw["mode"],
+        world_size=n,
+        batch_per_rank=raw["batch_per_rank"],
+        global_batch=raw["global_batch"],
+        threads_per_rank=raw["threads_per_rank"],
+        samples_per_second=raw["global_batch"] / step,
+        step_seconds=step,
+        compute_seconds=compute,
+        comm_seconds=max(0.0, step - compute),
+        allreduce_seconds=statistics.median(raw["allreduce_seconds"]),
+        predicted_allreduce_seconds=predicted,
+        alpha=ab[0] if ab and n > 1 else None,
+        beta=ab[1] if ab and n > 1 else None,
+        step_times=raw["step_seconds"],
+        compute_times=raw["compute_seconds"],
+        allreduce_times=raw["allreduce_seconds"],
+        fit_sizes=raw["fit_sizes"],
+        fit_seconds=raw["fit_seconds"],
+    )
+
+
+def check_baseline(
+    baseline: ScalingResult, first: dict, rows: list[ScalingRow]
+) -> None:
+    """A baseline must have measured the same thing at another world size."""
+    why = why_not_comparable(
+        (baseline.model, baseline.image_size, baseline.rows),
+        (first["model"], first["image_size"], rows),
+    )
+    if why:
+        raise ValueError(
+            f"the baseline cannot be compared with this run: it measured {why}; "
+            "pass a baseline of the same model and image size, or --batch and "
+            "--global-batch to match it"
+        )
+
+
+def assemble(
+    raws: list[dict[str, Any]],
+    *,
+    steps: int,
+    warmup: int,
+    launcher: str,
+    given: tuple[float, float, str] | None,
+    baseline: ScalingResult | None = None,
+) -> ScalingResult:
+    """A :class:`ScalingResult` from the dicts that ``scaling_worker`` returned.
+
+    Args:
+        raws: rank 0's dict of each launch.
+        steps, warmup: the settings the workers ran with.
+        launcher: "workshop", "torchrun", "srun" or "mpirun".
+        given: (alpha, beta, where from), or None to fit them to the all-reduces the
+            workers timed, one fit per world size.
+        baseline: an earlier run whose rows may hold the smallest world size.
+    """
+    import torch
+
+    fits: dict[int, tuple[float, float]] = {}
+    for raw in raws:
+        n = raw["world_size"]
+        if given is None and raw["fit_seconds"] and n not in fits:
+            fit = fit_alpha_beta(raw["fit_sizes"], raw["fit_seconds"], n)
+            fits[n] = (fit.alpha, fit.beta)
+    rows = [_row(r, given[:2] if given else fits.get(r["world_size"])) for r in raws]
+    if baseline is not None:
+        check_baseline(baseline, raws[0], rows)
+    add_speedups(rows, baseline.rows if baseline else ())
+    if given is not None:
+        source = given[2]
+    elif fits:
+        source = "fitted in this run to all-reduces of 4 sizes at each world size"
+    else:
+        source = "none (pass --alpha and --beta for a prediction)"
+    first = raws[0]
+    return ScalingResult(
+        rows=rows,
+        model=first["model"],
+        image_size=first["image_size"],
+        parameters=first["parameters"],
+        gradient_bytes=first["gradient_bytes"],
+        steps=steps,
+        warmup=warmup,
+        backend=first["backend"],
+        device=first["device"],
+        launcher=launcher,
+        alpha_beta_source=source,
+        machine={
+            "host": platform.node(),
+            "system": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+        },
+        versions={
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": str(torch.version.cuda),
+        },
+        created=datetime.datetime.now().isoformat(timespec="seconds"),
+    )

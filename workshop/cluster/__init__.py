@@ -23,12 +23,12 @@ _NAMES = {
     "mpirun_command": "commands",
     "run_command": "commands",
     "run_commands": "commands",
-    "scontrol_time_limit": "slurm_time",
+    "scontrol_time_limit": "slurm_status",
     "slurm_cluster": "slurm_here",
     "SlurmJob": "slurm",
     "srun_command": "srun",
     "submit": "slurm",
-    "time_limit_minutes": "slurm_time",
+    "time_limit_minutes": "slurm_status",
     "torchrun_command": "commands",
 }
 __all__ = sorted(_NAMES)

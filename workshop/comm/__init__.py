@@ -19,7 +19,7 @@ _NAMES = {
     "ddp_timeline": "ddp_buckets",
     "gradient_bytes": "bucket_plan",
     "plan_buckets": "bucket_plan",
-    "ring_all_reduce": "ring_collective",
+    "ring_all_reduce": "ring",
     "ring_all_reduce_steps": "ring",
     "ring_all_reduce_time": "costmodel",
     "timed_ddp_steps": "ddp_buckets",

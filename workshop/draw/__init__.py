@@ -25,7 +25,7 @@ _NAMES = {
     "draw_timeline": "diagrams",
     "plot_speedup": "plots",
     "plot_throughput": "plots",
-    "ring_widget": "ring_view",
+    "ring_widget": "ring_diagram",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = offer(__name__, _NAMES)

@@ -13,9 +13,8 @@ picture can be redrawn from a saved file.
 * :func:`workshop.draw.p2p_diagram.draw_point_to_point`: an arrow per message sent.
 * :func:`workshop.draw.collective_diagram.draw_collective`: every rank's tensor before
   and after one collective call.
-* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring`, drawn
-  in :mod:`workshop.draw.ring_diagram`, and put behind a slider in
-  :mod:`workshop.draw.ring_view`.
+* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring`, drawn,
+  and put behind a slider, in :mod:`workshop.draw.ring_diagram`.
 * :func:`workshop.draw.timeline_diagram.draw_rank_timeline`: a lane per rank, a bar per
   call, with compute phases.
 

@@ -1,6 +1,5 @@
 """The ring all-reduce drawn from its steps (:mod:`workshop.comm.ring`): one step at a
-time, or all steps side by side; :mod:`workshop.draw.ring_view` puts the steps behind
-an ipywidgets slider.
+time, or all steps side by side, or behind an ipywidgets slider (:func:`ring_widget`).
 
 With N ranks, each holding a vector cut into N chunks, the ring takes 2(N-1) steps:
 N-1 of reduce-scatter (each rank passes one chunk to the next, which adds it to its
@@ -9,13 +8,18 @@ own) and N-1 of all-gather (the finished chunks travel round). Every rank sends
 
 Every picture fits a projector (:mod:`workshop.draw.projector`) for 2 to 4 ranks; a
 step stays under 400 px tall so that the widget's slider fits on screen with it.
+
+What :func:`ring_widget` returns shows as the live widget where Jupyter can run it,
+and stores two stand-ins beside it in the notebook: the first step's picture (what
+JupyterLab shows in a notebook it does not trust, where it may not run widgets) and
+a line of text (what text-only viewers, and nbval, read).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..comm.ring import RingStep, ring_all_reduce_steps  # noqa: F401  (the doctests')
 from .comm_diagrams import (
@@ -30,11 +34,12 @@ from .comm_diagrams import (
 )
 from .diagrams import _pyplot, patch
 
+__all__ = ["RingWidget", "draw_ring_grid", "draw_ring_step", "ring_widget"]
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["draw_ring_grid", "draw_ring_step"]
 
 # Sizes in pixels of the inline backend's PNG (see workshop.draw.projector).
 _MAX_W = 1075  # the projector's 1100 px, less the tight bounding box's padding
@@ -415,3 +420,98 @@ def _chunk_legend(fig: Figure, n: int, across: int) -> None:
         Patch(facecolor="white", edgecolor="black", linewidth=3, label="just received")
     )
     bottom_legend(fig, handles, across, _TEXT_PT)
+
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+class RingWidget:
+    """What :func:`ring_widget` returns: a slider over the steps of a ring
+    all-reduce, with the picture of the chosen step under it.
+
+    Shown by Jupyter as the widget, with two stand-ins stored beside it in the
+    notebook: the first step's PNG (what JupyterLab shows where it may not run the
+    widget, as in a notebook it does not trust) and a line of text.
+
+    Attributes:
+        view: the ipywidgets ``VBox`` (a play button and the slider, over the
+            picture), to embed in other widgets.
+        slider: the ``IntSlider``: 1 to 2(N-1), the step the picture's title names.
+    """
+
+    def __init__(self, steps: Sequence[RingStep], view: Any, slider: Any, png: bytes):
+        self.steps, self.view, self.slider, self._png = steps, view, slider, png
+
+    def __repr__(self) -> str:
+        n = len(self.steps[0].after)
+        return (
+            f"Ring all-reduce of {n} ranks: {len(self.steps)} steps; run the cell "
+            "to move through them"
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        import base64
+
+        bundle = dict(self.view._repr_mimebundle_())
+        # A notebook stores a PNG as base64 text.
+        png = base64.b64encode(self._png).decode("ascii")
+        bundle.update({"text/plain": repr(self), "image/png": png})
+        return bundle
+
+
+def ring_widget(steps: Sequence[RingStep]) -> RingWidget | Figure:
+    """An interactive view of a ring all-reduce: a slider (and play button) per step.
+
+    Falls back to :func:`draw_ring_grid` where ipywidgets cannot be imported.
+
+    Args:
+        steps: what :func:`ring_all_reduce_steps` returned.
+
+    Returns:
+        A :class:`RingWidget` (slider 1 to 2(N-1), over :func:`draw_ring_step` of
+        that step), or the grid's Figure without ipywidgets.
+
+    Example:
+        >>> steps = ring_all_reduce_steps([[r] * 4 for r in range(4)])
+        >>> ring_widget(steps)  # doctest: +SKIP
+    """
+    try:
+        import ipywidgets as widgets
+        from IPython.display import Image, display
+    except ImportError:
+        return draw_ring_grid(steps)
+    cache: dict[int, bytes] = {}
+
+    def png(number: int) -> bytes:
+        if number not in cache:  # a PNG shows with or without an inline backend
+            cache[number] = _png(draw_ring_step(steps, number - 1))
+        return cache[number]
+
+    out = widgets.Output()
+    # Numbered as the picture's title numbers them: step 1 of 2(N-1) to its last.
+    last = len(steps)
+    slider = widgets.IntSlider(
+        value=1, min=1, max=last, description="step", continuous_update=False
+    )
+    play = widgets.Play(value=1, min=1, max=last, interval=1500)
+    widgets.jslink((play, "value"), (slider, "value"))
+
+    def show(change: Any = None) -> None:
+        out.clear_output(wait=True)
+        with out:
+            display(Image(png(slider.value)))
+
+    slider.observe(show, names="value")
+    show()
+    view = widgets.VBox([widgets.HBox([play, slider]), out])
+    return RingWidget(steps, view, slider, png(1))
+
+
+def _png(fig: Figure) -> bytes:
+    """The PNG the inline backend would show (100 dpi, tight): the projector's."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return buffer.getvalue()

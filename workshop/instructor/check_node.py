@@ -21,10 +21,9 @@ SKIPPED with the reason:
 6. ``notebooks``: every notebook executed into a temporary folder.
 
 Then a verdict that fits one screen: READY, or each problem with its fix. This
-module holds the verdict and the command line. What a check finds (each step's
-result, the report) is in ``check_results.py``; the steps are in ``check_steps.py``,
-and what they run in processes of their own (so that nothing this process did to
-CUDA can spoil it) in ``check_probes.py``.
+module holds the verdict and the command line; the steps and their probes are in
+``check_steps.py``, what a check finds (each step's result, the report) in
+``check_results.py``.
 """
 
 from __future__ import annotations
@@ -42,13 +41,7 @@ from typing import TextIO
 
 from .._procs import interrupted
 from ..env import visible_gpu_count
-from .check_results import (
-    SKIPPED,
-    STEPS,
-    CheckReport,
-    CheckStep,
-    TrainSettings,
-)
+from .check_results import SKIPPED, STEPS, CheckReport, CheckStep, TrainSettings
 from .check_steps import ROOT, STEP_FUNCTIONS, Context
 
 __all__ = ["check_node"]
@@ -198,11 +191,8 @@ def check_node(
         0
     """
     left_out = steps_to_run(skip, quick)
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or timeout <= 0
-    ):
+    seconds = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    if not seconds or timeout <= 0:
         raise ValueError(
             f"timeout must be a number of seconds above 0, got {timeout!r}"
         )
@@ -295,13 +285,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run :func:`check_node` with the parsed options; return its exit status."""
-    train = TrainSettings(
-        model=args.train_model,
-        batch_size=args.train_batch_size,
-        image_size=args.train_image_size,
-        steps=args.train_steps,
-        warmup=args.train_warmup,
-    )
+    fields = ("model", "batch_size", "image_size", "steps", "warmup")  # --train-*
+    train = TrainSettings(**{name: getattr(args, f"train_{name}") for name in fields})
     report = check_node(
         args.skip,
         quick=args.quick,

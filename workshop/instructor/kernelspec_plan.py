@@ -1,6 +1,7 @@
 """What a workshop kernel spec holds, decided and written: ``kernel.json`` and, with
 environment modules, the wrapper that loads them (``python -m workshop kernel-spec``,
-:mod:`workshop.instructor.kernelspec`, is the command).
+:mod:`workshop.instructor.kernelspec`, is the command), after asking the kernel's
+Python what it has (:func:`probe`).
 
 A kernel spec is a folder holding ``kernel.json``: the command that starts the
 kernel (``argv``), the name shown in Jupyter's menus and the variables added to its
@@ -15,12 +16,10 @@ workshop (a site's module, shared by a class, in which nobody may ``pip install`
 the spec puts this checkout first on ``PYTHONPATH``, ahead of whatever the server's
 environment holds there (``${PYTHONPATH}``, which Jupyter fills in at start), so the
 folders a site's module puts there still count. Where the workshop is installed in
-that Python, nothing is added: the installed copy is the one to use.
-Where that Python finds ipykernel and torch only through this shell's
-``PYTHONPATH`` (a ``pip install --target``), the spec carries that ``PYTHONPATH``
-(:mod:`.kernelspec_probe`).
-
-Imports only :mod:`.kernelspec_probe` and :mod:`.kernelspec_wrapper` of the package.
+that Python, nothing is added: the installed copy is the one to use. Where that
+Python finds ipykernel and torch only through this shell's ``PYTHONPATH`` (a ``pip
+install --target``), the spec carries that ``PYTHONPATH``
+(:func:`probe_with_shell_path`).
 """
 
 from __future__ import annotations
@@ -28,21 +27,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
+import string
+import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kernelspec_probe import KernelSpecError, or_with_shell_path, probe
-from .kernelspec_wrapper import wrapper_script
-
 __all__ = [
+    "KernelSpecError",
     "KernelSpecPlan",
     "kernels_dir",
     "parse_env",
     "plan_kernel_spec",
+    "probe",
+    "probe_with_shell_path",
+    "wrapper_script",
     "write_kernel_spec",
 ]
 
@@ -55,6 +58,36 @@ MIN_PYTHON = (3, 10)  # pyproject.toml: requires-python
 TIMEOUT_S = 120.0
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # what Jupyter accepts as a kernel name
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Run by the kernel's Python (through the wrapper, with --module) before writing:
+# what it has. find_spec imports nothing, so this takes a fraction of a second.
+_PROBE = """\
+import importlib.metadata as m, importlib.util as u, json, sys
+def version(name):
+    if u.find_spec(name) is None:
+        return None
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "found"
+spec = u.find_spec("workshop")
+print(json.dumps({"python": sys.executable, "version": sys.version_info[:2],
+    "ipykernel": version("ipykernel"), "torch": version("torch"),
+    "workshop": spec.origin if spec else None}))
+"""
+# Where sites keep the script that defines `module` (Lmod, Environment Modules).
+_MODULE_INITS = (
+    "${MODULESHOME:-/nonexistent}/init/bash",
+    "/etc/profile.d/lmod.sh",
+    "/etc/profile.d/z00_lmod.sh",
+    "/etc/profile.d/modules.sh",
+    "/usr/share/lmod/lmod/init/bash",
+    "/usr/share/Modules/init/bash",
+)
+
+
+class KernelSpecError(ValueError):
+    """A kernel spec that cannot be written as asked, or a kernel that fails its
+    check."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +219,142 @@ def _python(python: str | None, venv: str | Path | None, modules: Sequence[str])
     return path
 
 
+# ------------------------------------------------------------------ the probe
+def _substituted(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``${VAR}`` filled in from this environment, as Jupyter fills a
+    kernel's ``env`` in from the server's (an unset name stays as written)."""
+    return {k: string.Template(v).safe_substitute(os.environ) for k, v in env.items()}
+
+
+def _shell_pythonpath() -> str:
+    """This shell's ``PYTHONPATH`` with each folder made absolute (a kernel starts
+    in another folder), empty entries and folders that do not exist left out."""
+    folders = [
+        os.path.abspath(folder)
+        for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if folder and os.path.isdir(folder)
+    ]
+    return os.pathsep.join(dict.fromkeys(folders))
+
+
+def probe(argv: list[str], env: Mapping[str, str], timeout: float, shown: str) -> dict:
+    """Run the probe with ``argv`` (the Python, or the wrapper), in an empty folder
+    and without this shell's ``PYTHONPATH`` (the server's may not hold it), so that
+    only that Python, its modules and ``env`` can make the workshop importable."""
+    with tempfile.TemporaryDirectory(prefix="kernel-spec-") as tmp:
+        try:
+            done = subprocess.run(
+                [*argv, "-c", _PROBE],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=tmp,
+                env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+                | _substituted(env),
+            )
+        except subprocess.TimeoutExpired as e:
+            raise KernelSpecError(
+                f"{shown} did not answer within {timeout:.0f} s. HINT: a "
+                "slow module load or file system: try again with a longer --timeout"
+            ) from e
+    if done.returncode != 0:
+        said = "\n".join((done.stderr or done.stdout).strip().splitlines()[-12:])
+        raise KernelSpecError(
+            f"{shown} failed (exit status {done.returncode}); it said:\n{said}"
+        )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def probe_with_shell_path(
+    argv: list[str], env: dict[str, str], timeout: float, shown: str, notes: list[str]
+) -> dict:
+    """What the probe found; or, where ipykernel or torch was missing and this
+    shell's ``PYTHONPATH`` supplies both, what it found with that, after putting it
+    into ``env`` and saying so in ``notes``.
+
+    That is a ``pip install --target`` (docs/install.md, "Offline install on a
+    compute node"): its packages are found through the shell's ``PYTHONPATH`` only,
+    which the server that starts the kernel may not have, so the spec carries it."""
+    found = probe(argv, env, timeout, shown)
+    shell_path = _shell_pythonpath()
+    if None not in (found["ipykernel"], found["torch"]) or not shell_path:
+        return found
+    if "PYTHONPATH" in env:
+        return found  # the user's own --env PYTHONPATH is the one to use
+    tried = probe(argv, {**env, "PYTHONPATH": shell_path}, timeout, shown)
+    if None in (tried["ipykernel"], tried["torch"]):
+        return found
+    env["PYTHONPATH"] = shell_path
+    notes.append(
+        f"{shown} finds ipykernel and torch through this shell's PYTHONPATH only (a "
+        f"pip --target install): the spec sets PYTHONPATH={shell_path}"
+    )
+    return tried
+
+
+# ------------------------------------------------------------------ the wrapper
+def wrapper_script(
+    name: str, python: str, modules: Sequence[str], modules_init: str | None = None
+) -> str:
+    """The text of ``kernel-wrapper.sh``: define ``module``, load ``modules``, then
+    ``exec python "$@"``.
+
+    It exits with status 1 after one line on stderr (the server's log, and
+    :func:`~workshop.instructor.kernelspec.check_kernel`'s error) when ``module``
+    is not defined, a module does not load, or ``python`` is not there after loading.
+
+    Example:
+        >>> print(wrapper_script("k", "python3", ["pytorch/2.4"]))  # doctest: +SKIP
+        #!/bin/bash
+        ...
+        exec python3 "$@"
+    """
+    inits = [modules_init] if modules_init else list(_MODULE_INITS)
+    listed = " ".join(f'"{i}"' if i.startswith("$") else shlex.quote(i) for i in inits)
+
+    def fail(message: str) -> str:
+        return f"fail {shlex.quote(message)}"
+
+    lines = [
+        "#!/bin/bash",
+        f"# Jupyter kernel {name!r} of the workshop Scaling PyTorch on HPC, written",
+        "# by `python -m workshop kernel-spec`; the argv of kernel.json beside it runs",
+        "# it. `module` is a shell function: define it, load the modules, then become",
+        "# the kernel's Python (exec: Jupyter's interrupts and shutdowns reach it).",
+        f'fail() {{ echo "kernel {name}: $1" >&2; exit 1; }}',
+        "if ! type module >/dev/null 2>&1; then",
+        f"    for init in {listed}; do",
+        '        if [ -r "$init" ]; then . "$init"; break; fi',
+        "    done",
+        "fi",
+        "type module >/dev/null 2>&1 || "
+        + fail(
+            "'module' is not defined in this shell (its init script was looked for "
+            f"in: {' '.join(inits)}). HINT: --modules-init with the script that "
+            "defines it on this site (its support knows), or --python without --module"
+        ),
+    ]
+    for module in modules:
+        lines.append(
+            f"module load {shlex.quote(module)} || "
+            + fail(
+                f"'module load {module}' failed (its message is above). HINT: "
+                f"'module avail {module.split('/')[0]}' lists the names this site has"
+            )
+        )
+    quoted = shlex.quote(python)
+    lines += [
+        f"command -v {quoted} >/dev/null 2>&1 || "
+        + fail(
+            f"{python} is not there after loading the modules. HINT: --python, the "
+            "Python that has torch and the workshop"
+        ),
+        f'exec {quoted} "$@"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ the plan
 def plan_kernel_spec(
     name: str = DEFAULT_NAME,
     display_name: str | None = None,
@@ -228,11 +397,9 @@ def plan_kernel_spec(
         ['-f', '{connection_file}']
     """
     kernel = _check_name(name)
-    notes = (
-        [f"Jupyter folds kernel names to lower case: {kernel}"]
-        if kernel != name
-        else []
-    )
+    notes = []
+    if kernel != name:
+        notes.append(f"Jupyter folds kernel names to lower case: {kernel}")
     for module in modules:
         if not module or any(c.isspace() for c in module):
             raise KernelSpecError(
@@ -258,8 +425,7 @@ def plan_kernel_spec(
             trial.chmod(0o755)
             argv_python = [str(trial)]
         shown = exe + (f" (after module load {' '.join(modules)})" if modules else "")
-        found = probe(argv_python, env, timeout, shown)
-        found = or_with_shell_path(found, argv_python, env, timeout, shown, notes)
+        found = probe_with_shell_path(argv_python, env, timeout, shown, notes)
     if tuple(found["version"]) < MIN_PYTHON:
         raise KernelSpecError(
             f"{shown} is Python {'.'.join(map(str, found['version']))}; the workshop "

@@ -21,11 +21,14 @@ inside the job on a node, on a copy of the notebooks in the learner's home.
 ``stop`` stops the hub (which cancels every server's job), then the cluster, kills
 whatever any learner still runs, removes the users it made, and says what was left.
 Everything needs root (slurmd starts jobs as their users; users are made with
-``useradd``).
+``useradd``). The learners' accounts and Python are in ``portal_learners.py``, what
+runs inside the hub in ``portal_hub.py``, the classroom in ``portal_classroom.py``.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -42,12 +45,16 @@ from pathlib import Path
 from .._procs import is_alive
 from ..cluster import slurm_here, slurm_watchdog
 from ..cluster.ports import quiet_ports
-from .portal_python import closed_to_others, learner_python
-from .portal_users import (
+from ..cluster.slurm_watchdog import _quiet
+from .portal_classroom import classroom
+from .portal_learners import (
     PortalError,
     _end,
     _make_user,
     _pid,
+    closed_to_others,
+    hash_password,
+    learner_python,
     processes_of,
 )
 
@@ -197,11 +204,7 @@ def start(
         >>> portal.url, portal.learners                  # doctest: +SKIP
         ('http://127.0.0.1:41235/', ['learner01', 'learner02'])
     """
-    if (
-        isinstance(learners, bool)
-        or not isinstance(learners, int)
-        or not 1 <= learners <= 99
-    ):
+    if type(learners) is not int or not 1 <= learners <= 99:  # bool is not a number
         raise ValueError(f"learners={learners!r}: give a whole number from 1 to 99")
     if not prefix.isalpha() or not prefix.islower() or len(prefix) > 20:
         raise ValueError(
@@ -221,20 +224,13 @@ def start(
     # share, move or remove each other's users.
     admin = INSTRUCTOR if prefix == "learner" else f"{prefix}admin"
     names = [f"{prefix}{i:02d}" for i in range(1, learners + 1)] + [admin]
-    made = []
     try:
-        for name in names:
-            if _make_user(name, folder / "home" / name):
-                made.append(name)
+        made = [name for name in names if _make_user(name, folder / "home" / name)]
         _write_json(folder / "users.json", {"made": made, "names": names})
         python, python_env = learner_python(folder, names[0])
         if slurm_conf is None:
-            started = subprocess.run(
-                ["bash", str(LOCAL_SLURM), "start", str(folder / "slurm")],
-                capture_output=True,
-                text=True,
-                timeout=90,
-            )
+            cmd = ["bash", str(LOCAL_SLURM), "start", str(folder / "slurm")]
+            started = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
             if started.returncode != 0:
                 raise PortalError(
                     f"the private Slurm cluster did not start: {started.stderr.strip()}"
@@ -244,21 +240,17 @@ def start(
         else:
             conf = Path(slurm_conf).resolve()
         passwords = {name: secrets.token_urlsafe(9) for name in names}
-        salts = {name: secrets.token_bytes(16) for name in names}
-        from .portal_hub import hash_password
-
-        hashes = {
-            name: {"salt": salts[name].hex(), "hash": hash_password(pw, salts[name])}
-            for name, pw in passwords.items()
-        }
+        hashes = {}
+        for name, password in passwords.items():
+            salt = secrets.token_bytes(16)
+            hashes[name] = {"salt": salt.hex(), "hash": hash_password(password, salt)}
         _private_file(folder / "secrets" / "learners.json", json.dumps(hashes))
         _private_file(
             folder / "secrets" / "passwords.txt",
             "".join(f"{name} {pw}\n" for name, pw in passwords.items()),
         )
-        _private_file(folder / "secrets" / "cookie_secret", secrets.token_hex(32))
-        _private_file(folder / "secrets" / "proxy_token", secrets.token_hex(32))
-        _private_file(folder / "secrets" / "api_token", secrets.token_hex(32))
+        for name in ("cookie_secret", "proxy_token", "api_token"):
+            _private_file(folder / "secrets" / name, secrets.token_hex(32))
         # Below the system's own port range: no outgoing connection takes them.
         port, hub_port, api_port = quiet_ports(3)
         settings = {
@@ -277,7 +269,8 @@ def start(
             "start_timeout": start_timeout,
         }
         _write_json(folder / "portal.json", settings)
-        (folder / "jupyterhub_config.py").write_text(
+        config = folder / "jupyterhub_config.py"
+        config.write_text(
             "# Written by workshop.instructor.portal; the settings: portal.json.\n"
             "from workshop.instructor.portal_hub import configure\n\n"
             f"configure(c, {str(folder)!r})  # noqa: F821 (c is JupyterHub's)\n"
@@ -286,13 +279,7 @@ def start(
         log = folder / "log" / "hub.log"
         with open(log, "ab") as out:
             hub = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "jupyterhub",
-                    "-f",
-                    str(folder / "jupyterhub_config.py"),
-                ],
+                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
                 cwd=folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -361,33 +348,27 @@ def stop(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Stopped:
         # running; only the jobs of the portal's users are cancelled.
         if users["names"]:
             queue = ["squeue", "-h", "-o", "%A", "-u", ",".join(users["names"])]
-            jobs_left = slurm_watchdog._quiet(queue, env, 15).split()
+            jobs_left = _quiet(queue, env, 15).split()
         if jobs_left:
-            slurm_watchdog._quiet(["scancel", *jobs_left], env, 15)
+            _quiet(["scancel", *jobs_left], env, 15)
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and slurm_watchdog._quiet(queue, env, 15):
+            while time.monotonic() < deadline and _quiet(queue, env, 15):
                 time.sleep(0.3)
     else:
         if (folder / "slurm" / "run" / "slurmctld.pid").exists():
-            jobs_left = slurm_watchdog._quiet(
-                ["squeue", "-h", "-o", "%A"], env, 15
-            ).split()
+            jobs_left = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
         slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
     killed = processes_of(users["names"])
     for pid, _, _ in killed:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     removed = []
     for name in users["made"]:
         done = subprocess.run(["userdel", name], capture_output=True)
         if done.returncode == 0:
             removed.append(name)
-    for name in ("portal.json", "users.json"):
+    for name in ("portal.json", "users.json", "run/hub.pid", "run/proxy.pid"):
         (folder / name).unlink(missing_ok=True)
-    for name in ("hub.pid", "proxy.pid"):
-        (folder / "run" / name).unlink(missing_ok=True)
     return Stopped(jobs_left, killed, removed)
 
 
@@ -400,7 +381,7 @@ def status(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> str:
     hub = _pid(folder / "run" / "hub.pid")
     alive = hub is not None and is_alive(hub)
     env = dict(os.environ, SLURM_CONF=settings["slurm_conf"])
-    queue = slurm_watchdog._quiet(["squeue", "-h", "-o", "%A %u %T %N"], env, 15)
+    queue = _quiet(["squeue", "-h", "-o", "%A %u %T %N"], env, 15)
     lines = [
         f"portal in {folder}: hub {'running' if alive else 'NOT running'} at "
         f"http://127.0.0.1:{settings['port']}/",
@@ -408,3 +389,59 @@ def status(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> str:
         "jobs: " + (", ".join(queue.split("\n")).strip() or "none"),
     ]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m workshop portal``."""
+    parser.add_argument(
+        "action",
+        choices=("start", "stop", "status", "classroom"),
+        help="classroom: every learner at once runs notebook 02's "
+        "launch cells on the running portal; the counts",
+    )
+    parser.add_argument(
+        "--folder",
+        default=str(DEFAULT_FOLDER),
+        help="where the portal lives (default: .portal in the project)",
+    )
+    parser.add_argument(
+        "--learners", type=int, default=6, help="learner accounts to make (default 6)"
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``python -m workshop portal ACTION``: exit status 0, or 1 with the reason."""
+    try:
+        if args.action == "start":
+            portal = start(args.folder, learners=args.learners)
+            print(
+                f"portal: {portal.url} (on 127.0.0.1 only; from another machine: "
+                f"ssh -L {portal.url.rsplit(':', 1)[1].strip('/')}:127.0.0.1:"
+                f"{portal.url.rsplit(':', 1)[1].strip('/')} THIS-MACHINE)"
+            )
+            print(f"learners: {', '.join(portal.learners)}; admin: {portal.instructor}")
+            print(
+                f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)"
+            )
+            print(f"stop it: python -m workshop portal stop --folder {portal.folder}")
+        elif args.action == "stop":
+            stopped = stop(args.folder)
+            print(
+                f"portal in {Path(args.folder).resolve()} stopped: "
+                f"{len(stopped.jobs_left)} jobs were still queued, "
+                f"{len(stopped.killed)} learner processes had to be killed, "
+                f"{len(stopped.users_removed)} users removed"
+            )
+        elif args.action == "classroom":
+            if not (Path(args.folder) / "portal.json").exists():
+                raise PortalError(f"no portal runs in {args.folder}: make portal first")
+            result = classroom(args.folder)
+            print(result.summary())
+            return 1 if result.failures else 0
+        else:
+            print(status(args.folder))
+    except (PortalError, ValueError) as error:
+        print(f"workshop portal: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -16,10 +16,10 @@ its ``SLURM_*`` variables.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import os
+import pwd
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ from typing import Any
 from batchspawner import SlurmSpawner
 from jupyterhub.auth import Authenticator
 from traitlets import Dict, Unicode
+
+from .portal_learners import hash_password
 
 # The batch job of one learner's server. {{...}} are batchspawner's fields.
 # --export: only the variables the hub hands the server (PATH, the hub's tokens,
@@ -51,12 +53,6 @@ export JUPYTERHUB_SERVICE_URL
 echo "jupyter server of {{username}}: job $SLURM_JOB_ID on $SLURMD_NODENAME"
 {{srun}} {{cmd}}
 """
-
-
-def hash_password(password: str, salt: bytes) -> str:
-    """The hex scrypt hash of ``password`` with ``salt``: what the hub keeps, so the
-    file it reads holds no password."""
-    return hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1).hex()
 
 
 class LearnerAuthenticator(Authenticator):
@@ -113,8 +109,6 @@ def copy_workshop(root: Path, user: str, venv: Path | None = None) -> Path:
     ``~/scaling-pytorch-hpc``, owned by them, unless it is there already: a
     learner's own work survives a restart of their server. ``venv`` becomes the
     copy's ``.venv``, which the batch scripts in slurm/ activate, as in a clone."""
-    import pwd
-
     entry = pwd.getpwnam(user)
     target = Path(entry.pw_dir) / COPY
     if target.exists():
@@ -184,7 +178,7 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
     c.PortalSpawner.req_runtime = settings["time_limit"]
     c.PortalSpawner.req_partition = settings.get("partition", "")
     # The learners' Python (this environment's, or a venv on it that they may run:
-    # workshop.instructor.portal_python), its scripts first on PATH.
+    # workshop.instructor.portal_learners), its scripts first on PATH.
     python = settings["python"]
     bin_dir = str(Path(python).parent)
     c.PortalSpawner.batchspawner_singleuser_cmd = f"{python} -m batchspawner.singleuser"

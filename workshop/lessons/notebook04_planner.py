@@ -56,7 +56,7 @@ BUBBLE = {"stages": 4, "under": 0.10}
 def best_fit() -> Any:
     """The estimator's best layout for 04.fit8b: an
     :class:`~workshop.planner.estimator.Estimate` (the fastest that fits)."""
-    from ..planner.search import best_layouts
+    from ..planner.estimator import best_layouts
 
     ranked = best_layouts(
         model_shape(FIT["model"]),

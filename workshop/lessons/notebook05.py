@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..comm.costmodel import bus_factor
-from ..training.profiler_schedule import recorded_steps
+from ..training.profiling import recorded_steps
 from .judges import Exercise, first_wrong_case
 from .questions import question
 

@@ -12,7 +12,7 @@ import pickle
 import re
 import textwrap
 
-from ..ranks.results import LaunchError
+from ..ranks.session import LaunchError
 
 __all__ = ["flight_record", "summarize_error"]
 

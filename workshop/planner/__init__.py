@@ -18,21 +18,21 @@ imports no launching code.
 from .._exports import offer
 
 _NAMES = {
-    "best_layouts": "search",
+    "best_layouts": "estimator",
     "build_transformer": "transformer",
     "compare": "fake_compare",
     "estimate": "estimator",
-    "explore": "widget",
+    "explore": "report",
     "fake_features": "fake_world",
     "fake_run": "fake_world",
-    "GPUS": "hardware",
+    "GPUS": "layout",
     "Layout": "layout",
     "measure_layout": "measured",
     "measured_against_estimate": "measured",
     "model_shape": "layout",
     "MODELS": "layout",
     "ModelShape": "layout",
-    "NETWORKS": "hardware",
+    "NETWORKS": "layout",
     "plan": "report",
     "zero_bytes": "memory",
 }

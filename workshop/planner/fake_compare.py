@@ -22,7 +22,7 @@ import textwrap
 from dataclasses import dataclass
 
 from .estimator import Estimate
-from .fake_report import FakeReport
+from .fake_world import FakeReport
 from .layout import Layout
 
 __all__ = ["TOLERANCE", "ComparedTerm", "Comparison", "compare"]
@@ -150,14 +150,8 @@ def compare(
         )
     est = sum(float(estimate.memory.get(t, 0.0)) for t in _MEMORY)
     got = float(sum(report.held[t] for t in _MEMORY))
-    rows.append(
-        ComparedTerm(
-            "state total",
-            est,
-            got,
-            _memory_reason("state total", est, got, layout, report),
-        )
-    )
+    reason = _memory_reason("state total", est, got, layout, report)
+    rows.append(ComparedTerm("state total", est, got, reason))
     for key in sorted(set(estimate.collectives) | set(report.collectives)):
         e_n, e_b = estimate.collectives.get(key, (0, 0.0))
         f_n, f_b = report.collectives.get(key, (0, 0))
@@ -257,9 +251,7 @@ def _keeper(report: FakeReport) -> str:
         return "FSDP2 (MixedPrecisionPolicy(param_dtype=bf16))"
     if "DDP" in report.wrapper:
         return (
-            "PyTorch's "
-            + report.wrapper.replace(" + ", " with ")
-            + " under bf16 autocast"
+            f"PyTorch's {report.wrapper.replace(' + ', ' with ')} under bf16 autocast"
         )
     return "PyTorch under bf16 autocast"
 

@@ -1,6 +1,6 @@
 """What one rank of the fake world sends, and a step without arithmetic.
 
-For :mod:`workshop.planner.fake_step`, in the child process of
+For :mod:`workshop.planner.fake_rank`, in the child process of
 :func:`workshop.planner.fake_world.fake_run`: where each piece of PyTorch the check
 needs lives (:func:`find_features`; torch 2.4 keeps two of them elsewhere), a
 dispatch mode that writes down every collective with its mesh dimension and the

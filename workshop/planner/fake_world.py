@@ -20,23 +20,84 @@ timeout or an interrupt, and dies with its parent.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+import traceback
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .._procs import interrupted, signal_group
-from .fake_report import FakeReport
-from .fake_step import MAX_BYTES
+from .._procs import die_with_parent, interrupted, signal_group
+from .fake_rank import MAX_BYTES, run_job
+from .fake_record import find_features, warm_up
 from .layout import Layout, ModelShape, model_shape
 
-__all__ = ["fake_features", "fake_run", "fake_runs"]
+__all__ = ["FakeReport", "fake_features", "fake_run", "fake_runs"]
 
 _MARK = "FAKE-WORLD-REPORT "
+
+
+@dataclass
+class FakeReport:
+    """What rank ``rank`` of a layout held and sent on the fake backend.
+
+    ``held``: bytes of its parameter shards, gradients and optimizer state (Adam's two
+    moments and step counters) after one step, each storage counted once, padding
+    included. ``collectives``: ``{"all_gather dp": (count, bytes)}`` per training
+    step (all ``micro_batches``, every block of the stage, the layout's tokens);
+    ``measured``: the same for the one micro-batch that ran (``tokens`` tokens,
+    ``layers_in_step`` blocks). Pipeline sends (``"send_recv pp"``) are counted from
+    the split, not run. ``times``: seconds of each phase in the child.
+    """
+
+    model: str
+    layout: str
+    rank: int
+    world_size: int
+    coordinates: dict[str, int]
+    stage_layers: tuple[int, int]
+    wrapper: str
+    held: dict[str, int]
+    local_parameters: int
+    shards: dict[str, tuple[list[int], list[int]]]
+    collectives: dict[str, tuple[int, int]]
+    measured: dict[str, tuple[int, int]]
+    group_sizes: dict[str, int]
+    comm_debug: dict[str, int]
+    tokens: int
+    layout_tokens: int
+    layers_in_step: int
+    times: dict[str, float]
+    notes: list[str] = field(default_factory=list)
+    torch_version: str = ""
+
+    def table(self) -> str:
+        """Held bytes and collectives per step, at most 88 columns."""
+        first, stop = self.stage_layers
+        where = ", ".join(f"{k} {v}" for k, v in self.coordinates.items())
+        lines = [
+            *textwrap.wrap(
+                f"rank {self.rank} of {self.world_size} ({self.layout}; {where}); "
+                f"{self.model} layers {first}..{stop - 1}; {self.wrapper}",
+                88,
+            ),
+            f"{'held':<28}{'MB':>12}",
+        ]
+        for k, v in self.held.items():
+            lines.append(f"  {k:<26}{v / 1e6:>12.3f}")
+        lines.append(f"{'sent per step':<28}{'calls':>8}{'MB':>14}{'group':>7}")
+        for k, (n, b) in self.collectives.items():
+            size = self.group_sizes.get(k.split()[-1], "")
+            lines.append(f"  {k:<26}{n:>8}{b / 1e6:>14.3f}{size:>7}")
+        times = ", ".join(f"{k} {v:.2f}" for k, v in self.times.items())
+        lines += textwrap.wrap(f"times (s): {times}", 88)
+        for note in self.notes:
+            lines += textwrap.wrap(f"note: {note}", 88, subsequent_indent="  ")
+        return "\n".join(lines)
 
 
 def fake_features() -> dict[str, str | None]:
@@ -53,8 +114,6 @@ def fake_features() -> dict[str, str | None]:
         >>> fake_features()["fully_shard"]
         'torch.distributed.fsdp'
     """
-    from .fake_record import find_features
-
     found: dict[str, str | None] = dict(find_features())
     gone = [k for k, v in found.items() if v is None]
     found["missing"] = None
@@ -123,14 +182,14 @@ def _job(
         raise ValueError(
             f"layers_in_step={layers_in_step!r} must be 1 or more (or None)"
         )
-    fields = {
+    shape_fields = {
         f.name: getattr(shape, f.name)
-        for f in dataclasses.fields(shape)
+        for f in fields(shape)
         if f.name not in ("builder", "sample")
     }
     return {
-        "model": fields,
-        "layout": dataclasses.asdict(layout),
+        "model": shape_fields,
+        "layout": asdict(layout),
         "rank": rank,
         "step": bool(step),
         "batch_tokens": batch_tokens,
@@ -245,16 +304,7 @@ def fake_runs(
                 f"run {run[:3]!r}: unknown options {sorted(unknown)}; use "
                 "step, batch_tokens, layers_in_step"
             )
-        jobs.append(
-            _job(
-                run[0],
-                run[1],
-                run[2],
-                own["step"],
-                own["batch_tokens"],
-                own["layers_in_step"],
-            )
-        )
+        jobs.append(_job(*run[:3], **own))
     answers = _in_child(jobs, timeout)
     reports = []
     for answer in answers:
@@ -329,15 +379,11 @@ def _main() -> None:
     per run keeps no process group or cache from the run before it (PyTorch's
     process-group registry does not survive a second world in one process), and a
     fork costs milliseconds where a new interpreter costs seconds of imports."""
-    from .._procs import die_with_parent
-
     parent = int(os.environ.get("WORKSHOP_FAKE_PARENT", "0"))
     if parent:
         die_with_parent(parent)
     started = float(os.environ.get("WORKSHOP_FAKE_STARTED", time.time()))
     jobs = json.loads(sys.stdin.read())
-    from .fake_record import warm_up
-
     warm_up()  # the imports, once, before the forks
 
     for number, job in enumerate(jobs):
@@ -350,23 +396,12 @@ def _main() -> None:
             os._exit(0)
         _, status = os.waitpid(pid, 0)
         if status != 0:
-            print(
-                _MARK
-                + json.dumps(
-                    {
-                        "error": "RuntimeError",
-                        "message": (
-                            f"run {number + 1} ended with wait status {status}"
-                        ),
-                    }
-                ),
-                flush=True,
-            )
+            message = f"run {number + 1} ended with wait status {status}"
+            error = {"error": "RuntimeError", "message": message}
+            print(_MARK + json.dumps(error), flush=True)
 
 
 def _run_one(job: dict[str, Any], first: dict[str, float]) -> None:
-    from .fake_step import run_job
-
     start = time.perf_counter()
     try:
         answer = run_job(job)
@@ -380,8 +415,6 @@ def _run_one(job: dict[str, Any], first: dict[str, float]) -> None:
     except ValueError as e:
         answer = {"error": "ValueError", "message": str(e)}
     except Exception as e:
-        import traceback
-
         where = "".join(traceback.format_exception(e)[-6:])
         answer = {"error": type(e).__name__, "message": f"in the child:\n{where}"}
     print(_MARK + json.dumps(answer), flush=True)

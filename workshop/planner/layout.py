@@ -1,8 +1,8 @@
 """What a layout planner is asked about: a model by its shapes, a parallel layout, a GPU
 and its links.
 
-Three small records, shared by the estimator (:mod:`workshop.planner.estimator`),
-the fake-backend check (:mod:`workshop.planner.fake_world`) and the lesson's planner:
+Records shared by the estimator (:mod:`workshop.planner.estimator`), the fake-backend
+check (:mod:`workshop.planner.fake_world`) and the lesson's planner:
 
 - :class:`ModelShape`: a decoder-only transformer by its layers, hidden size, heads,
   vocabulary and sequence length (its parameter count is a formula, and
@@ -11,8 +11,8 @@ the fake-backend check (:mod:`workshop.planner.fake_world`) and the lesson's pla
   ``nn.Module`` by a builder (ResNet-50, the workshop's own models);
 - :class:`Layout`: the degrees of data, tensor and pipeline parallelism, the ZeRO stage
   (3 is FSDP), micro-batches, activation checkpointing and precision;
-- :class:`GPU` and :class:`Network` (in :mod:`.layout_hardware`, re-exported here):
-  memory, peak throughput and link bandwidths, each with its source.
+- :class:`GPU` and :class:`Network` (:data:`GPUS`, :data:`NETWORKS`): memory, peak
+  throughput and link bandwidths, each with its vendor's published figures.
 """
 
 from __future__ import annotations
@@ -24,9 +24,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hardware import pick
-
-__all__ = ["MODELS", "Layout", "ModelShape", "check_counts", "model_shape"]
+__all__ = [
+    "GPU",
+    "GPUS",
+    "MODELS",
+    "NETWORKS",
+    "Layout",
+    "ModelShape",
+    "Network",
+    "check_counts",
+    "gpu_record",
+    "model_shape",
+    "network_record",
+    "pick",
+]
 
 
 def check_counts(owner: str, unit: str = "", **values: Any) -> None:
@@ -39,6 +50,25 @@ def check_counts(owner: str, unit: str = "", **values: Any) -> None:
             raise ValueError(
                 f"{prefix}{name}={value!r} must be a whole number{unit}, 1 or more"
             )
+
+
+def pick(
+    catalogue: dict[str, Any], name: Any, record: type, what: str, how: str
+) -> Any:
+    """``catalogue[name]``, or ``name`` itself when it is already a ``record``.
+
+    Raises:
+        ValueError: an unknown name, with the names there are and ``how`` to describe
+            one of one's own.
+    """
+    if isinstance(name, record):
+        return name
+    if name not in catalogue:
+        raise ValueError(
+            f"{what}={name!r} is not one the planner knows; choose one of "
+            f"{', '.join(catalogue)}, or describe yours with {how}"
+        )
+    return catalogue[name]
 
 
 @dataclass(frozen=True)
@@ -401,3 +431,108 @@ class Layout:
             f"dp={self.dp} tp={self.tp} pp={self.pp} {stage} {self.precision} "
             f"mb={self.micro_batch}x{self.micro_batches}{ckpt}"
         )
+
+
+# --- the hardware ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class GPU:
+    """A GPU as the estimator needs it: memory, peak dense throughput, where from."""
+
+    name: str
+    memory_gb: float  # 10^9 bytes, as the vendor counts
+    bf16_tflops: float  # dense, no sparsity
+    fp32_tflops: float
+    source: str
+
+    @property
+    def memory_bytes(self) -> float:
+        """Memory in bytes."""
+        return self.memory_gb * 1e9
+
+
+@dataclass(frozen=True)
+class Network:
+    """Links seen by one GPU: within a node and between nodes, one direction.
+
+    ``alpha`` is the latency of one message in seconds; bandwidths are bytes per
+    second per GPU, one direction, as the alpha-beta model wants them.
+    """
+
+    name: str
+    intra_node_gbs: float  # GB/s per GPU, one direction (NVLink)
+    inter_node_gbs: float  # GB/s per GPU, one direction (its NIC)
+    alpha_intra: float
+    alpha_inter: float
+    source: str
+
+
+_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
+_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4)"
+_NV_V100 = "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"
+
+#: GPUs by name, with their vendor's published figures (dense, no sparsity).
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("H100 80GB", 80, 989.0, 67.0, _NV_H100),
+        GPU("A100 80GB", 80, 312.0, 19.5, _NV_A100),
+        GPU("A100 40GB", 40, 312.0, 19.5, _NV_A100),
+        GPU("V100 32GB", 32, 125.0, 15.7, _NV_V100 + "; fp16 tensor cores (no bf16)"),
+    )
+}
+
+#: Node and network links: NVLink within a node, one InfiniBand NIC per GPU between.
+NETWORKS: dict[str, Network] = {
+    n.name: n
+    for n in (
+        Network(
+            "NVLink 4 + NDR 400G",
+            450.0,
+            50.0,
+            5e-6,
+            10e-6,
+            _NV_H100
+            + " (NVLink 900 GB/s both ways); NVIDIA DGX H100: 400 Gb/s per GPU",
+        ),
+        Network(
+            "NVLink 3 + HDR 200G",
+            300.0,
+            25.0,
+            5e-6,
+            10e-6,
+            _NV_A100
+            + " (NVLink 600 GB/s both ways); NVIDIA DGX A100: 200 Gb/s per GPU",
+        ),
+        Network(
+            "NVLink 2 + EDR 100G",
+            150.0,
+            12.5,
+            5e-6,
+            10e-6,
+            _NV_V100 + " (NVLink 300 GB/s both ways); 100 Gb/s EDR per GPU",
+        ),
+    )
+}
+
+
+def gpu_record(gpu: str | GPU) -> GPU:
+    """A GPU of :data:`GPUS` by name (a record as it is).
+
+    Raises:
+        ValueError: an unknown name, with the names there are.
+
+    Example:
+        >>> gpu_record("H100 80GB").memory_gb
+        80
+    """
+    how = "GPU(name, memory_gb, bf16_tflops, fp32_tflops, source)"
+    return pick(GPUS, gpu, GPU, "gpu", how)
+
+
+def network_record(network: str | Network) -> Network:
+    """A network of :data:`NETWORKS` by name (a record as it is).
+
+    Raises:
+        ValueError: an unknown name, with the names there are.
+    """
+    return pick(NETWORKS, network, Network, "network", "Network(...)")

@@ -34,9 +34,8 @@ from torch import nn
 from ..features import fsdp2_fully_shard
 from ..ranks.worker import group_place, rank_device
 from ..training.models import held_bytes
-from .fake_shard import tensor_parallel
-from .hardware import GPU, Network
-from .layout import Layout, check_counts, model_shape
+from .fake_rank import tensor_parallel
+from .layout import GPU, Layout, Network, check_counts, model_shape
 from .transformer import build_transformer
 
 __all__ = ["layout_machine", "measure_layout", "measured_against_estimate"]

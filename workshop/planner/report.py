@@ -6,31 +6,38 @@ Two ways in, the same figures:
 - :func:`plan` prints the estimator's table for one layout and draws it (memory per
   GPU against the GPU's capacity; the step split into compute, communication and the
   pipeline bubble). It needs no widgets, so it runs under nbval, in CI and in a script.
-- :func:`~workshop.planner.widget.planner` shows the same as ipywidgets: a
-  model, a GPU, a network, nodes, GPUs per node and the degrees, redrawn on every
-  change, and a button that runs one rank of the layout on PyTorch's fake backend and
-  prints the estimate beside what the framework really holds and sends.
+- :func:`explore` shows the same as ipywidgets, a :class:`Planner`: a model, a GPU, a
+  network, nodes, GPUs per node, the degrees, ZeRO stage, micro-batches,
+  checkpointing and precision, replanned on every change, and a button that runs one
+  rank of the layout on PyTorch's fake backend and prints the estimate beside what the
+  framework really holds and sends. The widgets write their outputs as plain output
+  records (``Output.outputs``), not through ``with out:``, so they work the same
+  without a frontend: in tests, under nbval, in CI.
 
 The figures come from :mod:`workshop.planner.estimator` (formulas),
 :mod:`workshop.planner.fake_world` (the fake backend) and
 :mod:`workshop.draw.plan_plots` (the pictures); this module only puts them before a
-learner. They are imported when first needed, so ``import workshop`` stays light.
+learner. The last two are imported when first needed, so ``import workshop`` stays
+light.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .estimator import Estimate
-from .layout import Layout, check_counts, model_shape
+from .estimator import Estimate, estimate, table
+from .layout import GPUS, MODELS, NETWORKS, Layout, check_counts, model_shape
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .layout import ModelShape
 
-__all__ = ["layout_for_gpus", "plan", "plan_table", "throughput"]
+__all__ = ["Planner", "explore", "layout_for_gpus", "plan", "plan_table", "throughput"]
 
 WIDTH = 88  # printed lines fit a projector
 DEFAULT_GPU = "H100 80GB"
@@ -73,28 +80,6 @@ def layout_for_gpus(
             f"is not whole. Choose tp and pp whose product divides {gpus}"
         )
     return Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, **rest)
-
-
-def _estimate(
-    model: str | ModelShape,
-    layout: Layout,
-    gpu: str,
-    network: str,
-    gpus_per_node: int,
-    mfu: float | None,
-    stage: int | None = None,
-) -> Estimate:
-    from .estimator import estimate
-
-    return estimate(
-        model_shape(model),
-        layout,
-        gpu=gpu,
-        network=network,
-        gpus_per_node=gpus_per_node,
-        mfu=mfu,
-        stage=stage,
-    )
 
 
 def _gb(value: float) -> str:
@@ -178,7 +163,7 @@ def plan(
     """Estimate a layout, print its table and draw it: the planner without widgets.
 
     Given several layouts, prints one line for each (the estimator's
-    :func:`~workshop.planner.search.table`) and draws them side by side.
+    :func:`~workshop.planner.estimator.table`) and draws them side by side.
 
     Args:
         model: a name of :data:`~workshop.planner.layout.MODELS`
@@ -207,7 +192,7 @@ def plan(
         ... # doctest: +SKIP
     """
     if isinstance(layout, Layout):
-        est = _estimate(model, layout, gpu, network, gpus_per_node, mfu)
+        est = estimate(model, layout, gpu, network, gpus_per_node, mfu)
         print(plan_table(est))
         if draw:
             from ..draw.plan_plots import plot_plan
@@ -218,9 +203,7 @@ def plan(
         raise ValueError(
             f"layout={layout!r}: give a Layout, or a list of Layouts to compare"
         )
-    from .search import table
-
-    found = [_estimate(model, one, gpu, network, gpus_per_node, mfu) for one in layout]
+    found = [estimate(model, one, gpu, network, gpus_per_node, mfu) for one in layout]
     first = found[0]
     print(
         f"{first.model.name} on {first.gpu.name}, {gpus_per_node} per node, "
@@ -232,3 +215,299 @@ def plan(
 
         _show_figure(plot_layouts(found))
     return found
+
+
+# --- the planner as widgets -----------------------------------------------------------
+def _png(fig: Figure) -> bytes:
+    """The PNG the inline backend would show (100 dpi, tight)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _stream(text: str) -> dict[str, Any]:
+    return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
+
+
+def _image(png: bytes, alt: str) -> dict[str, Any]:
+    return {
+        "output_type": "display_data",
+        "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": alt},
+        "metadata": {},
+    }
+
+
+@dataclass
+class Planner:
+    """What :func:`explore` returns: the widgets, and what they show now.
+
+    Jupyter shows it as the live widget (with a picture of the first plan stored
+    beside it for a notebook that is not trusted); elsewhere its text.
+
+    Attributes:
+        view: the ipywidgets ``VBox`` to display or embed.
+        controls: the input widgets by name ("model", "gpu", "network", "nodes",
+            "gpus_per_node", "tp", "pp", "zero", "micro_batch", "micro_batches",
+            "checkpointing", "precision", "rank"); set a ``.value`` to replan.
+        plot_out: the ``Output`` with the table and the picture, or the message
+            saying why the layout cannot be planned.
+        fake_out: the ``Output`` with the fake-backend comparison.
+        estimate: the current :class:`~workshop.planner.estimator.Estimate`, None
+            while the inputs make no layout.
+        message: why there is no estimate ("" when there is one).
+        report: the last fake-backend report, None before the button is pressed.
+    """
+
+    view: Any
+    controls: dict[str, Any]
+    plot_out: Any
+    fake_out: Any
+    dp_label: Any
+    button: Any
+    estimate: Estimate | None = None
+    message: str = ""
+    report: Any = None
+    _png: bytes = field(default=b"", repr=False)
+
+    def current(self) -> tuple[str, Layout, str, str, int]:
+        """(model, layout, gpu, network, gpus per node) from the widgets now.
+
+        Raises:
+            ValueError: the inputs make no layout (the message says why).
+        """
+        c = {name: w.value for name, w in self.controls.items()}
+        layout = layout_for_gpus(
+            c["nodes"],
+            c["gpus_per_node"],
+            c["tp"],
+            c["pp"],
+            zero=c["zero"],
+            micro_batch=c["micro_batch"],
+            micro_batches=c["micro_batches"],
+            checkpointing=c["checkpointing"],
+            precision=c["precision"],
+        )
+        model = model_shape(c["model"])
+        layout.check_fits(model)
+        return c["model"], layout, c["gpu"], c["network"], c["gpus_per_node"]
+
+    def update(self, change: Any = None) -> None:
+        """Replan from the widgets' values and redraw (called on every change)."""
+        try:
+            model, layout, gpu, network, per_node = self.current()
+            self.dp_label.value = f"dp = {layout.dp} (GPUs / (tp x pp))"
+            self.controls["rank"].max = layout.world_size - 1
+            est = estimate(model, layout, gpu, network, per_node)
+        except ValueError as exc:
+            self.estimate, self.message = None, str(exc)
+            self.dp_label.value = "dp = ?"
+            self.plot_out.outputs = (_stream(f"Cannot plan this layout: {exc}"),)
+            self.button.disabled = True
+            return
+        from ..draw.plan_plots import plot_plan
+
+        self.estimate, self.message = est, ""
+        fig = plot_plan(est)
+        self._png = _png(fig)
+        self.plot_out.outputs = (
+            _stream(plan_table(est)),
+            _image(self._png, f"memory and step time of {layout.describe()}"),
+        )
+        self.fake_out.outputs = ()
+        self.button.disabled = False
+
+    def run_fake(self, button: Any = None) -> None:
+        """Run the chosen rank of the current layout on the fake backend and show
+        :func:`~workshop.planner.fake_compare.compare` of the estimate of its
+        pipeline stage and the report (the button's action)."""
+        if self.estimate is None:
+            self.fake_out.outputs = (_stream(f"Nothing to run: {self.message}"),)
+            return
+        from .fake_compare import compare
+        from .fake_world import fake_run
+
+        rank = self.controls["rank"].value
+        est = self.estimate
+        self.fake_out.outputs = (
+            _stream(
+                f"running rank {rank} of {est.layout.world_size} on the fake backend..."
+            ),
+        )
+        try:
+            # The estimate of the pipeline stage this rank is on, as compare wants.
+            stage = est.layout.coordinates(rank)["pp"]
+            est = estimate(
+                est.model,
+                est.layout,
+                est.gpu,
+                est.network,
+                est.gpus_per_node,
+                stage=stage,
+            )
+            self.report = fake_run(est.model, est.layout, rank=rank)
+            text = str(compare(est, self.report))
+        except (ValueError, RuntimeError) as exc:
+            self.fake_out.outputs = (
+                _stream(f"The fake backend cannot run this layout: {exc}"),
+            )
+            return
+        self.fake_out.outputs = (_stream(text),)
+        # The picture again, with what the framework holds beside each estimated term.
+        held = {k: float(v) for k, v in self.report.held.items() if k in MEMORY_TERMS}
+        if held:
+            from ..draw.plan_plots import plot_plan
+
+            self._png = _png(plot_plan(est, fake=held))
+            self.plot_out.outputs = (
+                self.plot_out.outputs[0],
+                _image(
+                    self._png,
+                    f"memory and step time of {est.layout.describe()}, "
+                    f"with rank {rank}'s bytes on the fake backend",
+                ),
+            )
+
+    def __repr__(self) -> str:
+        if self.estimate is None:
+            return f"Layout planner: {self.message}"
+        return (
+            "Layout planner (its widgets need a live kernel); now showing:\n"
+            + plan_table(self.estimate)
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        bundle = dict(self.view._repr_mimebundle_() or {})
+        bundle["text/plain"] = repr(self)
+        if self._png:
+            bundle["image/png"] = base64.b64encode(self._png).decode("ascii")
+        return bundle
+
+
+def explore(
+    model: str = "transformer-8b",
+    gpu: str = DEFAULT_GPU,
+    network: str = DEFAULT_NETWORK,
+    nodes: int = 8,
+    gpus_per_node: int = 8,
+    tp: int = 8,
+    pp: int = 1,
+    zero: int = 3,
+    micro_batch: int = 1,
+    micro_batches: int = 4,
+    checkpointing: str = "full",
+    precision: str = "bf16",
+) -> Planner:
+    """The layout planner as widgets, starting from the layout the arguments give.
+
+    Every change replans: ``dp`` is the GPUs left after ``tp x pp``, the table and
+    the picture are redrawn, and a layout that cannot be made shows its reason in
+    place of the plot. "Run rank r on the fake backend" runs that rank with
+    PyTorch's real FSDP2/DTensor sharding and prints the estimate beside what it
+    holds and sends.
+
+    Args:
+        model, gpu, network: names in :data:`~workshop.planner.layout.MODELS`,
+            :data:`~workshop.planner.layout.GPUS`,
+            :data:`~workshop.planner.layout.NETWORKS`.
+        nodes, gpus_per_node, tp, pp: the allocation and the degrees.
+        zero, micro_batch, micro_batches, checkpointing, precision: as in
+            :class:`~workshop.planner.layout.Layout`.
+
+    Returns:
+        A :class:`Planner`; a cell that ends with it shows the widgets.
+
+    Raises:
+        ImportError: ipywidgets is not installed (``pip install ipywidgets``); use
+            :func:`plan` without it.
+        ValueError: a starting model, GPU or network the planner does not know.
+
+    Example:
+        >>> p = explore()  # doctest: +SKIP
+        >>> p.controls["tp"].value = 4  # replans, as a learner's click would
+    """
+    import ipywidgets as widgets
+
+    for name, value, known in (
+        ("model", model, MODELS),
+        ("gpu", gpu, GPUS),
+        ("network", network, NETWORKS),
+    ):
+        if value not in known:
+            raise ValueError(
+                f"{name}={value!r} is not one the planner knows; choose "
+                f"one of {', '.join(known)}"
+            )
+    style = {"description_width": "initial"}
+    wide, narrow = widgets.Layout(width="250px"), widgets.Layout(width="170px")
+
+    def choice(label: str, options: Any, value: Any, box: Any = narrow) -> Any:
+        return widgets.Dropdown(
+            options=options, value=value, description=label, style=style, layout=box
+        )
+
+    def number(label: str, value: int, top: int) -> Any:
+        return widgets.BoundedIntText(
+            value=value, min=1, max=top, description=label, style=style, layout=narrow
+        )
+
+    controls = {
+        "model": choice("model", list(MODELS), model, wide),
+        "gpu": choice(
+            "GPU",
+            [(f"{g.name} ({g.memory_gb:g} GB)", n) for n, g in GPUS.items()],
+            gpu,
+            wide,
+        ),
+        "network": choice("network", list(NETWORKS), network, wide),
+        "nodes": number("nodes", nodes, 1024),
+        "gpus_per_node": choice("GPUs/node", [1, 2, 4, 8], gpus_per_node),
+        "tp": number("tp", tp, 64),
+        "pp": number("pp", pp, 64),
+        "zero": choice(
+            "ZeRO", [("0 (DDP)", 0), ("1", 1), ("2", 2), ("3 (FSDP)", 3)], zero
+        ),
+        "micro_batch": number("micro-batch", micro_batch, 64),
+        "micro_batches": number("micro-batches", micro_batches, 256),
+        "checkpointing": choice(
+            "checkpointing", ["none", "selective", "full"], checkpointing
+        ),
+        "precision": choice("precision", ["bf16", "fp32"], precision),
+        "rank": widgets.BoundedIntText(
+            value=0,
+            min=0,
+            max=nodes * gpus_per_node - 1,
+            description="rank r",
+            style=style,
+            layout=narrow,
+        ),
+    }
+    button = widgets.Button(
+        description="Run rank r on the fake backend",
+        layout=widgets.Layout(width="250px"),
+    )
+    dp_label = widgets.Label()
+    plot_out, fake_out = widgets.Output(), widgets.Output()
+    c = controls
+    rows = [
+        widgets.HBox([c["model"], c["gpu"], c["network"]]),
+        widgets.HBox([c["nodes"], c["gpus_per_node"], c["tp"], c["pp"], dp_label]),
+        widgets.HBox(
+            [
+                c["zero"],
+                c["micro_batch"],
+                c["micro_batches"],
+                c["checkpointing"],
+                c["precision"],
+            ]
+        ),
+        widgets.HBox([c["rank"], button]),
+        # Side by side where the screen is wide enough, one under the other if not.
+        widgets.HBox([plot_out, fake_out], layout=widgets.Layout(flex_flow="row wrap")),
+    ]
+    result = Planner(widgets.VBox(rows), controls, plot_out, fake_out, dp_label, button)
+    for name, control in controls.items():
+        if name != "rank":
+            control.observe(result.update, names="value")
+    button.on_click(result.run_fake)
+    result.update()
+    return result

@@ -67,8 +67,7 @@ from collections.abc import Iterable
 
 from ..comm.bucket_plan import plan_buckets
 from ..training.models import module_figures
-from .hardware import GPU, GPUS, NETWORKS, Network, pick
-from .layout import MODELS, Layout, ModelShape, check_counts
+from .layout import GPU, GPUS, MODELS, Layout, ModelShape, Network, check_counts
 from .memory import (
     _block_local,
     _root_local,
@@ -77,14 +76,7 @@ from .memory import (
     fsdp_reduce_bytes,
 )
 
-__all__ = [
-    "DEFAULT_MFU",
-    "MEASURED",
-    "MFU_SOURCE",
-    "gpu_record",
-    "network_record",
-    "ring_time",
-]
+__all__ = ["DEFAULT_MFU", "MEASURED", "MFU_SOURCE", "ring_time"]
 
 #: The fraction of a GPU's peak that a transformer's training reaches, by default.
 #: Assumed: 0.40, within the 38-43% BF16 MFU that Meta report for Llama 3 405B on
@@ -107,30 +99,6 @@ MEASURED: dict[tuple[str, str, str], tuple[float, str]] = {
         "batch 256, a bare eager loop: 3,971-3,989 images/s",
     ),
 }
-
-
-def gpu_record(gpu: str | GPU) -> GPU:
-    """A GPU of :data:`~workshop.planner.layout.GPUS` by name (a record as it is).
-
-    Raises:
-        ValueError: an unknown name, with the names there are.
-
-    Example:
-        >>> gpu_record("H100 80GB").memory_gb
-        80
-    """
-    how = "GPU(name, memory_gb, bf16_tflops, fp32_tflops, source)"
-    return pick(GPUS, gpu, GPU, "gpu", how)
-
-
-def network_record(network: str | Network) -> Network:
-    """A network of :data:`~workshop.planner.layout.NETWORKS` by name (a record as
-    it is).
-
-    Raises:
-        ValueError: an unknown name, with the names there are.
-    """
-    return pick(NETWORKS, network, Network, "network", "Network(...)")
 
 
 def ring_time(

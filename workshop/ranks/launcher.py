@@ -4,11 +4,20 @@
 own process group membership, shows every rank's output live, and returns a
 :class:`RunResult`. If a rank fails, hangs past ``timeout`` or the user presses the
 kernel's stop button, every rank is stopped and nothing is left behind.
+
+Before it starts anything, ``launch`` checks its arguments, that it is not called from
+inside a rank, and that the machine can take ``world_size`` ranks (the functions
+below ``launch``). Every refusal happens then, before a single process exists: an
+error after the ranks have started costs the learner a traceback from each of them.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
+import math
+import os
+import resource
 import signal
 import sys
 import warnings
@@ -17,32 +26,21 @@ from typing import Any
 
 import cloudpickle
 
-from .._procs import interrupted
-from ..allocation import cpu_limit
-from ..env import choose_backend, visible_gpu_count
-from . import forkable, sweep
-from .checks import (
-    check_capacity,
-    collective_timeout_for,
-    refuse_inside_a_rank,
-    validate,
-)
-from .forkable import EXPLANATIONS, choose_start_method
-from .forkserver import ForkServer
+from .. import _procs
+from .._procs import EXPLANATIONS, TAG_VAR, choose_start_method, interrupted
+from ..allocation import available_memory, cpu_limit, usable_cores
+from ..env import Rendezvous, choose_backend, visible_gpu_count
 from .output import RankOutput
-from .preload import preload
-from .rank import Job
-from .rendezvous import Rendezvous
-from .results import LaunchError, RunResult
-from .session import LIVE, LaunchSession
-from .stacks import StackDumps
+from .rank import Job, StackDumps
+from .session import LIVE, LaunchError, LaunchSession, RunResult
+from .start import START_METHODS, ForkServer, preload
 
 __all__ = ["launch"]
 
 SERVER = ForkServer()
-# The hazards (forkable.HAZARDS) whose explanation this kernel has been shown.
+# The hazards (_procs.HAZARDS) whose explanation this kernel has been shown.
 _told: set[str] = set()
-# The watchdog that stops what the ranks started if this process dies (see sweep.py),
+# The watchdog that stops what the ranks started if this process dies (see _procs.py),
 # started with the first launch; and the number of launches so far (for their tags).
 _WATCHDOG = None
 _launches = 0
@@ -73,7 +71,6 @@ def _serialise_job(job: Job) -> bytes:
     return cloudpickle.dumps(job)
 
 
-# ------------------------------------------------------------------ rendezvous
 def launch(
     fn: Callable[..., Any],
     *args: Any,
@@ -107,7 +104,7 @@ def launch(
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
             Forking is unsafe once the kernel started CUDA, or ran a backward pass
-            on a machine with a GPU (see :mod:`workshop.ranks.forkable`).
+            on a machine with a GPU (see :func:`workshop._procs.fork_hazard`).
         show: "auto" (live in the cell), "lines" (plain lines) or "none". A cell
             shows each rank's last 200 lines; the result keeps the last 10,000
             of each rank and stream.
@@ -163,7 +160,7 @@ def launch(
     gpus = visible_gpu_count()
     requested_backend = backend
     backend = choose_backend(backend, world_size, gpus)
-    hazard = forkable.fork_hazard()
+    hazard = _procs.fork_hazard()
     method, reason = choose_start_method(start_method, hazard)
     check_capacity(world_size, method)
     if method == "server" and hazard is not None and hazard not in _told:
@@ -182,7 +179,7 @@ def launch(
             method, reason = "spawn", "the fork server could not start"
     elif method == "fork":
         # Once per kernel, before its first fork: what every rank would otherwise
-        # import by itself (torch._dynamo, on its first optimizer; see preload.py).
+        # import by itself (torch._dynamo, on its first optimizer; see start.preload).
         preload()
     header = (
         f"launch: world_size={world_size}, backend={backend}, start_method={method}"
@@ -315,8 +312,8 @@ def _warm_up_server() -> None:
     """Have the fork server import torch now, in the background.
 
     On a GPU machine the kernel soon stops being forkable: one backward pass or CUDA
-    call is enough (see forkable.py). Started now, the server is ready by then, and
-    the first launch after it does not wait seconds for torch's import.
+    call is enough (see _procs.fork_hazard). Started now, the server is ready by then,
+    and the first launch after it does not wait seconds for torch's import.
     """
     try:
         SERVER.begin()
@@ -329,20 +326,20 @@ def _new_tag() -> str:
     global _WATCHDOG, _launches
     if _WATCHDOG is None or _WATCHDOG.poll() is not None:
         try:
-            _WATCHDOG = sweep.start_watchdog()
+            _WATCHDOG = _procs.start_watchdog()
         except OSError as exc:  # the launch still works; only the kernel's
             print(  # death could then leave a rank's children behind
                 f"workshop.launch: the watchdog could not start ({exc})",
                 file=sys.stderr,
             )
     _launches += 1
-    return sweep.launch_tag(_launches)
+    return _procs.launch_tag(_launches)
 
 
 def _stop_leftovers(tag: str) -> None:
     """Stop what the ranks of the launch ``tag`` started and left running, and say
     so: a rank's processes end with the launch, however it ended."""
-    left = sweep.stop_tagged(tag, since=sweep.start_ticks())
+    left = _procs.stop_tagged(tag, since=_procs.start_ticks())
     if left:
         print(
             f"workshop.launch: the ranks left {len(left)} process"
@@ -362,6 +359,248 @@ def _stop_everything() -> None:
     LIVE.clear()
     SERVER.close()
     if _launches:
-        sweep.stop_tagged(
-            sweep.kernel_prefix(), exact=False, since=sweep.start_ticks(), grace=0.0
+        _procs.stop_tagged(
+            _procs.kernel_prefix(), exact=False, since=_procs.start_ticks(), grace=0.0
         )
+
+
+SHOW_MODES = ("auto", "lines", "none")
+
+# The shortest timeout worth asking for: starting ranks and joining their process
+# group takes 0.1 to 0.5 s when forked and several seconds in fresh interpreters, so
+# a shorter limit can only end in a timeout error that says nothing useful.
+MIN_TIMEOUT = 1.0
+
+# Ranks per core beyond which a launch is refused. Ranks on a busy core wait their
+# turn; measured here (2 cores, gloo, fork): 16 ranks join in 0.6 s, 32 in 1.4 s,
+# and 64 fail in gloo's connection set-up ("Connection closed by peer").
+RANKS_PER_CORE = 16
+
+# Memory one rank needs beyond what it shares with the process it came from:
+# measured after joining a gloo group, a forked rank had 7 MiB of its own and a
+# fresh interpreter 293 MiB; a rank that computes needs more, hence the margins.
+RANK_MEMORY = {"fork": 100 << 20, "server": 100 << 20, "spawn": 400 << 20}
+
+# Threads of one rank (measured: 5 for a forked rank, 6 for a fresh interpreter,
+# with gloo), with a margin for DataLoader and compute threads.
+RANK_THREADS = 12
+
+
+def validate(
+    fn: Any, world_size: Any, timeout: Any, start_method: Any, show: Any, trace: Any
+) -> float | None:
+    """Check ``launch``'s arguments; return the timeout to use (None: no limit).
+
+    Raises:
+        TypeError, ValueError: an argument ``launch`` cannot use, with the fix.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"fn must be a function, got {type(fn).__name__} ({fn!r}); pass the "
+            "function itself, launch(train, world_size=2), not its result train()"
+        )
+    name = getattr(fn, "__name__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"fn={name!r} is an async function: a rank would only create its "
+            "coroutine and never run it. Pass a plain function (def, not async def); "
+            "inside it, run the coroutine with asyncio.run(...)"
+        )
+    if inspect.isgeneratorfunction(fn):
+        raise TypeError(
+            f"fn={name!r} is a generator function (it uses yield): a rank would only "
+            "create the generator and never run its body. Return a value instead, "
+            "for example a list of what it would yield"
+        )
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, int)
+        or world_size < 1
+    ):
+        raise ValueError(
+            "world_size must be a whole number of ranks, 1 or more; got "
+            f"{world_size!r}. Pass world_size=2, for example"
+        )
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ValueError(
+                "timeout must be a number of seconds, or None for no limit; got "
+                f"{timeout!r}"
+            )
+        if math.isnan(timeout):
+            raise ValueError(
+                "timeout=nan is not a number of seconds; pass timeout=60, for "
+                "example, or None for no limit"
+            )
+        if math.isinf(timeout) and timeout > 0:
+            timeout = None  # no limit, as asked
+        elif timeout < MIN_TIMEOUT:
+            raise ValueError(
+                f"timeout={timeout!r} s is too short for ranks even to start (that "
+                "takes 0.1 to 0.5 s when forked and seconds for fresh interpreters); "
+                f"pass at least timeout={MIN_TIMEOUT:g}, or None for no limit"
+            )
+    if start_method not in START_METHODS:
+        raise ValueError(
+            f"unknown start_method={start_method!r}; pass one of "
+            + ", ".join(repr(m) for m in START_METHODS)
+        )
+    if show not in SHOW_MODES:
+        raise ValueError(
+            f"unknown show={show!r}; pass one of "
+            + ", ".join(repr(m) for m in SHOW_MODES)
+            + " ('auto': live in the cell, 'lines': plain lines, 'none': only "
+            "collect the output into the result)"
+        )
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be True or False, got {trace!r}")
+    return timeout
+
+
+# Seconds the collectives of a launch wait beyond its timeout by default, so that a
+# launch that runs out of time stops its ranks, and says where each one was, before
+# a collective fails on one of them.
+COLLECTIVE_MARGIN = 10.0
+
+
+def collective_timeout_for(value: Any, timeout: float | None) -> float:
+    """The process group's timeout for a launch: ``value`` checked, or by default
+    ``COLLECTIVE_MARGIN`` seconds more than the launch's ``timeout`` (an hour
+    without one).
+
+    Raises:
+        ValueError: ``value`` is not a positive, finite number of seconds.
+    """
+    if value is None:
+        return 3600.0 if timeout is None else timeout + COLLECTIVE_MARGIN
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            "collective_timeout must be a positive, finite number of seconds a "
+            f"collective may wait for the other ranks; got {value!r}. Pass "
+            "collective_timeout=5, for example, or None for the default "
+            f"(timeout + {COLLECTIVE_MARGIN:g} s)"
+        )
+    return float(value)
+
+
+def refuse_inside_a_rank() -> None:
+    """Raise if this process is a rank already: of a launch, torchrun, srun, mpirun.
+
+    Raises:
+        RuntimeError: with what to do instead.
+    """
+    tag = os.environ.get(TAG_VAR)
+    if tag:
+        raise RuntimeError(
+            f"launch() was called inside rank {os.environ.get('RANK', '?')} of a "
+            "running launch. A rank cannot start ranks of its own; call launch() "
+            "from the notebook (or a plain script), and inside a rank use the "
+            "process group it already has (torch.distributed)"
+        )
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError(
+            "launch() was called in a process whose default process group is already "
+            f"initialised (rank {dist.get_rank()} of {dist.get_world_size()}, "
+            "started by torchrun, srun or mpirun, say). Call your function directly "
+            "here: this process is already a rank"
+        )
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64  # no /proc: a typical count
+
+
+def _user_threads() -> int:
+    """Threads this user runs now (what RLIMIT_NPROC counts)."""
+    uid, count = os.getuid(), 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def _soft(limit: int) -> int | None:
+    soft = resource.getrlimit(limit)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def capacity(method: str) -> list[tuple[int, str]]:
+    """How many ranks this machine can take, by each limit: (ranks, reason) pairs."""
+    cores = usable_cores()
+    limits = [
+        (
+            RANKS_PER_CORE * cores,
+            f"{cores} core{'s' if cores != 1 else ''} ({RANKS_PER_CORE} ranks "
+            "per core at most)",
+        )
+    ]
+    memory = available_memory()
+    if memory is not None:
+        per_rank = RANK_MEMORY.get(method, RANK_MEMORY["spawn"])
+        limits.append(
+            (
+                memory // per_rank,
+                f"{memory / 2**30:.1f} GiB of available memory (about "
+                f"{per_rank >> 20} MiB per rank)",
+            )
+        )
+    files = _soft(resource.RLIMIT_NOFILE)
+    if files is not None:
+        # Here: 3 pipes per rank. In each rank: a socket to every other rank.
+        fit = min((files - _open_files() - 16) // 3, (files - 32) // 2)
+        limits.append(
+            (
+                fit,
+                f"an open-file limit of {files} (ulimit -n; 3 per rank in this "
+                "process, and a socket to every other rank in each rank)",
+            )
+        )
+    processes = _soft(resource.RLIMIT_NPROC)
+    if processes is not None and os.getuid() != 0 and os.path.isdir("/proc/self"):
+        fit = (processes - _user_threads()) // RANK_THREADS
+        limits.append(
+            (
+                fit,
+                f"a process limit of {processes} (ulimit -u; about {RANK_THREADS} "
+                "threads per rank)",
+            )
+        )
+    return limits
+
+
+def check_capacity(world_size: int, method: str) -> None:
+    """Refuse a ``world_size`` this machine cannot take, before anything starts.
+
+    Raises:
+        ValueError: naming each limit that is too small and the largest world size
+            that fits.
+    """
+    limits = capacity(method)
+    short = [(fit, why) for fit, why in limits if world_size > fit]
+    if not short:
+        return
+    fits = min(fit for fit, _ in limits)
+    advice = (
+        f"Pass world_size={fits} or fewer"
+        if fits >= 1
+        else "Free some of it (end other programs), or raise the limit"
+    )
+    raise ValueError(
+        f"world_size={world_size} is more ranks than this machine can run: it has "
+        + "; ".join(f"{why}, which fits {max(0, fit)}" for fit, why in short)
+        + f". {advice}"
+    )

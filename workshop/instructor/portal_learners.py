@@ -1,4 +1,6 @@
-"""The Python a portal's learners run: this environment's, when they may.
+"""The private portal's learners: their local accounts and passwords, what each of
+them runs, how a process is stopped (TERM, a grace period, KILL), and the Python they
+run: this environment's, when they may.
 
 A learner's server runs as that learner. Where this environment's interpreter is
 private (pyenv's Python under /root, mode 0700, as on the machines the workshop is
@@ -11,14 +13,114 @@ and its scripts with their first line pointing at the new interpreter.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
+from .._procs import is_alive
 
+
+class PortalError(RuntimeError):
+    """The portal could not start, or could not be stopped cleanly."""
+
+
+def _make_user(name: str, home: Path) -> bool:
+    """Make the local user ``name`` with its home ``home`` (mode 0700); True when it
+    was made now, False when it existed (its home is moved here)."""
+    try:
+        old_home = Path(pwd.getpwnam(name).pw_dir)
+        existed = True
+        other = old_home.parent.parent
+        hub = _pid(other / "run" / "hub.pid")
+        live = (other / "portal.json").exists() and hub is not None and is_alive(hub)
+        if other != home.parent.parent and live:
+            raise PortalError(
+                f"the user {name} belongs to the portal running in {other}: stop it "
+                f"first (python -m workshop portal stop --folder {other}), or give "
+                "this one another prefix"
+            )
+        subprocess.run(
+            ["usermod", "-d", str(home), name], check=True, capture_output=True
+        )
+    except KeyError:
+        existed = False
+        useradd = ["useradd", "--no-create-home", "--home-dir", str(home)]
+        useradd += ["--shell", "/bin/bash", "--user-group", name]
+        subprocess.run(useradd, check=True, capture_output=True)
+    entry = pwd.getpwnam(name)
+    home.mkdir(parents=True, exist_ok=True)
+    # A home left by an earlier portal belonged to a user of the same name, but
+    # perhaps of another uid: all of it becomes this one's.
+    for folder, dirs, files in os.walk(home):
+        for item in [folder] + [os.path.join(folder, n) for n in dirs + files]:
+            os.lchown(item, entry.pw_uid, entry.pw_gid)
+    home.chmod(0o700)  # a learner's files are theirs alone
+    return not existed
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _end(pid: int | None, grace: float) -> None:
+    """SIGTERM ``pid``, wait ``grace`` seconds, then SIGKILL it."""
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not is_alive(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def processes_of(users: list[str]) -> list[tuple[int, str, str]]:
+    """Every live process owned by one of ``users``: (pid, user, command)."""
+    uids = {}
+    for name in users:
+        try:
+            uids[pwd.getpwnam(name).pw_uid] = name
+        except KeyError:
+            pass
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            uid = entry.stat().st_uid
+            if uid in uids and is_alive(int(entry.name)):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                found.append(
+                    (int(entry.name), uids[uid], command.decode(errors="replace"))
+                )
+        except OSError:
+            continue
+    return found
+
+
+def hash_password(password: str, salt: bytes) -> str:
+    """The hex scrypt hash of ``password`` with ``salt``: what the hub keeps, so the
+    file it reads holds no password."""
+    return hashlib.scrypt(password.encode(), salt=salt, n=2**14, r=8, p=1).hex()
+
+
+# ------------------------------------------------------------------ their Python
 def runs_as(user: str, python: str | os.PathLike[str]) -> bool:
     """True when ``user`` can start ``python`` and import the workshop with it."""
     try:
@@ -37,7 +139,6 @@ def _link_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
     """Hard-link ``source`` into ``target`` (no space, no time); copy where the two
     are on different file systems. Links reach a file through its inode, so a
     private folder above ``source`` no longer stands in the way."""
-
     shutil.copytree(
         source,
         target,
@@ -170,22 +271,17 @@ def _rewrite_scripts(source: Path, target: Path, interpreter: Path) -> None:
     """Copy the console scripts of ``source`` (``jupyterhub-singleuser``,
     ``torchrun``...) into ``target`` with their first line naming ``interpreter``."""
     for script in source.iterdir():
-        if (
-            not script.is_file()
-            or script.is_symlink()
-            or (target / script.name).exists()
-        ):
+        copy = target / script.name
+        if not script.is_file() or script.is_symlink() or copy.exists():
             continue
         try:
-            head = script.read_bytes()[:256]
+            first, _, body = script.read_bytes().partition(b"\n")
         except OSError:
             continue
-        if not head.startswith(b"#!") or b"python" not in head.split(b"\n", 1)[0]:
+        if not first.startswith(b"#!") or b"python" not in first[:256]:
             continue
-        text = script.read_bytes().split(b"\n", 1)
-        body = text[1] if len(text) > 1 else b""
-        (target / script.name).write_bytes(b"#!" + bytes(interpreter) + b"\n" + body)
-        (target / script.name).chmod(0o755)
+        copy.write_bytes(b"#!" + bytes(interpreter) + b"\n" + body)
+        copy.chmod(0o755)
 
 
 def _write_activate(venv: Path, library: Path) -> None:

@@ -12,6 +12,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import re
+
 import pytest
 
 from workshop.lessons import notebook04_planner as exercises_plan
@@ -166,8 +168,35 @@ def test_the_fake_backend_button_prints_the_comparison():
 
 
 def test_an_unknown_starting_model_is_refused():
-    with pytest.raises(ValueError, match=r"model='gpt5' is not one the planner knows"):
+    with pytest.raises(
+        ValueError, match=r"model='gpt5' is not one the planner offers; choose one of "
+    ):
         planner.explore(model="gpt5")
+
+
+@pytest.mark.parametrize(
+    ("argument", "value", "allowed"),
+    [
+        ("zero", 5, "0, 1, 2, 3"),
+        ("gpus_per_node", 3, "1, 2, 4, 8"),
+        ("checkpointing", "bogus", "none, selective, full"),
+        ("precision", "fp16", "bf16, fp32"),
+        ("nodes", 0, "1 to 1,024"),
+        ("nodes", 5000, "1 to 1,024"),
+        ("micro_batches", -1, "1 to 256"),
+        ("tp", True, "1 to 64"),
+        ("nodes", "8", "1 to 1,024"),
+    ],
+)
+def test_a_starting_value_the_widgets_cannot_show_is_refused_by_name(
+    argument, value, allowed
+):
+    # Not ipywidgets' "Invalid selection" nor a value silently cut to the box's range.
+    message = f"explore: {argument}={value!r} is not one the planner offers; "
+    with pytest.raises(
+        ValueError, match=re.escape(message + f"choose one of {allowed}")
+    ):
+        planner.explore(**{argument: value})
 
 
 # --- the exercises --------------------------------------------------------------------

@@ -276,16 +276,13 @@ class Planner:
             ValueError: the inputs make no layout (the message says why).
         """
         c = {name: w.value for name, w in self.controls.items()}
+        options = ("zero", "micro_batch", "micro_batches", "checkpointing", "precision")
         layout = layout_for_gpus(
             c["nodes"],
             c["gpus_per_node"],
             c["tp"],
             c["pp"],
-            zero=c["zero"],
-            micro_batch=c["micro_batch"],
-            micro_batches=c["micro_batches"],
-            checkpointing=c["checkpointing"],
-            precision=c["precision"],
+            **{k: c[k] for k in options},
         )
         model = model_shape(c["model"])
         layout.check_fits(model)
@@ -383,6 +380,31 @@ class Planner:
         return bundle
 
 
+# What the widgets offer: each number box's range and each menu's choices. A starting
+# value outside them is refused, named with what is allowed.
+_OFFERS: dict[str, Any] = {
+    "model": MODELS, "gpu": GPUS, "network": NETWORKS, "nodes": range(1, 1025),
+    "gpus_per_node": (1, 2, 4, 8), "tp": range(1, 65), "pp": range(1, 65),
+    "zero": (0, 1, 2, 3), "micro_batch": range(1, 65), "micro_batches": range(1, 257),
+    "checkpointing": ("none", "selective", "full"), "precision": ("bf16", "fp32"),
+}  # fmt: skip
+
+
+def _check_start(values: dict[str, Any]) -> None:
+    for name, offered in _OFFERS.items():
+        value = values[name]
+        if type(value) not in (int, str) or value not in offered:
+            shown = (
+                f"{offered.start} to {offered.stop - 1:,}"
+                if isinstance(offered, range)
+                else ", ".join(map(str, offered))
+            )
+            raise ValueError(
+                f"explore: {name}={value!r} is not one the planner offers; choose "
+                f"one of {shown}"
+            )
+
+
 def explore(
     model: str = "transformer-8b",
     gpu: str = DEFAULT_GPU,
@@ -419,24 +441,18 @@ def explore(
     Raises:
         ImportError: ipywidgets is not installed (``pip install ipywidgets``); use
             :func:`plan` without it.
-        ValueError: a starting model, GPU or network the planner does not know.
+        ValueError: a starting value the widgets cannot show: a model, GPU or
+            network the planner does not know, a number outside its box's range,
+            or a choice its menu does not offer. The message names the argument,
+            its value and what is allowed.
 
     Example:
         >>> p = explore()  # doctest: +SKIP
         >>> p.controls["tp"].value = 4  # replans, as a learner's click would
     """
+    _check_start(dict(locals()))  # the arguments, by name
     import ipywidgets as widgets
 
-    for name, value, known in (
-        ("model", model, MODELS),
-        ("gpu", gpu, GPUS),
-        ("network", network, NETWORKS),
-    ):
-        if value not in known:
-            raise ValueError(
-                f"{name}={value!r} is not one the planner knows; choose "
-                f"one of {', '.join(known)}"
-            )
     style = {"description_width": "initial"}
     wide, narrow = widgets.Layout(width="250px"), widgets.Layout(width="170px")
 
@@ -445,7 +461,8 @@ def explore(
             options=options, value=value, description=label, style=style, layout=box
         )
 
-    def number(label: str, value: int, top: int) -> Any:
+    def number(label: str, value: int, name: str) -> Any:
+        top = _OFFERS[name].stop - 1
         return widgets.BoundedIntText(
             value=value, min=1, max=top, description=label, style=style, layout=narrow
         )
@@ -459,19 +476,19 @@ def explore(
             wide,
         ),
         "network": choice("network", list(NETWORKS), network, wide),
-        "nodes": number("nodes", nodes, 1024),
-        "gpus_per_node": choice("GPUs/node", [1, 2, 4, 8], gpus_per_node),
-        "tp": number("tp", tp, 64),
-        "pp": number("pp", pp, 64),
+        "nodes": number("nodes", nodes, "nodes"),
+        "gpus_per_node": choice("GPUs/node", _OFFERS["gpus_per_node"], gpus_per_node),
+        "tp": number("tp", tp, "tp"),
+        "pp": number("pp", pp, "pp"),
         "zero": choice(
             "ZeRO", [("0 (DDP)", 0), ("1", 1), ("2", 2), ("3 (FSDP)", 3)], zero
         ),
-        "micro_batch": number("micro-batch", micro_batch, 64),
-        "micro_batches": number("micro-batches", micro_batches, 256),
+        "micro_batch": number("micro-batch", micro_batch, "micro_batch"),
+        "micro_batches": number("micro-batches", micro_batches, "micro_batches"),
         "checkpointing": choice(
-            "checkpointing", ["none", "selective", "full"], checkpointing
+            "checkpointing", _OFFERS["checkpointing"], checkpointing
         ),
-        "precision": choice("precision", ["bf16", "fp32"], precision),
+        "precision": choice("precision", _OFFERS["precision"], precision),
         "rank": widgets.BoundedIntText(
             value=0,
             min=0,
@@ -487,20 +504,15 @@ def explore(
     )
     dp_label = widgets.Label()
     plot_out, fake_out = widgets.Output(), widgets.Output()
-    c = controls
+
+    def row(*names: str, then: tuple[Any, ...] = ()) -> Any:
+        return widgets.HBox([*(controls[name] for name in names), *then])
+
     rows = [
-        widgets.HBox([c["model"], c["gpu"], c["network"]]),
-        widgets.HBox([c["nodes"], c["gpus_per_node"], c["tp"], c["pp"], dp_label]),
-        widgets.HBox(
-            [
-                c["zero"],
-                c["micro_batch"],
-                c["micro_batches"],
-                c["checkpointing"],
-                c["precision"],
-            ]
-        ),
-        widgets.HBox([c["rank"], button]),
+        row("model", "gpu", "network"),
+        row("nodes", "gpus_per_node", "tp", "pp", then=(dp_label,)),
+        row("zero", "micro_batch", "micro_batches", "checkpointing", "precision"),
+        row("rank", then=(button,)),
         # Side by side where the screen is wide enough, one under the other if not.
         widgets.HBox([plot_out, fake_out], layout=widgets.Layout(flex_flow="row wrap")),
     ]

@@ -515,6 +515,8 @@ NOT_FROM_OUTPUTS = {
     ("03", "140"): DERIVED + ": ring_time at beta 1.25 GB/s, 8 GPUs or more: 143 ms",
     ("03", "1,437"): CONSTANT + ": the digits' training set (01 prints it)",
     # notebook 04
+    ("04", "9"): DERIVED + ": NVLink's 450 GB/s over the NIC's 50, both printed by "
+    "the cell",
     ("04", "2,000"): ASSUMED + ": any number of ranks",
     ("04", "263,168"): DERIVED + ": DDP's 4,210,688 bytes / 16 bytes per parameter",
     ("04", "1.5"): OUTSIDE + ": ZeRO's paper (Rajbhandari et al., 2020), stage 3's "
@@ -523,7 +525,6 @@ NOT_FROM_OUTPUTS = {
     ("04", "25.6"): DERIVED + ": ResNet-50's 25,557,032 parameters (01's first cell)",
     ("04", "150"): ASSUMED + ": a typical NVLink figure, stated as assumed",
     ("04", "14,336"): OUTSIDE + ": Llama 3 8B's model card",
-    ("04", "43"): OUTSIDE + ": Dubey et al., The Llama 3 Herd of Models, Table 4",
     ("04", "16,032"): DERIVED + ": 128,256 vocabulary rows / tp=8",
     ("04", "480"): OUTSIDE + ": NVIDIA's DGX Cloud NCCL benchmark",
     ("04", "370"): OUTSIDE + ": nccl-tests issue 212",
@@ -538,6 +539,8 @@ NOT_FROM_OUTPUTS = {
     ("benchmarks.md", "64"): "a message size, 64 KiB or 64 MiB (65536 or 67108864 "
     "bytes in the file)",
     ("benchmarks.md", "12.8"): RUN_TIME,
+    ("benchmarks.md", "41.0"): RUN_TIME + " (make test-site, notebook 01's cell 15; "
+    "04's published-runs table prints a 41.0% of Meta's by coincidence)",
     ("benchmarks.md", "16.3"): RUN_TIME,
     ("benchmarks.md", "19.0"): RUN_TIME,
     ("benchmarks.md", "36.4"): RUN_TIME,
@@ -547,7 +550,6 @@ NOT_FROM_OUTPUTS = {
     ("benchmarks.md", "2.4"): DERIVED + ": alpha on 4 ranks / on 2, 1083 / 455 us",
     ("glossary.md", "1,024"): "the world size 04 §8 plans for, not a result",
     ("glossary.md", "43"): OUTSIDE + ": Dubey et al., as 04 §8 cites them",
-    ("glossary.md", "0.40"): CONSTANT + ": the planner's default mfu",
     ("glossary.md", "42"): DERIVED + ": 5.60 MiB of 9.71 MiB kept, 01 §5",
     ("glossary.md", "50"): ASSUMED + ": the delay 04 §5's cell sets, slow_seconds",
     ("glossary.md", "16"): CONSTANT

@@ -160,6 +160,9 @@ CASES: list[tuple[str, str, Callable[[], Figure]]] = [
     ("published_busbw", "plot_published_busbw",
      lambda: workshop.bench.plot_published_busbw()),
     ("published_mfu", "plot_published_mfu", workshop.bench.plot_published_mfu),
+    ("against_published", "plot_against_published",
+     lambda: workshop.planner.plot_against_published(
+         workshop.planner.against_published())),
     ("data_parallel_step", "draw_data_parallel_step",
      lambda: workshop.draw.draw_data_parallel_step(_data_parallel_record())),
     ("timeline_2_stages", "draw_timeline",

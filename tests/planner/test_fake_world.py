@@ -252,9 +252,10 @@ def test_compare_agrees_within_tolerance_and_explains_what_differs(reports):
         "reduce_scatter dp bytes",
     ]
     assert all(x.reason for x in c.differing())
+    assert c.row("reduce_scatter dp calls").reason == "unexplained: +4 calls (+400.0%)"
     table = c.table()
     assert max(len(line) for line in table.splitlines()) <= 88
-    assert "NO" in table and "not explained" in table
+    assert "NO" in table and "unexplained" in table
 
 
 def test_compare_names_ddp_precision_as_the_reason(reports):
@@ -270,6 +271,52 @@ def test_compare_names_ddp_precision_as_the_reason(reports):
     assert c.row("parameters").ratio == 2
     assert "fp32" in c.row("parameters").reason
     assert "fp32" in c.row("all_reduce dp bytes").reason
+
+
+def test_compare_names_padding_and_step_counters_with_their_bytes(reports):
+    r = reports["dp1024"]  # 8B over 1,024 ranks: rows of the vocabulary do not divide
+    psi = B8.parameters()
+    even = 4 * psi / 1024
+    padded = _fsdp_bytes(B8, 1024)
+    tensors = len(_rows(B8, 0, 1))
+    est = _estimate(
+        Layout(dp=1024, zero=3),
+        {"parameters": even, "gradients": even, "optimizer": 2 * even},
+        {},
+        model=B8,
+    )
+    c = compare(est, r, tolerance=1e-9)
+    padding = padded - even
+    assert re.fullmatch(
+        rf"FSDP2's padding: dim 0 of each of the {tensors} tensors cut into "
+        rf"ceil\(rows / 1024\) rows, every rank's storage padded to that: "
+        rf"\+{padding:,.0f} B",
+        c.row("parameters").reason,
+    )
+    steps = 4 * tensors
+    assert f"Adam's step counters: {tensors} tensors x 4 B" in c.row("optimizer").reason
+    assert f": +{steps:,} B" in c.row("optimizer").reason
+    assert "unexplained" not in c.row("state total").reason
+
+
+def test_compare_says_what_no_computed_cause_explains(reports):
+    r = reports["zero3 fp32"]
+    psi = TINY.parameters()  # every size divides by 4: no padding
+    est = _estimate(
+        Layout(dp=4, zero=3, precision="fp32"),
+        {"parameters": psi - 1000, "gradients": psi, "optimizer": 2 * psi},
+        {"all_gather dp": (r.collectives["all_gather dp"][0], 1000.0)},
+    )
+    c = compare(est, r, tolerance=1e-9)
+    assert c.row("gradients").ratio == 1
+    assert re.search(
+        r"unexplained: \+1,000 B \(\+\d+\.\d%\)$", c.row("parameters").reason
+    )
+    assert "padding" not in c.row("parameters").reason
+    got = r.collectives["all_gather dp"][1]
+    assert c.row("all_gather dp bytes").reason == (
+        f"unexplained: {got - 1000:+,} B ({(got - 1000) / 1000:+.1%})"
+    )
 
 
 def test_compare_refuses_another_layout_or_stage(reports):
@@ -289,15 +336,29 @@ def test_a_row_ratio():
     assert ComparedTerm("x", 2, 1).ratio == 0.5
 
 
-def test_every_difference_from_the_estimator_has_a_reason(reports):
+#: What no computed cause explains (yet): DDP's bucket count, FSDP2's calls with
+#: reshard_after_forward=False, autocast's fp32 backward tp all-reduces, and the
+#: early-stopping recompute of full checkpointing.
+UNEXPLAINED = {
+    **{k: [] for k in RUNS},
+    "zero1": ["all_reduce dp calls"],
+    "zero2": ["all_gather dp calls", "reduce_scatter dp calls"],
+    "tp4 pp2 last": ["all_reduce tp bytes"],
+    "2d ckpt": ["all_reduce tp bytes", "all_reduce tp calls"],
+}
+
+
+def test_every_difference_from_the_estimator_is_computed_or_unexplained(reports):
     layout_estimate = pytest.importorskip("workshop.planner.estimator")
+    found = {}
     for key, run in RUNS.items():
         r = reports[key]
         c = compare(
             layout_estimate.estimate(run[0], run[1], stage=r.coordinates["pp"]), r
         )
-        unexplained = [x.term for x in c.differing() if "not explained" in x.reason]
-        assert not unexplained, (key, c.table())
+        assert all(x.reason for x in c.differing()), c.table()
+        found[key] = sorted(x.term for x in c.differing() if "unexplained" in x.reason)
+    assert found == UNEXPLAINED
 
 
 def test_compare_with_the_estimator_at_1024_ranks(reports):

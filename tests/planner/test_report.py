@@ -22,7 +22,7 @@ from workshop.lessons.notebook04_planner import FIT, TP_NODES, best_fit, tp_node
 from workshop.planner import report as planner
 from workshop.planner.estimator import Estimate
 from workshop.planner.fake_compare import compare
-from workshop.planner.layout import GPUS, MODELS, NETWORKS, Layout
+from workshop.planner.layout import GPUS, MODELS, NETWORKS, Layout, model_shape
 from workshop.planner.report import Planner, layout_for_gpus, plan, plan_table
 
 ipywidgets = pytest.importorskip("ipywidgets")
@@ -53,6 +53,9 @@ def _by_hand(layout: Layout, **memory_gb: float) -> Estimate:
     )
 
 
+B8_FLOPS = model_shape("transformer-8b").flops_per_token()
+
+
 def test_the_table_shows_each_term_the_total_and_whether_it_fits():
     layout = Layout(dp=8, tp=8, zero=3, micro_batches=4)
     table = plan_table(
@@ -69,8 +72,12 @@ def test_the_table_shows_each_term_the_total_and_whether_it_fits():
     assert row["parameters"][-1] == "2000.0"  # compute, ms, beside the first term
     assert "64.50" in lines[8] and "2875.0" in lines[8]  # totals: GB, ms
     assert "fits: 81% of 80 GB" in lines[9] and "2500.0" in lines[9]
-    # dp x micro_batch x micro_batches = 8 x 1 x 4 sequences of 8,192 tokens in 2.5 s
-    assert lines[10] == "throughput: 104,858 tokens/s for the job, 1,638 per GPU"
+    # dp x micro_batch x micro_batches = 8 x 1 x 4 sequences of 8,192 tokens in 2.5 s;
+    # MFU: those tokens x 6 P + 12 L h s FLOPs / 2.5 s / (64 x 989 TFLOP/s)
+    mfu = 8 * 4 * 8192 * B8_FLOPS / 2.5 / (64 * 989e12)
+    assert lines[10] == (
+        f"throughput: 104,858 tokens/s for the job, 1,638 per GPU, MFU {mfu:.1%}"
+    )
     too_big = plan_table(_by_hand(layout, optimizer=96.0))
     assert "DOES NOT FIT: 120% of 80 GB" in too_big
 

@@ -5,6 +5,11 @@ holds and how long its step takes, each term a formula with its source.
   build_transformer (the very module the formulas count).
 - The answer: estimate (memory and step time per GPU), best_layouts (every layout of
   N GPUs that fits, ranked), zero_bytes (ZeRO's table); plan and explore show them.
+- Checked against the world: PUBLISHED_RUNS, against_published, published_table and
+  plot_against_published set ten published training runs beside the estimate.
+- Run for real: write_job writes a torchrun batch script and the plan its ranks
+  build with PyTorch's own pieces; job_figures and job_against_estimate read what
+  the ranks measured and set it beside the estimate.
 - Checked against PyTorch: fake_run runs one rank of a world of thousands on the fake
   backend with the real FSDP2 and DTensor (fake_features: what this torch has), and
   compare sets it beside the estimate; measure_layout and measured_against_estimate
@@ -18,6 +23,7 @@ imports no launching code.
 from .._exports import offer
 
 _NAMES = {
+    "against_published": "published_runs",
     "best_layouts": "estimator",
     "build_transformer": "transformer",
     "compare": "fake_compare",
@@ -26,6 +32,8 @@ _NAMES = {
     "fake_features": "fake_world",
     "fake_run": "fake_world",
     "GPUS": "layout",
+    "job_against_estimate": "job",
+    "job_figures": "job",
     "Layout": "layout",
     "measure_layout": "measured",
     "measured_against_estimate": "measured",
@@ -34,6 +42,10 @@ _NAMES = {
     "ModelShape": "layout",
     "NETWORKS": "layout",
     "plan": "report",
+    "plot_against_published": "published_runs",
+    "PUBLISHED_RUNS": "published_runs",
+    "published_table": "published_runs",
+    "write_job": "job",
     "zero_bytes": "memory",
 }
 __all__ = sorted(_NAMES)

@@ -82,6 +82,22 @@ class Estimate:
         """Whether the memory per GPU is within the GPU's memory."""
         return self.memory_total <= self.gpu.memory_bytes
 
+    @property
+    def mfu(self) -> float | None:
+        """The model FLOPs utilisation the estimate implies: the model's FLOPs of one
+        step (6 P + 12 L h s per token, no recomputation) / step / (GPUs x peak), as
+        Chowdhery et al. (PaLM, 2022, appendix B) define it; None for a module."""
+        if self.model.kind != "transformer":
+            return None
+        tokens = self.layout.global_batch * self.model.seq
+        peak = (
+            self.gpu.bf16_tflops
+            if self.layout.precision == "bf16"
+            else self.gpu.fp32_tflops
+        )
+        flops = tokens * self.model.flops_per_token()
+        return flops / self.step / (self.layout.world_size * peak * 1e12)
+
 
 _SOURCES = {
     "zero": "Rajbhandari et al., ZeRO: Memory Optimizations Toward Training Trillion "
@@ -98,7 +114,7 @@ _SOURCES = {
     "Algorithms for Clusters of Workstations, 2009",
     "megatron": "Shoeybi et al., Megatron-LM, 2019, section 3",
     "gpipe": "Narayanan et al., 2021, section 2.2.1: the bubble of GPipe's schedule "
-    "(Huang et al., GPipe, 2019) and of 1F1B",
+    "(Huang et al., GPipe, 2019) and of 1F1B; section 2.2.2: the interleaved schedule",
     "kaplan": "Kaplan et al., Scaling Laws for Neural Language Models, 2020, "
     "section 2.1",
     "ddp": "PyTorch DistributedDataParallel documentation (bucket_cap_mb=25, "
@@ -124,8 +140,9 @@ FORMULAS: dict[str, str] = {
     "activations": "per layer e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t, "
     "k = 4 SwiGLU, 2 GELU (this package's Block, a fused attention kernel: no s x s "
     "scores); first stage + 8 s b, last + e s b (3 h + 1) + 4 s b V / t + 8 s b; x "
-    "micro-batches in flight, min(p - i, m) on stage i; full checkpointing keeps "
-    "e s b h per layer and one layer's set. "
+    "micro-batches in flight, min(p - i, m) on stage i, x (1 + (p - 1) / (p v)) with "
+    "v virtual stages; full checkpointing keeps e s b h per layer and one layer's set; "
+    "sequence parallelism divides the 6 h + 2 term (and a kept input) by t too. "
     f"{_SOURCES['korthikanti']}; {_SOURCES['narayanan']}; {_SOURCES['chen']}",
     "buffers": "FSDP: 2 gathered blocks + the root's parameters in the parameter "
     "dtype, + 1 block of unsharded gradients in fp32 (the reduce dtype of torchtitan "
@@ -134,7 +151,9 @@ FORMULAS: dict[str, str] = {
     f"{_SOURCES['ddp']}",
     "compute": "b m s tokens x FLOPs per token (6 P + 12 L h s, P the model's "
     "parameters less an untied embedding; x 4/3 with full "
-    "checkpointing) / (t p) / (peak x MFU). " + _SOURCES["kaplan"],
+    "checkpointing) / (t p) / the rate: peak x mfu when given, else the GPU's "
+    "measured bf16 matrix-product rate, else peak x 0.40 (assumed); what is not a "
+    "matrix product (norms, softmax, optimizer) is not counted. " + _SOURCES["kaplan"],
     "dp comm": "DDP: all-reduce of the gradients once a step, overlapping the last "
     "backward (step counts the excess over 2/3 of one micro-batch's compute); "
     "ZeRO-1/2: reduce-scatter of the gradients (ZeRO-2: each micro-batch) + all-gather "
@@ -147,14 +166,17 @@ FORMULAS: dict[str, str] = {
     "2 (n-1)/n S/B + 2 (n-1) alpha, all-gather and reduce-scatter (n-1)/n S/B + (n-1) "
     f"alpha. {_SOURCES['ring']}",
     "tp comm": "per block and micro-batch 2 all-reduces of e s b h forward + one per "
-    "column-parallel layer backward (q, k, v, up, gate: 5; GELU 4; Megatron-LM's fused "
-    "layers: 2), +2 with full checkpointing; +1 for the embedding on the first stage, "
-    f"+1 for the head on the last; not overlapped. {_SOURCES['megatron']}",
-    "pp comm": "per micro-batch one activation forward and one gradient back across a "
-    "stage boundary: 2 m (e s b h / B + alpha); send_recv counts this stage's sends "
-    "(m first and last stage, 2 m middle)",
-    "bubble": f"(p - 1) / m x compute. {_SOURCES['gpipe']}",
-    "step": "compute + tp comm + pp comm + bubble + the dp comm that does not overlap",
+    "column-parallel layer backward (q, k, v, up, gate: 5; GELU 4; fused layers, as "
+    "Megatron-LM's: 2), +2 with full checkpointing; +1 for the embedding on the first "
+    "stage, +1 for the head on the last; sequence parallelism: a reduce-scatter and "
+    "an all-gather for each; with tp_overlap only the excess over compute counts. "
+    f"{_SOURCES['megatron']}; {_SOURCES['korthikanti']}",
+    "pp comm": "per micro-batch and virtual stage one activation forward and one "
+    "gradient back across a stage boundary: 2 m v (e s b h / B + alpha); send_recv "
+    "counts this stage's sends (m (2 v - 1) first and last stage, 2 m v middle)",
+    "bubble": f"(p - 1) / (v m) x compute. {_SOURCES['gpipe']}",
+    "step": "compute + tp comm (with tp_overlap: its excess) + pp comm + bubble + "
+    "the dp comm that does not overlap",
 }
 
 
@@ -322,7 +344,8 @@ def describe_estimate(est: Estimate) -> str:
         f"  {'step':<20}{est.step * 1e3:>10.2f}{100.0:>14.1f}"
         "  (dp comm: only what outlasts compute)"
     )
-    lines.append(f"{_throughput(est):,.0f} {unit}/s per GPU")
+    mfu = "" if est.mfu is None else f", MFU {est.mfu:.1%}"
+    lines.append(f"{_throughput(est):,.0f} {unit}/s per GPU{mfu}")
     return "\n".join(line[:88] for line in lines)
 
 

@@ -18,6 +18,7 @@ optimizer. It allocates only the local shards and runs one step while
 from __future__ import annotations
 
 import importlib
+import sys
 import time
 from typing import Any
 
@@ -324,8 +325,18 @@ def _to_step(
     return dict(sorted(out.items()))
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Everything one fake run does, in this (child) process; plain data back."""
+#: The start of a line on stderr saying which phase run ``number`` has reached, so
+#: that a parent that stops the child on a timeout can say where it was.
+PHASE_MARK = "FAKE-WORLD-PHASE "
+
+
+def _phase(number: int, name: str) -> None:
+    print(f"{PHASE_MARK}{number} {name}", file=sys.stderr, flush=True)
+
+
+def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
+    """Everything one fake run does, in this (child) process; plain data back. Each
+    phase is announced on stderr (:data:`PHASE_MARK`) as it starts."""
     times: dict[str, float] = {}
     found = find_features()
     if None in found.values():
@@ -342,6 +353,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     coords = layout.coordinates(rank)
     stage, notes = coords["pp"], []
     t = timed()
+    _phase(number, "mesh")
     dist.init_process_group(
         "fake", store=_get("fake_pg")(), rank=rank, world_size=layout.world_size
     )
@@ -351,6 +363,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         )
         times["init"] = timed() - t
         t = timed()
+        _phase(number, "shard")
         model, wrapper = shard_model(shape, layout, mesh, stage, notes)
         values, nbytes = local_parameters(model)
         if 4 * nbytes > MAX_BYTES:
@@ -362,6 +375,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             )
         times["shard"] = timed() - t
         t = timed()
+        _phase(number, "allocate")
         model.to_empty(device="cpu")
         with torch.no_grad():
             for p in model.parameters():
@@ -387,6 +401,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         cdm = _get("comm_debug_mode")()
         measured: dict[str, tuple[int, int]] = {}
         t = timed()
+        _phase(number, "step")
         if job["step"] and "DDP" in wrapper:
             # DDP reduces everything in one bucket in its first step, and rebuilds
             # its buckets (in the order the gradients became ready, sending their
@@ -439,6 +454,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 )
         times["step"] = timed() - t
         t = timed()
+        _phase(number, "optimizer")
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

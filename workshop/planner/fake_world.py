@@ -16,6 +16,30 @@ formulas (:func:`workshop.planner.fake_compare.compare`)::
 Each call runs in a fresh child process (``python -m workshop.planner.fake_world``),
 so the notebook's kernel never keeps a fake process group; the child is stopped on a
 timeout or an interrupt, and dies with its parent.
+
+What a run costs, and why a world of a million ranks is refused before it starts
+(:func:`_least_seconds`): the fake backend moves no data, but PyTorch still does
+work for every rank of the world. ``init_device_mesh`` builds the mesh's
+``world_size`` ranks and its groups (time ~ ``world_size``), and FSDP2's
+``fully_shard`` cuts each parameter into one chunk per rank of its shard group
+(time ~ ``dp`` per parameter tensor). Measured here, on the 2-core development
+machine (torch 2.15, CPU, ``OMP_NUM_THREADS=1``, one fresh process per row,
+``/tmp`` scripts timing ``init_device_mesh("cpu", (pp, dp, tp))`` and
+``fully_shard`` of transformer-8b's blocks, bf16 policy, on the meta device)::
+
+    mesh, (1, W, 1)     W = 1,024  16,384  65,536  262,144  1,048,576
+      seconds                0.07    0.60    2.03     9.17      81.2
+      us per rank              67      37      31       35         77
+
+    fully_shard, one 8B block (9 tensors), dp x tp
+      dp x tp            1,024 x 1  8,192 x 1  65,536 x 1  1,024 x 8  8,192 x 8
+      seconds             0.13-0.17  1.51-1.69   23.7-33.6  0.15-0.39  1.23-1.42
+      us per tensor-rank    14-19      21-23      40-57      16-42      17-19
+
+    start of the child (python, torch, workshop imported): 4.3-7.3 s
+
+The issue's author measured 22.6 s for a 1,048,576-rank mesh and about 8 s per
+8B block at 65,536 ranks: a machine about 4 times faster (:data:`SPEEDUP`).
 """
 
 from __future__ import annotations
@@ -32,13 +56,35 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .._procs import die_with_parent, interrupted, signal_group
-from .fake_rank import MAX_BYTES, run_job
+from .fake_rank import MAX_BYTES, PHASE_MARK, run_job
 from .fake_record import find_features, warm_up
 from .layout import Layout, ModelShape, model_shape
 
 __all__ = ["FakeReport", "fake_features", "fake_run", "fake_runs"]
 
 _MARK = "FAKE-WORLD-REPORT "
+
+# The least cost per unit measured here (the table above): a lower bound on this
+# machine. Not the clock: the refusal's numbers come from these and the layout.
+#: Seconds per rank of the world to build the DeviceMesh (31 us at 65,536 ranks).
+MESH_SECONDS_PER_RANK = 31e-6
+#: Seconds per parameter tensor per rank of its shard group in ``fully_shard``
+#: (14 us: an 8B block of 9 tensors over dp=1,024 in 0.13 s).
+SHARD_SECONDS_PER_TENSOR_RANK = 14e-6
+#: The table's rows: (world size, seconds of the mesh) and (dp, seconds of one
+#: 9-tensor 8B block). Time never falls as the world grows, so a measured row is a
+#: lower bound for every bigger world.
+MESH_MEASURED = ((1_024, 0.07), (16_384, 0.60), (65_536, 2.03), (262_144, 9.17))
+MESH_MEASURED += ((1_048_576, 81.2),)
+BLOCK_MEASURED = ((1_024, 0.13), (8_192, 1.51), (65_536, 23.7))
+#: Seconds to start the child and import torch and the workshop (least seen: 4.3).
+START_SECONDS = 4.0
+#: How much faster than this machine the fastest one seen ran the same phases (the
+#: issue's author: 22.6 s for the 1M mesh against 81 s here; 8 s per 8B block at
+#: 65,536 ranks against 24-34 s here).
+SPEEDUP = 4.0
+#: Refuse only when even the fastest machine's time is this many times the timeout.
+MARGIN = 2.0
 
 
 @dataclass
@@ -197,6 +243,77 @@ def _job(
     }
 
 
+def _stage_tensors(shape: ModelShape, layout: Layout, stage: int) -> tuple[int, int]:
+    """(parameter tensors per block, the root's tensors) of one pipeline stage."""
+    block = 2 + 4 + (3 if shape.mlp == "swiglu" else 2)  # norms, q k v o, MLP
+    first, last = stage == 0, stage == layout.pp - 1
+    root = int(first) + (1 + int(not (shape.tied and first)) if last else 0)
+    return block, root
+
+
+def _least_seconds(shape: ModelShape, layout: Layout, stage: int) -> dict[str, float]:
+    """The least time a run of this layout takes on this machine, by phase, from the
+    per-unit costs measured here (the module's table): the mesh ~ world_size, and
+    FSDP2's sharding ~ dp per parameter tensor (only when it shards: zero >= 2)."""
+    block, root = _stage_tensors(shape, layout, stage)
+    per_tensor = _least(
+        SHARD_SECONDS_PER_TENSOR_RANK,
+        [(n, s / 9) for n, s in BLOCK_MEASURED],
+        layout.dp,
+    )
+    shards = layout.zero >= 2 and layout.dp > 1
+    cost = {
+        "mesh": _least(MESH_SECONDS_PER_RANK, MESH_MEASURED, layout.world_size),
+        "blocks": shape.layers // layout.pp,
+        "block": per_tensor * block if shards else 0.0,
+        "root": per_tensor * root if shards else 0.0,
+    }
+    cost["total"] = cost["mesh"] + cost["blocks"] * cost["block"] + cost["root"]
+    return cost
+
+
+def _least(per_unit: float, measured: Any, size: int) -> float:
+    """The least seconds at ``size``: the least cost per unit times ``size``, or the
+    time measured at the biggest size not above it, whichever is more."""
+    return max(per_unit * size, max((s for n, s in measured if n <= size), default=0))
+
+
+def _check_time(jobs: list[dict[str, Any]], timeout: float) -> None:
+    """Refuse runs whose least time, on a machine :data:`SPEEDUP` times faster than
+    this one, is still :data:`MARGIN` times the timeout."""
+    costs = []
+    for job in jobs:
+        shape, layout = ModelShape(**job["model"]), Layout(**job["layout"])
+        stage = layout.coordinates(job["rank"])["pp"]
+        costs.append((shape, layout, _least_seconds(shape, layout, stage)))
+    here = START_SECONDS + sum(c["total"] for _, _, c in costs)
+    if (here - START_SECONDS) / SPEEDUP <= MARGIN * timeout:
+        return  # only what grows with the world: a short timeout stops the start
+    shape, layout, worst = max(costs, key=lambda c: c[2]["total"])
+    parts = f"mesh {worst['mesh']:,.1f} s"
+    if worst["block"]:
+        parts += (
+            f" + sharding {worst['blocks']} blocks x {worst['block']:,.2f} s"
+            f" + root {worst['root']:,.2f} s"
+        )
+    runs = f"; {len(jobs)} runs, {here:,.0f} s in all" if len(jobs) > 1 else ""
+    cause = (
+        f"FSDP2 cuts each tensor into dp={layout.dp:,} shards"
+        if worst["block"] * worst["blocks"] > worst["mesh"]
+        else f"the DeviceMesh holds all {layout.world_size:,} ranks"
+    )
+    one = START_SECONDS + worst["total"]
+    raise ValueError(
+        f"fake_run: a world of {layout.world_size:,} ranks ({shape.name}, "
+        f"{layout.describe()}) would take at least {one:,.0f}"
+        f" s here (start {START_SECONDS:.0f} s + {parts}){runs}, and at least "
+        f"{here / SPEEDUP:,.0f} s on a machine {SPEEDUP:.0f}x faster: more than "
+        f"{MARGIN:.0f} x timeout={timeout:g} s. The time grows with the world, not "
+        f"the model: {cause}. HINT: choose a smaller layout (fewer ranks: a smaller "
+        f"dp), or raise timeout= to at least {here:,.0f}"
+    )
+
+
 def _state_bytes(shape: ModelShape, layout: Layout, stage: int) -> float:
     """About what one rank allocates: fp32 parameters, gradients and Adam's moments
     of its stage, split by tp, and by dp where the ZeRO stage shards them."""
@@ -305,6 +422,7 @@ def fake_runs(
                 "step, batch_tokens, layers_in_step"
             )
         jobs.append(_job(*run[:3], **own))
+    _check_time(jobs, timeout)
     answers = _in_child(jobs, timeout)
     reports = []
     for answer in answers:
@@ -337,10 +455,15 @@ def _in_child(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]
     try:
         out, err = child.communicate(json.dumps(jobs), timeout=timeout)
     except subprocess.TimeoutExpired:
+        _stop(child, close=False)
+        try:  # what the child said before it was stopped: where it got to
+            _, err = child.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            err = ""
         _stop(child)
         raise RuntimeError(
-            f"fake_run: the child (pid {child.pid}) ran past timeout={timeout} s and "
-            "was stopped; give a longer timeout, a smaller layers_in_step or fewer runs"
+            f"fake_run: the child (pid {child.pid}) ran past timeout={timeout:g} s "
+            f"and was stopped, {_where(err or '', jobs)}"
         ) from None
     except KeyboardInterrupt:
         _stop(child)
@@ -361,14 +484,58 @@ def _in_child(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]
     return answers
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """TERM the child's process group, wait a moment, then KILL; reap it."""
+def _where(err: str, jobs: list[dict[str, Any]]) -> str:
+    """Where the stopped child had got to (its last phase line), and the advice that
+    fits that phase."""
+    said = [line[len(PHASE_MARK) :].split() for line in err.splitlines()]
+    said = [
+        w
+        for w, line in zip(said, err.splitlines(), strict=True)
+        if line.startswith(PHASE_MARK)
+    ]
+    if not said:
+        return (
+            f"still starting (python, torch and the workshop's imports: "
+            f"{START_SECONDS:.0f} s or more here, longer on a busy machine). HINT: "
+            f"give timeout={4 * START_SECONDS:.0f} or more"
+        )
+    number, phase = int(said[-1][0]), said[-1][1]
+    job = jobs[number]
+    layout = Layout(**job["layout"])
+    run = f"in run {number + 1} of {len(jobs)} " if len(jobs) > 1 else ""
+    more = "; or fewer runs per call" if len(jobs) > 1 else ""
+    if phase == "mesh":
+        return (
+            f"{run}while building the DeviceMesh of {layout.world_size:,} ranks "
+            f"(about {MESH_SECONDS_PER_RANK * 1e6:.0f} us per rank here). HINT: a "
+            f"smaller world (pp x dp x tp), or a longer timeout{more}"
+        )
+    if phase == "shard":
+        return (
+            f"{run}while FSDP2 sharded each tensor into dp={layout.dp:,} chunks "
+            f"(about {SHARD_SECONDS_PER_TENSOR_RANK * 1e6:.0f} us per tensor per rank "
+            f"here). HINT: a smaller dp, or a longer timeout{more}"
+        )
+    if phase in ("step", "optimizer"):
+        return (
+            f"{run}in the {phase} (layers_in_step={job['layers_in_step']}, "
+            f"batch_tokens={job['batch_tokens']}). HINT: a smaller layers_in_step "
+            f"or batch_tokens, or step=False, or a longer timeout{more}"
+        )
+    return f"{run}in phase {phase!r}. HINT: a longer timeout{more}"
+
+
+def _stop(child: subprocess.Popen, close: bool = True) -> None:
+    """TERM the child's process group, wait a moment, then KILL; reap it, and close
+    its pipes unless ``close`` is False (to read what it wrote before it stopped)."""
     signal_group(child.pid, signal.SIGTERM)
     try:
         child.wait(timeout=3)
     except subprocess.TimeoutExpired:
         signal_group(child.pid, signal.SIGKILL)
         child.wait()
+    if not close:
+        return
     for stream in (child.stdin, child.stdout, child.stderr):
         if stream is not None:
             stream.close()
@@ -391,7 +558,7 @@ def _main() -> None:
         pid = os.fork()
         if pid == 0:
             die_with_parent(os.getppid())
-            _run_one(job, first)
+            _run_one(job, first, number)
             sys.stdout.flush()
             os._exit(0)
         _, status = os.waitpid(pid, 0)
@@ -401,10 +568,10 @@ def _main() -> None:
             print(_MARK + json.dumps(error), flush=True)
 
 
-def _run_one(job: dict[str, Any], first: dict[str, float]) -> None:
+def _run_one(job: dict[str, Any], first: dict[str, float], number: int) -> None:
     start = time.perf_counter()
     try:
-        answer = run_job(job)
+        answer = run_job(job, number)
         # The first run pays the child's start and imports (python, torch, the
         # workshop package): "start", from the parent's call to the first fork.
         answer["times"] = {

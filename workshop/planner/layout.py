@@ -80,6 +80,9 @@ class ModelShape:
     heads, ``kv_heads`` key/value heads) and an MLP of width ``ffn`` ("gelu": two
     matrices; "swiglu": three), an embedding of ``vocab`` x ``hidden`` and an output
     head (shared with the embedding when ``tied``). Linear layers have no bias.
+    ``fused``: the implementation joins q, k, v into one matrix and the MLP's input
+    matrices into one (Megatron-LM), which changes the count of tensor-parallel
+    collectives, not the parameters.
 
     For ``kind="module"``, ``builder`` makes the ``nn.Module`` and ``sample`` its input
     for one sample; the parameters are counted from the module itself.
@@ -103,6 +106,9 @@ class ModelShape:
     source: str = ""
     builder: Callable[[], nn.Module] | None = field(default=None, compare=False)
     sample: tuple[int, ...] = ()
+    #: q, k and v in one matrix and the MLP's input matrices in one, as Megatron-LM
+    #: builds them: the same parameters, fewer tensor-parallel calls.
+    fused: bool = False
 
     def __post_init__(self) -> None:
         if self.kind == "module":
@@ -320,9 +326,20 @@ class Layout:
             block's input kept, the rest recomputed).
         precision: "fp32", or "bf16" (bf16 parameters and gradients for compute, an
             fp32 master copy and Adam's moments in the optimizer: 2 + 2 + 12 bytes).
+        sequence_parallel: split the norms' and residuals' activations over the
+            ``tp`` ranks along the sequence (Korthikanti et al. 2022); each
+            tensor-parallel all-reduce becomes a reduce-scatter and an all-gather.
+        virtual_stages: model chunks per pipeline rank, the interleaved 1F1B schedule
+            (Narayanan et al. 2021, section 2.2.2): the bubble shrinks by this factor,
+            the stage-to-stage sends grow by it. 1 is plain 1F1B.
+        tp_overlap: the tensor-parallel communication runs under the matrix products,
+            as Megatron-Core's ``--tp-comm-overlap`` and torchtitan's async tensor
+            parallelism do; only what exceeds them is added to the step.
 
     Raises:
-        ValueError: a degree below 1, an unknown stage, checkpointing or precision.
+        ValueError: a degree below 1, an unknown stage, checkpointing or precision,
+            sequence parallelism or tp_overlap without tp > 1, virtual stages without
+            a pipeline or with a number of micro-batches the schedule cannot take.
     """
 
     dp: int = 1
@@ -333,6 +350,9 @@ class Layout:
     micro_batches: int = 1
     checkpointing: str = "none"
     precision: str = "bf16"
+    sequence_parallel: bool = False
+    virtual_stages: int = 1
+    tp_overlap: bool = False
 
     def __post_init__(self) -> None:
         check_counts(
@@ -342,7 +362,25 @@ class Layout:
             pp=self.pp,
             micro_batch=self.micro_batch,
             micro_batches=self.micro_batches,
+            virtual_stages=self.virtual_stages,
         )
+        for name in ("sequence_parallel", "tp_overlap"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"Layout: {name}={value!r}; use True or False")
+            if value and self.tp == 1:
+                raise ValueError(
+                    f"Layout: {name}=True needs tensor parallelism, and tp=1; "
+                    "set tp to 2 or more, or leave it False"
+                )
+        if self.virtual_stages > 1 and (self.pp == 1 or self.micro_batches % self.pp):
+            raise ValueError(
+                f"Layout: virtual_stages={self.virtual_stages} needs a pipeline whose "
+                f"micro-batches are a multiple of its stages (the interleaved "
+                f"schedule's rule); got pp={self.pp}, micro_batches="
+                f"{self.micro_batches}. Use pp of 2 or more and micro_batches a "
+                "multiple of pp, or virtual_stages=1"
+            )
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(
                 f"Layout: zero={self.zero!r}; use 0 (DDP), 1, 2, or 3 (ZeRO-3, "
@@ -422,14 +460,23 @@ class Layout:
                 f"pp={self.pp} does not divide {model.name}'s layers={model.layers}; "
                 "each pipeline stage must get the same number of layers"
             )
+        if model.layers % (self.pp * self.virtual_stages):
+            raise ValueError(
+                f"pp={self.pp} x virtual_stages={self.virtual_stages} does not divide "
+                f"{model.name}'s layers={model.layers}; each virtual stage must get "
+                "the same number of layers"
+            )
 
     def describe(self) -> str:
         """A short label: ``dp=128 tp=8 pp=1 ZeRO-3 bf16 mb=1x4``."""
         stage = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}[self.zero]
         ckpt = "" if self.checkpointing == "none" else f" ckpt={self.checkpointing}"
+        extra = " sp" if self.sequence_parallel else ""
+        extra += f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        extra += " tp-overlap" if self.tp_overlap else ""
         return (
             f"dp={self.dp} tp={self.tp} pp={self.pp} {stage} {self.precision} "
-            f"mb={self.micro_batch}x{self.micro_batches}{ckpt}"
+            f"mb={self.micro_batch}x{self.micro_batches}{ckpt}{extra}"
         )
 
 
@@ -443,6 +490,10 @@ class GPU:
     bf16_tflops: float  # dense, no sparsity
     fp32_tflops: float
     source: str
+    #: The bf16 matrix-product throughput measured on this GPU, TFLOP/s, with where;
+    #: None: not measured (the estimator then says what it assumes).
+    matmul_bf16_tflops: float | None = None
+    matmul_source: str = ""
 
     @property
     def memory_bytes(self) -> float:
@@ -469,14 +520,43 @@ class Network:
 _NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
 _NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4)"
 _NV_V100 = "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"
+_MAMF = (
+    "S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS "
+    "comparison table' (BF16, mean of 100 matmuls of the best shape found, after 50 "
+    "warm-up): {gpu} {tflops} TFLOP/s of {peak}, torch {torch}"
+)
 
 #: GPUs by name, with their vendor's published figures (dense, no sparsity).
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        GPU("H100 80GB", 80, 989.0, 67.0, _NV_H100),
-        GPU("A100 80GB", 80, 312.0, 19.5, _NV_A100),
-        GPU("A100 40GB", 40, 312.0, 19.5, _NV_A100),
+        GPU(
+            "H100 80GB",
+            80,
+            989.0,
+            67.0,
+            _NV_H100,
+            794.5,
+            _MAMF.format(gpu="H100 SXM", tflops=794.5, peak=989, torch="2.7.0+cu126"),
+        ),
+        GPU(
+            "A100 80GB",
+            80,
+            312.0,
+            19.5,
+            _NV_A100,
+            271.2,
+            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
+        ),
+        GPU(
+            "A100 40GB",
+            40,
+            312.0,
+            19.5,
+            _NV_A100,
+            271.2,
+            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
+        ),
         GPU("V100 32GB", 32, 125.0, 15.7, _NV_V100 + "; fp16 tensor cores (no bf16)"),
     )
 }

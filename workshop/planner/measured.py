@@ -60,7 +60,7 @@ def _timed(call, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of the logits this rank holds. Under tensor parallelism the head
     gives each rank a slice of the vocabulary; the targets are folded into it, a
     stand-in for a vocabulary-parallel loss with the same saved tensors."""
@@ -75,7 +75,7 @@ def _is_weight(t: torch.Tensor) -> bool:
     return isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad)
 
 
-def _saved_bytes(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> int:
+def saved_bytes(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> int:
     """Bytes of the tensors one forward pass and its loss save for the backward,
     weights excepted (they are counted as parameters), each storage once."""
     seen: set[int] = set()
@@ -95,9 +95,23 @@ def _saved_bytes(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) 
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        _loss(model(tokens), targets).backward()
+        token_loss(model(tokens), targets).backward()
     model.zero_grad(set_to_none=True)
     return total
+
+
+def held_by(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds of parameters, gradients and optimizer state (each
+    storage once; a sharded tensor by its local shard)."""
+    state = [
+        t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+    params = list(model.parameters())
+    held = held_bytes(
+        {"params": params, "grads": [p.grad for p in params], "optimizer": state}
+    )
+    held.pop("total")
+    return held
 
 
 def _split(
@@ -206,7 +220,7 @@ def measure_layout(
     alone_optimizer = torch.optim.Adam(whole.parameters(), lr=1e-3)
 
     def alone_step() -> None:
-        _loss(whole(tokens), targets).backward()
+        token_loss(whole(tokens), targets).backward()
         alone_optimizer.step()
         alone_optimizer.zero_grad(set_to_none=True)
 
@@ -226,20 +240,13 @@ def measure_layout(
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=False)
-        _loss(split(tokens), targets).backward()
+        token_loss(split(tokens), targets).backward()
         optimizer.step()
 
     step()  # warm-up: Adam makes its state, FSDP its buffers
     step_s = _timed(step, device, steps)
-    state = [
-        t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
-    ]
-    params = list(split.parameters())
-    held = held_bytes(
-        {"params": params, "grads": [p.grad for p in params], "optimizer": state}
-    )
-    held.pop("total")
-    held["activations"] = _saved_bytes(split, tokens, targets)
+    held = held_by(split, optimizer)
+    held["activations"] = saved_bytes(split, tokens, targets)
     return {
         "rank": rank,
         "model": shape.name,

@@ -56,7 +56,10 @@ Memory per GPU (bytes)
   recomputed; "selective" recomputes the attention scores, which a fused kernel does
   not store anyway, so it saves no memory here.
   Pipeline (Narayanan et al., 2021, section 2.2, 1F1B): stage i holds min(p - i, m)
-  micro-batches in flight: the first stage min(p, m), the last one.
+  micro-batches in flight: the first stage min(p, m), the last one; the interleaved
+  schedule with v chunks per GPU holds (1 + (p - 1) / (p v)) times the blocks' share
+  (Korthikanti et al. 2022, section 4.2.3). Sequence parallelism divides the 6 h + 2
+  term, and a kept block input under full checkpointing, by t as well.
 - buffers: FSDP (zero=3): two blocks' parameters gathered (the current one and the one
   prefetched) and the root's (embedding, norm, head), which FSDP2 keeps gathered after
   the forward pass (``reshard_after_forward`` is False for the root), in the parameter
@@ -247,11 +250,19 @@ def stage_parameters(
 
 
 def layer_activation_bytes(
-    model: str | ModelShape, micro_batch: int = 1, tp: int = 1, precision: str = "bf16"
+    model: str | ModelShape,
+    micro_batch: int = 1,
+    tp: int = 1,
+    precision: str = "bf16",
+    sequence_parallel: bool = False,
 ) -> int:
     """Bytes one block saves for its backward pass, per tensor-parallel rank::
 
         e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t     (k = 4 SwiGLU, 2 GELU)
+
+    With ``sequence_parallel`` the first term is split over the t ranks too
+    (Korthikanti et al. 2022, section 4.2.2: the norms' activations are cut along the
+    sequence).
 
     derived for :class:`~workshop.planner.transformer.Block` as Korthikanti et
     al. (2022, section 4) derive theirs; see the module docstring for each term.
@@ -278,6 +289,8 @@ def layer_activation_bytes(
     k = 4 if model.mlp == "swiglu" else 2
     whole = e * sb * (6 * model.hidden + 2)
     split = e * sb * (4 * model.hidden + k * model.ffn) + 4 * sb * model.heads
+    if sequence_parallel:
+        return (whole + split) // tp
     return whole + split // tp
 
 
@@ -319,15 +332,26 @@ def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) ->
         return saved * layout.micro_batch
     b, tp = layout.micro_batch, layout.tp
     per_stage = model.layers // layout.pp
-    layer = layer_activation_bytes(model, b, tp, layout.precision)
+    layer = layer_activation_bytes(
+        model, b, tp, layout.precision, layout.sequence_parallel
+    )
     edges = _edge_activation_bytes(
         model, b, tp, layout.precision, stage == 0, stage == layout.pp - 1
     )
     in_flight = min(layout.pp - stage, layout.micro_batches)
     if layout.checkpointing == "full":
         kept = per_stage * bytes_of(layout.precision) * model.seq * b * model.hidden
-        return in_flight * (kept + edges) + layer
-    return in_flight * (per_stage * layer + edges)
+        if layout.sequence_parallel:
+            kept //= tp  # each block's input is kept split along the sequence
+        blocks = in_flight * kept
+    else:
+        blocks = in_flight * per_stage * layer
+    # The interleaved schedule starts more micro-batches before the first backward:
+    # x (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, section 4.2.3).
+    v = layout.virtual_stages
+    if v > 1:
+        blocks = blocks * (layout.pp * v + layout.pp - 1) // (layout.pp * v)
+    return blocks + in_flight * edges + (layer if layout.checkpointing == "full" else 0)
 
 
 def _tensor_sizes(shape: ModelShape, layout: Layout, stage: int) -> list[int]:

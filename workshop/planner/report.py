@@ -133,9 +133,11 @@ def plan_table(est: Estimate) -> str:
     verdict = "fits" if est.fits else "DOES NOT FIT"
     rate, unit = throughput(est)
     fit = f"  {verdict}: {share:.0%} of {gpu.memory_gb:g} GB"
+    mfu = "" if est.mfu is None else f", MFU {est.mfu:.1%}"
     lines += [
         f"{fit:<39}{'step (overlapped)':<20}{_ms(est.step)}",
-        f"throughput: {rate:,.0f} {unit}/s for the job, {rate / world:,.0f} per GPU",
+        f"throughput: {rate:,.0f} {unit}/s for the job, {rate / world:,.0f} per GPU"
+        + mfu,
     ]
     return "\n".join(line.rstrip()[:WIDTH] for line in lines)
 

@@ -12,12 +12,20 @@ t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32)
 
 Time per step (seconds)
 -----------------------
-- compute: tokens x FLOPs per token / (t p) / (peak x MFU), tokens = b m s per
-  data-parallel replica, FLOPs per token 6 P + 12 L h s, P the model's parameters
-  less an untied embedding
+- compute: tokens x FLOPs per token / (t p) / the GPU's matrix-product rate,
+  tokens = b m s per data-parallel replica, FLOPs per token 6 P + 12 L h s, P the
+  model's parameters less an untied embedding
   (:meth:`~workshop.planner.layout.ModelShape.flops_per_token`; Kaplan et al., 2020);
   full checkpointing adds one forward pass (x 4/3), selective the attention scores'
-  forward (4 L h s per token). MFU by default :data:`DEFAULT_MFU` (assumed; see there).
+  forward (4 L h s per token); the output head's 6 V h a token is never recomputed.
+  A pipeline goes at the pace of its busiest stage, the last, which holds L / p
+  blocks and the head (Dubey et al. 2024, section 3.3.2, take a layer off the first
+  and last stages for this). The rate: ``mfu`` x peak when a run gives its own
+  figure (calibrated); else the bf16 matrix-product rate measured on that GPU
+  (``GPU.matmul_bf16_tflops``: S. Bekman's Maximum Achievable Matmul FLOPS, 80.3 %
+  of an H100's peak, 86.9 % of an A100's); else :data:`DEFAULT_MFU` x peak
+  (assumed). Everything else a step does (norms, softmax, the optimizer, the data)
+  is not in this term: a run that spends time there is slower than the estimate.
   A module: samples / measured samples per second where the workshop measured it
   (:data:`MEASURED`), else 3 x forward FLOPs (counted on the meta device) / peak at
   the MFU ResNet-50 reached in that measurement.
@@ -45,19 +53,29 @@ Time per step (seconds)
   all-reduces of e s b h in the forward pass (after the row-parallel o and down
   projections); in the backward pass one per column-parallel layer, each reducing the
   gradient of its own input: q, k, v, up and gate (GELU: no gate), as DTensor's
-  ``ColwiseParallel`` does for this package's separate layers (Megatron-LM fuses q, k, v
-  into one layer and needs two); two more when full checkpointing recomputes the
-  forward. The vocabulary-parallel embedding adds one forward all-reduce on the first
-  stage, the column-parallel head one backward all-reduce on the last (the loss's
-  all-reduces of s b values are left out). Nothing overlaps.
+  ``ColwiseParallel`` does for this package's separate layers; a model built with
+  fused layers (``ModelShape.fused``: q, k, v in one matrix, the MLP's input
+  matrices in one, as Megatron-LM builds them) needs two. Two more when full
+  checkpointing recomputes the forward. The vocabulary-parallel embedding adds one
+  forward all-reduce on the first stage, the column-parallel head one backward
+  all-reduce on the last (the loss's all-reduces of s b values are left out).
+  Sequence parallelism (Korthikanti et al., 2022, section 4.2.2) turns each
+  all-reduce into a reduce-scatter and an all-gather of the same tensor: the same
+  ring time, two calls. Nothing overlaps, unless ``tp_overlap``: then only what
+  exceeds the compute is added to the step.
 - pp comm: per micro-batch an activation forward and a gradient back across a stage
   boundary, e s b h each: 2 m transfers (a middle stage's two boundaries work at the
   same time). ``collectives`` counts this stage's sends: m on the first and last
   stage (activations on, gradients back), 2 m on a middle one.
-- bubble: (p - 1) / m x compute (Narayanan et al., 2021, section 2.2.1: GPipe's
-  schedule, Huang et al., 2019, and 1F1B leave the same bubble).
-- step: compute + tp comm + pp comm + bubble + the data-parallel communication that
-  does not overlap.
+  With sequence parallelism each tp rank sends its 1/t of the tensor (Narayanan et
+  al. 2021, section 4.1, scatter/gather).
+  With v virtual stages (the interleaved schedule) every transfer happens v times:
+  2 m v transfers, and a stage sends m (2 v - [first] - [last]) times.
+- bubble: (p - 1) / (v m) x compute (Narayanan et al., 2021, sections 2.2.1 and
+  2.2.2: GPipe's schedule, Huang et al., 2019, and 1F1B leave the same bubble; the
+  interleaved schedule with v chunks per GPU divides it by v).
+- step: compute + tp comm (its excess over compute with ``tp_overlap``) + pp comm +
+  bubble + the data-parallel communication that does not overlap.
 """
 
 from __future__ import annotations
@@ -76,13 +94,13 @@ from .memory import (
     fsdp_reduce_bytes,
 )
 
-__all__ = ["DEFAULT_MFU", "MEASURED", "MFU_SOURCE", "ring_time"]
+__all__ = ["DEFAULT_MFU", "MEASURED", "MFU_SOURCE", "compute_rate", "ring_time"]
 
-#: The fraction of a GPU's peak that a transformer's training reaches, by default.
+#: The fraction of a GPU's peak that its matrix products reach, where the GPU record
+#: has no measured figure (``GPU.matmul_bf16_tflops`` is None, or fp32 training).
 #: Assumed: 0.40, within the 38-43% BF16 MFU that Meta report for Llama 3 405B on
 #: 8,192 and 16,384 H100 GPUs (Dubey et al., "The Llama 3 Herd of Models", 2024,
-#: Table 4). Narayanan et al. 2021 report 52% of A100 peak for
-#: Megatron-LM at 1 trillion parameters on 3,072 GPUs, counting recomputation.
+#: Table 4): a whole run's figure, so it counts more than the matrix products.
 DEFAULT_MFU = 0.40
 MFU_SOURCE = (
     "assumed 0.40: Dubey et al., The Llama 3 Herd of Models, 2024, Table 4 report "
@@ -129,6 +147,32 @@ def ring_time(
         return 0.0
     steps = 2 if kind == "all_reduce" else 1
     return steps * ((n - 1) / n * nbytes / (bandwidth_gbs * 1e9) + (n - 1) * alpha)
+
+
+def compute_rate(gpu: GPU, precision: str, mfu: float | None) -> tuple[float, str]:
+    """FLOP/s the compute term divides by, and where the figure comes from.
+
+    ``mfu`` (a run's own fraction of peak) wins; else the bf16 matrix-product rate
+    measured on that GPU; else :data:`DEFAULT_MFU` of its peak (assumed).
+
+    Example:
+        >>> from workshop.planner.layout import GPUS
+        >>> rate, why = compute_rate(GPUS["H100 80GB"], "bf16", None)
+        >>> rate / 1e12, why.split(":")[0]
+        (794.5, 'measured matrix products')
+    """
+    peak = (gpu.bf16_tflops if precision == "bf16" else gpu.fp32_tflops) * 1e12
+    if mfu is not None:
+        return peak * mfu, f"{peak / 1e12:g} TFLOP/s x MFU {mfu:.2f} (given)"
+    if precision == "bf16" and gpu.matmul_bf16_tflops is not None:
+        return gpu.matmul_bf16_tflops * 1e12, (
+            f"measured matrix products: {gpu.matmul_bf16_tflops:g} TFLOP/s, "
+            f"{gpu.matmul_bf16_tflops / gpu.bf16_tflops:.1%} of peak "
+            f"({gpu.matmul_source})"
+        )
+    return peak * DEFAULT_MFU, (
+        f"{peak / 1e12:g} TFLOP/s x MFU {DEFAULT_MFU:.2f} ({MFU_SOURCE})"
+    )
 
 
 def _module_mfu() -> float:
@@ -211,18 +255,23 @@ def time_terms(
             )
         blocks, root, per_stage = 0, psi, 0
     else:
-        used = mfu if mfu is not None else DEFAULT_MFU
-        per_token = shape.flops_per_token()
+        rate, why = compute_rate(gpu, layout.precision, mfu)
+        # The output head's matrix product (6 V h a token) is outside the blocks:
+        # checkpointing does not recompute it, and it runs on the last stage alone.
+        head = 6.0 * shape.vocab * shape.hidden
+        blocks_per_token = shape.flops_per_token() - head
         if layout.checkpointing == "full":
-            per_token *= 4 / 3
+            blocks_per_token *= 4 / 3
         elif layout.checkpointing == "selective":
-            per_token += 4 * shape.layers * shape.hidden * shape.seq
+            blocks_per_token += 4 * shape.layers * shape.hidden * shape.seq
         tokens = b * m * shape.seq
-        compute = tokens * per_token / (layout.tp * layout.pp) / (peak * used)
+        # A pipeline goes at the pace of its busiest stage: the last, with the head.
+        per_token = blocks_per_token / layout.pp + head
+        compute = tokens * per_token / layout.tp / rate
+        stages = f"{layout.pp} stages + the head" if layout.pp > 1 else "the model"
         notes["compute"] = (
-            f"{tokens:,} tokens x {per_token / 1e9:.3g} GFLOP / "
-            f"({layout.tp} x {layout.pp}) / ({peak / 1e12:g} TFLOP/s x "
-            f"MFU {used:.2f}{'' if mfu is not None else ', ' + MFU_SOURCE})"
+            f"{tokens:,} tokens x {per_token / 1e9:.3g} GFLOP ({stages}) / "
+            f"{layout.tp} / {why}"
         )
         per_stage = shape.layers // layout.pp
         blocks = _block_local(shape, layout.tp)
@@ -278,18 +327,28 @@ def time_terms(
         )
 
     # tensor parallelism
-    tp_time = 0.0
+    tp_time = tp_exposed = 0.0
     if layout.tp > 1:
         bw, alpha = _link(network, _crosses_nodes(layout, "tp", gpus_per_node))
         size = pbytes * shape.seq * b * shape.hidden
-        backward = 5 if shape.mlp == "swiglu" else 4  # q, k, v, up (, gate)
+        # q, k, v, up (, gate); fused: q, k, v in one matrix, the MLP's inputs in one
+        backward = 2 if shape.fused else 5 if shape.mlp == "swiglu" else 4
         forward = 4 if layout.checkpointing == "full" else 2
         edges = int(stage == 0) + int(stage == layout.pp - 1)
         calls = m * (per_stage * (forward + backward) + edges)
         tp_time = calls * ring_time("all_reduce", layout.tp, size, bw, alpha)
-        collectives["all_reduce tp"] = (calls, float(calls * size))
+        if layout.sequence_parallel:
+            # The same ring steps, split in two calls: a reduce-scatter and a gather.
+            collectives["reduce_scatter tp"] = (calls, float(calls * size))
+            collectives["all_gather tp"] = (calls, float(calls * size))
+            what = f"{calls} x reduce-scatter + all-gather of"
+        else:
+            collectives["all_reduce tp"] = (calls, float(calls * size))
+            what = f"{calls} x"
+        tp_exposed = max(0.0, tp_time - compute) if layout.tp_overlap else tp_time
         notes["tp comm"] = (
-            f"{calls} x {size / 1e6:.1f} MB over {layout.tp} at {bw:g} GB/s"
+            f"{what} {size / 1e6:.1f} MB over {layout.tp} at {bw:g} GB/s"
+            + (f"; {tp_exposed * 1e3:.2f} ms exposed" if layout.tp_overlap else "")
         )
 
     # pipeline parallelism
@@ -297,14 +356,25 @@ def time_terms(
     if layout.pp > 1:
         bw, alpha = _link(network, _crosses_nodes(layout, "pp", gpus_per_node))
         size = pbytes * shape.seq * b * shape.hidden
-        pp_time = 2 * m * ring_time("send", 2, size, bw, alpha)
+        if layout.sequence_parallel:
+            # A stage's output is already cut along the sequence: each tp rank sends
+            # its own 1/t (Narayanan et al. 2021, section 4.1, do this by hand).
+            size //= layout.tp
+        v = layout.virtual_stages
+        pp_time = 2 * m * v * ring_time("send", 2, size, bw, alpha)
         # Counted as sends, as a trace shows them: forward to the next stage, back to
-        # the previous; a receive is the neighbour's send.
-        sends = m * (int(stage < layout.pp - 1) + int(stage > 0))
+        # the previous; a receive is the neighbour's send. With v chunks per GPU only
+        # the very first chunk sends nothing back and the very last nothing on.
+        sends = m * (2 * v - int(stage == 0) - int(stage == layout.pp - 1))
         collectives["send_recv pp"] = (sends, float(sends * size))
-        bubble = (layout.pp - 1) / m * compute
-        notes["pp comm"] = f"2 x {m} x {size / 1e6:.1f} MB at {bw:g} GB/s"
-        notes["bubble"] = f"({layout.pp} - 1) / {m} x {compute * 1e3:.1f} ms"
+        bubble = (layout.pp - 1) / (v * m) * compute
+        chunks = f" x {v}" if v > 1 else ""
+        notes["pp comm"] = f"2 x {m}{chunks} x {size / 1e6:.1f} MB at {bw:g} GB/s"
+        notes["bubble"] = (
+            f"({layout.pp} - 1) / ({v} x {m}) x {compute * 1e3:.1f} ms"
+            if v > 1
+            else f"({layout.pp} - 1) / {m} x {compute * 1e3:.1f} ms"
+        )
     time = {
         "compute": compute,
         "dp comm": dp_time,
@@ -312,6 +382,6 @@ def time_terms(
         "pp comm": pp_time,
         "bubble": bubble,
     }
-    step = compute + tp_time + pp_time + bubble + dp_exposed
+    step = compute + tp_exposed + pp_time + bubble + dp_exposed
     notes["step"] = f"{step * 1e3:.1f} ms"
     return time, collectives, step, notes

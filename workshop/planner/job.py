@@ -1,0 +1,577 @@
+"""From a plan to a job that runs: a batch script and a plan file, and the job's
+figures read back beside the estimate.
+
+:func:`write_job` writes, into a folder, ``plan.json`` (the model, the
+:class:`~workshop.planner.layout.Layout`, the steps) and ``job.sbatch``: a Slurm
+script in the manner of ``slurm/train_torchrun.sbatch`` in which ``srun`` starts one
+``torchrun`` per node and ``torchrun`` the node's ranks, each running
+:mod:`workshop.planner.job_train` (the layout built with ``DeviceMesh``, DTensor,
+DDP or FSDP2 and ``torch.distributed.pipelining``; NCCL on GPUs, gloo on CPUs).
+Each rank writes ``rank-<rank>.json`` into the folder; :func:`job_figures` reads
+them back and :func:`job_against_estimate` sets them beside
+:func:`~workshop.planner.estimator.estimate` for the same layout, in 88 columns.
+
+Submitting is the cluster's business (``workshop.cluster.submit``, which this wing
+may not import): the notebook submits ``job.script``::
+
+    job = write_job("tiny", Layout(dp=2, pp=2, precision="fp32"), "runs/plan",
+                    nodes=2, gpus_per_node=0, ranks_per_node=2)
+    run = workshop.cluster.submit(job.script, output_dir=job.folder)
+    run.wait()
+    print(job_against_estimate(job_figures(job)))
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .estimator import estimate
+from .job_train import WARM_UP, shape_fields
+from .layout import Layout, ModelShape, check_counts, model_shape
+
+__all__ = [
+    "PlannedJob",
+    "job_against_estimate",
+    "job_figures",
+    "job_rows",
+    "write_job",
+]
+
+_TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}|\d+")
+_MEM = re.compile(r"\d+[KMGT]?")
+#: Bytes of one Adam step counter: a 0-d fp32 tensor per parameter tensor, which the
+#: estimate leaves out (``FORMULAS["optimizer"]``).
+STEP_COUNTER = 4
+#: Bytes of the 0-d fp32 ``total_weight`` the cross-entropy saves for its backward,
+#: which the estimate's activations leave out.
+LOSS_WEIGHT = 4
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """The files :func:`write_job` wrote, and the plan they run.
+
+    Attributes:
+        folder: where the script and plan are, and where the ranks write.
+        script: the batch script (``job.sbatch``).
+        plan: the plan file (``plan.json``).
+        model, layout: what is trained, and how it is split.
+        nodes, ranks_per_node, gpus_per_node: the job's size (0 GPUs: CPU ranks).
+    """
+
+    folder: Path
+    script: Path
+    plan: Path
+    model: ModelShape
+    layout: Layout
+    nodes: int
+    ranks_per_node: int
+    gpus_per_node: int
+
+
+def _refuse(name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"write_job: {name}={value!r} {why}")
+
+
+def _check(
+    shape: ModelShape,
+    layout: Layout,
+    nodes: int,
+    ranks_per_node: int,
+    gpus_per_node: int,
+    time: str,
+    mem: str | None,
+    backend: str,
+) -> None:
+    """Every reason the job could not run as planned, before anything is written."""
+    if not isinstance(layout, Layout):
+        raise _refuse("layout", layout, "is not a Layout; e.g. Layout(dp=2, tp=2)")
+    if shape.kind != "transformer":
+        raise _refuse(
+            "model",
+            shape.name,
+            "is a module; the job trains the planner's transformer: plan one of "
+            "MODELS such as 'tiny', or a ModelShape",
+        )
+    layout.check_fits(shape)
+    for name, value, default in (
+        ("sequence_parallel", layout.sequence_parallel, False),
+        ("virtual_stages", layout.virtual_stages, 1),
+        ("tp_overlap", layout.tp_overlap, False),
+    ):
+        if value != default:
+            raise _refuse(
+                f"layout.{name}",
+                value,
+                "is planned but not built by the job: it trains plain tensor "
+                "parallelism and a one-chunk pipeline schedule; plan it with "
+                f"{name}={default!r}",
+            )
+    check_counts("write_job", nodes=nodes, ranks_per_node=ranks_per_node)
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int):
+        raise _refuse(
+            "gpus_per_node", gpus_per_node, "must be a whole number, 0 or more"
+        )
+    if gpus_per_node < 0:
+        raise _refuse("gpus_per_node", gpus_per_node, "must be 0 (CPU ranks) or more")
+    if gpus_per_node and ranks_per_node != gpus_per_node:
+        raise _refuse(
+            "ranks_per_node",
+            ranks_per_node,
+            f"but gpus_per_node={gpus_per_node}: NCCL needs one GPU per rank; leave "
+            "ranks_per_node out, or set gpus_per_node=0 for CPU ranks",
+        )
+    if nodes * ranks_per_node != layout.world_size:
+        raise _refuse(
+            "nodes",
+            nodes,
+            f"x {ranks_per_node} ranks per node = {nodes * ranks_per_node} ranks, but "
+            f"the layout needs dp x tp x pp = {layout.dp} x {layout.tp} x {layout.pp} "
+            f"= {layout.world_size}; change nodes, the ranks per node or the layout "
+            "so that they agree",
+        )
+    if layout.zero not in (0, 3):
+        raise _refuse(
+            "layout.zero",
+            layout.zero,
+            "is not run by the job: it builds DDP (0) or FSDP2's fully_shard (3); "
+            "use zero=0 or zero=3",
+        )
+    if layout.pp > 1 and layout.zero == 3:
+        raise _refuse(
+            "layout.zero",
+            3,
+            f"with pp={layout.pp}: a pipeline schedule gathers and reduces FSDP's "
+            "shards once a step, not once a micro-batch as the estimate counts; use "
+            "zero=0 with pp > 1",
+        )
+    if layout.pp > 1 and layout.dp > 1 and layout.micro_batches > 1:
+        raise _refuse(
+            "layout.micro_batches",
+            layout.micro_batches,
+            f"with pp={layout.pp} and dp={layout.dp}: DDP inside "
+            "torch.distributed.pipelining fails after a step of several micro-batches "
+            "(its reducer rebuilds its buckets from every micro-batch's backward); "
+            "use micro_batches=1, or dp=1",
+        )
+    if layout.precision == "bf16" and layout.zero == 0:
+        raise _refuse(
+            "layout.precision",
+            "bf16",
+            "with zero=0: PyTorch's DDP under bf16 autocast keeps fp32 parameters, "
+            "not the 2 + 2 + 12 bytes the estimate counts; use precision='fp32', "
+            "or zero=3 (FSDP2 with bf16 compute)",
+        )
+    if not isinstance(time, str) or not _TIME.fullmatch(time):
+        raise _refuse(
+            "time", time, "is not a Slurm time; use 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'"
+        )
+    if mem is not None and (not isinstance(mem, str) or not _MEM.fullmatch(mem)):
+        raise _refuse(
+            "mem", mem, "is not a Slurm memory size; use e.g. '8G' or '16000M'"
+        )
+    if backend not in ("auto", "gloo", "nccl"):
+        raise _refuse("backend", backend, "is not one of 'auto', 'gloo', 'nccl'")
+    if backend == "nccl" and not gpus_per_node:
+        raise _refuse(
+            "backend",
+            "nccl",
+            "with gpus_per_node=0: NCCL runs on GPUs; use 'gloo' (or 'auto') for "
+            "CPU ranks",
+        )
+
+
+def _environment() -> list[str]:
+    """The lines that give the job this Python: its virtual environment, if any."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    if sys.prefix != sys.base_prefix and activate.is_file():
+        return [
+            "# shellcheck source=/dev/null",
+            f"source {shlex.quote(str(activate))}",
+        ]
+    bindir = shlex.quote(str(Path(sys.executable).parent))
+    return [f'export PATH={bindir}:"$PATH"']
+
+
+def _script(job: PlannedJob, time: str, mem: str | None, cpus: int) -> str:
+    lay, name = job.layout, f"plan-{job.model.name}"
+    kind = f"{job.gpus_per_node} GPUs" if job.gpus_per_node else "CPU ranks"
+    ranks = "GPU" if job.gpus_per_node else "CPU"
+    folder = shlex.quote(str(job.folder))
+    sbatch = [
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={job.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        *([f"#SBATCH --gpus-per-node={job.gpus_per_node}"] * bool(job.gpus_per_node)),
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --time={time}",
+        f"#SBATCH --mem={mem}" if mem else "##SBATCH --mem=16G",
+        f"#SBATCH --output={name}-%j.out",
+        "##SBATCH --account=YOUR_ACCOUNT",
+        "##SBATCH --partition=gpu",
+    ]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# job.sbatch: {job.model.name} split as {lay.describe()},",
+        f"# on {job.nodes} nodes x {job.ranks_per_node} {ranks} ranks; written by "
+        "workshop.planner.job.write_job.",
+        "# srun starts one torchrun per node, torchrun the node's ranks; each builds "
+        "the layout",
+        "# (DeviceMesh, DTensor, DDP or FSDP2, torch.distributed.pipelining), trains "
+        "a few Adam",
+        "# steps, measures what it holds and sends; each writes rank-<rank>.json "
+        "beside this.",
+        "# NCCL on GPUs, gloo on CPUs: the same script.",
+        "#",
+        f"# Submit:             sbatch {shlex.quote(str(job.script))}",
+        "# From a notebook:    workshop.cluster.submit(job.script, "
+        "output_dir=job.folder)",
+        "# Read it back:       job_against_estimate(job_figures(job))",
+        "#",
+        "# Edit for your site: the #SBATCH lines (account, partition, time, memory) "
+        "and the line",
+        "# that activates the Python environment. Keep nodes x ranks per node = "
+        f"{lay.world_size},",
+        f"# the layout's dp x tp x pp ({kind} per node); for another layout, "
+        "write it again.",
+        *sbatch,
+        "",
+        "set -euo pipefail",
+        "",
+        "# EDIT: the environment with torch and this package.",
+        *_environment(),
+        "",
+        "# EDIT: where the plan is and the ranks write (on a cluster: a shared file "
+        "system).",
+        f"JOB_DIR={folder}",
+        f"NPROC_PER_NODE={job.ranks_per_node}",
+        "",
+        "# The rendezvous runs on the first node, on a port derived from the job id, "
+        "so two",
+        "# jobs sharing a node do not collide.",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "",
+        'echo "job ${SLURM_JOB_ID} (${SLURM_JOB_NAME}): ${SLURM_NNODES} nodes" \\',
+        '    "(${SLURM_JOB_NODELIST}), ${NPROC_PER_NODE} ranks per node"',
+        'echo "rendezvous at ${MASTER_ADDR}:${MASTER_PORT}; plan ${JOB_DIR}/plan.json"',
+        "",
+        "# Debugging hints: uncomment to see how NCCL connects, or to pin its network.",
+        "# export NCCL_DEBUG=INFO",
+        "# export NCCL_DEBUG_SUBSYS=INIT,NET",
+        "# export NCCL_SOCKET_IFNAME=ib0",
+        "# export TORCH_DISTRIBUTED_DEBUG=DETAIL",
+        "",
+        "# One torchrun per node, with all the task's CPUs (srun does not take "
+        "--cpus-per-task",
+        "# from sbatch since Slurm 22.05). --kill-on-bad-exit: when a node's torchrun "
+        "fails,",
+        "# stop the other nodes' too.",
+        'srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\',
+        '    --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit=1 \\',
+        '    torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" \\',
+        '    --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" \\',
+        '    --rdzv-id="$SLURM_JOB_ID" \\',
+        '    -m workshop.planner.job_train --plan "${JOB_DIR}/plan.json"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_job(
+    model: str | ModelShape,
+    layout: Layout,
+    folder: str | Path,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    ranks_per_node: int | None = None,
+    time: str = "00:10:00",
+    mem: str | None = None,
+    cpus_per_task: int | None = None,
+    backend: str = "auto",
+    steps: int = WARM_UP + 1,
+    seed: int = 0,
+) -> PlannedJob:
+    """Write the batch script and the plan file that train ``model`` split as
+    ``layout`` on ``nodes`` nodes; ranks' figures from an earlier run are removed.
+
+    Args:
+        model: a transformer of ``MODELS`` ("tiny") or a ``ModelShape``.
+        layout: the :class:`~workshop.planner.layout.Layout`: zero 0 (DDP) or 3
+            (FSDP2), any tp, and pp with zero 0.
+        folder: where the files go, created if missing; the ranks write there too.
+        nodes: ``--nodes``.
+        gpus_per_node: ``--gpus-per-node``, one rank per GPU; 0 for CPU ranks.
+        ranks_per_node: ranks on each node (default: ``gpus_per_node``).
+        time: ``--time``, "HH:MM:SS", "D-HH:MM:SS" or minutes.
+        mem: ``--mem`` ("8G"); default: the line is left commented, the site's
+            default applies.
+        cpus_per_task: ``--cpus-per-task`` of the one task per node (default: one
+            per rank).
+        backend: "auto" (NCCL with GPUs, gloo without), "gloo" or "nccl".
+        steps: Adam steps; the last is counted, after at least 2 (DDP rebuilds its
+            buckets, the pipeline infers its shapes).
+        seed: seeds the model and the data.
+
+    Returns:
+        The :class:`PlannedJob`: submit ``job.script``, then read
+        :func:`job_figures`.
+
+    Raises:
+        ValueError: a module model, a layout the job cannot build or the model
+            cannot take, nodes x ranks per node that is not the layout's world
+            size, ranks per node other than the GPUs per node, a bad time, memory,
+            backend, or too few steps; each names the argument and what to do.
+
+    Example:
+        >>> job = write_job("tiny", Layout(dp=2, tp=2, precision="fp32"),
+        ...                 "runs/plan", nodes=2, gpus_per_node=0,
+        ...                 ranks_per_node=2)                   # doctest: +SKIP
+        >>> job.script                                          # doctest: +SKIP
+        PosixPath('runs/plan/job.sbatch')
+    """
+    shape = model_shape(model)
+    if ranks_per_node is None:
+        if not gpus_per_node:
+            raise _refuse(
+                "ranks_per_node",
+                None,
+                "with gpus_per_node=0: say how many CPU ranks each node runs, e.g. "
+                "ranks_per_node=2",
+            )
+        ranks_per_node = gpus_per_node
+    _check(shape, layout, nodes, ranks_per_node, gpus_per_node, time, mem, backend)
+    check_counts("write_job", steps=steps)
+    if steps <= WARM_UP:
+        raise _refuse(
+            "steps",
+            steps,
+            f"leaves no step to count: the first {WARM_UP} warm up (DDP rebuilds "
+            f"its buckets, the pipeline infers its shapes); use steps={WARM_UP + 1} "
+            "or more",
+        )
+    cpus = ranks_per_node if cpus_per_task is None else cpus_per_task
+    check_counts("write_job", cpus_per_task=cpus)
+    where = Path(folder).resolve()
+    where.mkdir(parents=True, exist_ok=True)
+    for old in where.glob("rank-*.json"):
+        old.unlink()
+    job = PlannedJob(
+        where,
+        where / "job.sbatch",
+        where / "plan.json",
+        shape,
+        layout,
+        nodes,
+        ranks_per_node,
+        gpus_per_node,
+    )
+    plan = {
+        "model": shape_fields(shape),
+        "layout": {k: getattr(layout, k) for k in layout.__dataclass_fields__},
+        "steps": steps,
+        "seed": seed,
+        "backend": backend,
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "gpus_per_node": gpus_per_node,
+    }
+    job.plan.write_text(json.dumps(plan, indent=1) + "\n")
+    job.script.write_text(_script(job, time, mem, cpus))
+    return job
+
+
+def job_figures(job: PlannedJob | str | Path) -> list[dict[str, Any]]:
+    """What each rank of a finished job measured, rank 0 first.
+
+    Args:
+        job: the :class:`PlannedJob`, or its folder.
+
+    Returns:
+        One dict per rank: ``rank``, ``stage``, ``coordinates``, ``how``, ``held``
+        (bytes of ``params``, ``grads``, ``optimizer``, and ``activations`` of one
+        micro-batch when pp is 1), ``collectives`` (``{"all_reduce dp": [calls,
+        bytes]}`` of the last step), ``parameter_tensors``, ``checksum``, ``model``,
+        ``layout``, ``backend``, ``node``, ``step_s``.
+
+    Raises:
+        FileNotFoundError: the folder has no ranks' figures, or not all of them
+            (the job has not run, or failed: its output file says why).
+
+    Example:
+        >>> figures = job_figures("runs/plan")                   # doctest: +SKIP
+        >>> figures[0]["held"]["params"]                         # doctest: +SKIP
+        230528
+    """
+    folder = job.folder if isinstance(job, PlannedJob) else Path(job)
+    files = sorted(folder.glob("rank-*.json"), key=lambda p: int(p.stem[5:]))
+    if not files:
+        raise FileNotFoundError(
+            f"no rank-*.json in {folder}: the job has not run there yet, or failed "
+            "before its ranks wrote; wait for it (job.wait()) and read its output "
+            "(job.output())"
+        )
+    figures = [json.loads(p.read_text()) for p in files]
+    world = figures[0]["world_size"]
+    missing = sorted(set(range(world)) - {f["rank"] for f in figures})
+    if missing:
+        raise FileNotFoundError(
+            f"{folder} has the figures of {len(figures)} of {world} ranks; ranks "
+            f"{missing} wrote none: the job failed or is still running; read its "
+            "output (job.output())"
+        )
+    return figures
+
+
+def _estimate(first: dict[str, Any], stage: int, ranks_per_node: int):
+    shape = ModelShape(**first["model"])
+    return estimate(
+        shape, Layout(**first["layout"]), gpus_per_node=ranks_per_node, stage=stage
+    )
+
+
+def job_rows(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured figures beside the estimate's, one row per rank and term.
+
+    Memory terms ("parameters", "gradients", "optimizer", "activations") and each
+    collective of the estimate or the run (``"all_reduce dp"``, ...: ``(calls,
+    bytes)``). ``explained`` is the difference a known cause gives: Adam's step
+    counters for the optimizer state (4 B per parameter tensor), the loss's saved
+    ``total_weight`` for the activations (4 B), both left out by the estimate; 0
+    elsewhere; a pipeline's receives are not compared (the estimate
+    counts sends; a receive is the neighbour's send).
+
+    Returns:
+        ``[{"rank", "stage", "term", "estimate", "measured", "explained"}, ...]``;
+        memory in bytes, collectives as ``[calls, bytes]``, None where one side has
+        no figure.
+    """
+    first = figures[0]
+    per_node = sum(1 for f in figures if f["node"] == first["node"]) or 1
+    rows: list[dict[str, Any]] = []
+    for fig in figures:
+        est = _estimate(first, fig["stage"], per_node)
+        for term, key in (
+            ("parameters", "params"),
+            ("gradients", "grads"),
+            ("optimizer", "optimizer"),
+            ("activations", "activations"),
+        ):
+            counters = STEP_COUNTER * fig["parameter_tensors"]
+            rows.append(
+                {
+                    "rank": fig["rank"],
+                    "stage": fig["stage"],
+                    "term": term,
+                    "estimate": int(est.memory[term]),
+                    "measured": fig["held"].get(key),
+                    "explained": {
+                        "optimizer": counters,
+                        "activations": LOSS_WEIGHT,
+                    }.get(term, 0),
+                }
+            )
+        measured = {k: v for k, v in fig["collectives"].items() if k != "recv pp"}
+        for key in sorted(set(est.collectives) | set(measured)):
+            guess = est.collectives.get(key)
+            rows.append(
+                {
+                    "rank": fig["rank"],
+                    "stage": fig["stage"],
+                    "term": key,
+                    "estimate": None if guess is None else [guess[0], int(guess[1])],
+                    "measured": measured.get(key),
+                    "explained": 0,
+                }
+            )
+    return rows
+
+
+def _ranks(ranks: list[int]) -> str:
+    return (
+        f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    )
+
+
+def job_against_estimate(figures: list[dict[str, Any]]) -> str:
+    """The job's measured memory per rank and collectives per step beside the
+    estimate of the same layout, in 88 columns; ranks that measured the same are
+    shown together.
+
+    Raises:
+        ValueError: no figures.
+
+    Example:
+        >>> print(job_against_estimate(job_figures(job)))        # doctest: +SKIP
+    """
+    if not figures:
+        raise ValueError("job_against_estimate needs the ranks' figures: job_figures")
+    first, rows = figures[0], job_rows(figures)
+    lay = Layout(**first["layout"])
+    nodes = 1 + max(f["node"] for f in figures)
+    device = first["device"].split(":")[0]
+    lines = [
+        f"{first['model']['name']}, {lay.describe()}: {len(figures)} {device} ranks "
+        f"on {nodes} node{'s' * (nodes > 1)}, {first['backend']}, last of "
+        f"{first['steps']} steps",
+    ]
+    groups: dict[str, list[int]] = {}
+    for fig in figures:
+        mine = [(r["term"], r["estimate"], r["measured"]) for r in rows
+                if r["rank"] == fig["rank"]]  # fmt: skip
+        groups.setdefault(json.dumps([fig["stage"], mine]), []).append(fig["rank"])
+    for ranks in groups.values():
+        fig = figures[ranks[0]]
+        where = f"stage {fig['stage']} of {lay.pp}; " if lay.pp > 1 else ""
+        lines.append(f"{_ranks(ranks)}: {where}{fig['how']}")
+        lines.append(
+            f"  {'memory (bytes)':<20}{'estimate':>13}{'measured':>13}"
+            f"{'meas/est':>10}  difference"
+        )
+        mine = [r for r in rows if r["rank"] == ranks[0]]
+        for r in mine[:4]:
+            guess, seen = r["estimate"], r["measured"]
+            if seen is None:
+                lines.append(
+                    f"  {r['term']:<20}{guess:>13,}{'-':>13}{'':>10}  "
+                    "not measured in a pipeline"
+                )
+                continue
+            gap = seen - guess
+            why = "none" if gap == 0 else f"{gap:+,} B"
+            if gap and gap == r["explained"] and r["term"] == "optimizer":
+                why += f" = {fig['parameter_tensors']} step counters"
+            elif gap and gap == r["explained"]:
+                why += " = loss's total_weight"
+            elif gap:
+                why += ": unexplained"
+            ratio = f"{seen / guess:.4f}" if guess else "-"
+            lines.append(f"  {r['term']:<20}{guess:>13,}{seen:>13,}{ratio:>10}  {why}")
+        lines.append(f"  {'collectives / step':<20}{'estimate':>18}{'measured':>18}")
+        for r in mine[4:]:
+            guess, seen = r["estimate"], r["measured"]
+            shown = [
+                "-" if v is None else f"{v[0]} x, {v[1]:,} B" for v in (guess, seen)
+            ]
+            same = "same" if guess == seen else "DIFFERENT"
+            lines.append(f"  {r['term']:<20}{shown[0]:>18}{shown[1]:>18}  {same}")
+    if lay.zero == 0 and lay.dp > 1:
+        replicas: dict[tuple, set] = {}
+        for fig in figures:
+            c = fig["coordinates"]
+            replicas.setdefault((c["pp"], c["tp"]), set()).add(
+                round(fig["checksum"], 6)
+            )
+        agree = all(len(v) == 1 for v in replicas.values())
+        lines.append(
+            "data-parallel replicas hold the same weights after the steps: "
+            f"{'yes' if agree else 'NO'}"
+        )
+    return "\n".join(line[:88] for line in lines)

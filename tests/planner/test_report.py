@@ -158,6 +158,23 @@ def test_the_widgets_replan_on_a_change_and_show_why_a_layout_fails():
     assert bundle["text/plain"] == repr(p)
 
 
+def test_the_widgets_plan_interleaving_sequence_parallelism_and_overlap():
+    p = planner.explore(nodes=8, gpus_per_node=8, tp=8, pp=2, micro_batches=8)
+    plain = p.estimate
+    p.controls["virtual_stages"].value = 2
+    p.controls["sequence_parallel"].value = True
+    p.controls["tp_overlap"].value = True
+    assert p.estimate.layout == dataclasses.replace(
+        plain.layout, virtual_stages=2, sequence_parallel=True, tp_overlap=True
+    )
+    assert p.estimate.time["bubble"] == pytest.approx(plain.time["bubble"] / 2)
+    assert p.estimate.step < plain.step
+    assert "sp v=2 tp-overlap" in p.plot_out.outputs[0]["text"]
+    p.controls["tp"].value = 1  # nothing to split along the sequence: says why
+    assert p.estimate is None
+    assert p.message.startswith("Layout: sequence_parallel=True needs tensor")
+
+
 def test_the_fake_backend_button_prints_the_comparison():
     p = planner.explore(
         model="tiny", nodes=2, gpus_per_node=4, tp=2, pp=1, checkpointing="none"
@@ -193,6 +210,9 @@ def test_an_unknown_starting_model_is_refused():
         ("micro_batches", -1, "1 to 256"),
         ("tp", True, "1 to 64"),
         ("nodes", "8", "1 to 1,024"),
+        ("virtual_stages", 0, "1 to 16"),
+        ("sequence_parallel", 1, "False, True"),
+        ("tp_overlap", "yes", "False, True"),
     ],
 )
 def test_a_starting_value_the_widgets_cannot_show_is_refused_by_name(

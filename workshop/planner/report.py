@@ -8,7 +8,8 @@ Two ways in, the same figures:
   pipeline bubble). It needs no widgets, so it runs under nbval, in CI and in a script.
 - :func:`explore` shows the same as ipywidgets, a :class:`Planner`: a model, a GPU, a
   network, nodes, GPUs per node, the degrees, ZeRO stage, micro-batches,
-  checkpointing and precision, replanned on every change, and a button that runs one
+  checkpointing, precision, interleaving, sequence parallelism and overlapped
+  tensor-parallel communication, replanned on every change, and a button that runs one
   rank of the layout on PyTorch's fake backend and prints the estimate beside what the
   framework really holds and sends. The widgets write their outputs as plain output
   records (``Output.outputs``), not through ``with out:``, so they work the same
@@ -250,7 +251,8 @@ class Planner:
         view: the ipywidgets ``VBox`` to display or embed.
         controls: the input widgets by name ("model", "gpu", "network", "nodes",
             "gpus_per_node", "tp", "pp", "zero", "micro_batch", "micro_batches",
-            "checkpointing", "precision", "rank"); set a ``.value`` to replan.
+            "checkpointing", "precision", "virtual_stages", "sequence_parallel",
+            "tp_overlap", "rank"); set a ``.value`` to replan.
         plot_out: the ``Output`` with the table and the picture, or the message
             saying why the layout cannot be planned.
         fake_out: the ``Output`` with the fake-backend comparison.
@@ -278,7 +280,10 @@ class Planner:
             ValueError: the inputs make no layout (the message says why).
         """
         c = {name: w.value for name, w in self.controls.items()}
-        options = ("zero", "micro_batch", "micro_batches", "checkpointing", "precision")
+        options = (
+            "zero", "micro_batch", "micro_batches", "checkpointing", "precision",
+            "virtual_stages", "sequence_parallel", "tp_overlap",
+        )  # fmt: skip
         layout = layout_for_gpus(
             c["nodes"],
             c["gpus_per_node"],
@@ -389,13 +394,17 @@ _OFFERS: dict[str, Any] = {
     "gpus_per_node": (1, 2, 4, 8), "tp": range(1, 65), "pp": range(1, 65),
     "zero": (0, 1, 2, 3), "micro_batch": range(1, 65), "micro_batches": range(1, 257),
     "checkpointing": ("none", "selective", "full"), "precision": ("bf16", "fp32"),
+    "virtual_stages": range(1, 17), "sequence_parallel": (False, True),
+    "tp_overlap": (False, True),
 }  # fmt: skip
 
 
 def _check_start(values: dict[str, Any]) -> None:
     for name, offered in _OFFERS.items():
         value = values[name]
-        if type(value) not in (int, str) or value not in offered:
+        flag = isinstance(offered, tuple) and all(type(o) is bool for o in offered)
+        kinds = (bool,) if flag else (int, str)
+        if type(value) not in kinds or value not in offered:
             shown = (
                 f"{offered.start} to {offered.stop - 1:,}"
                 if isinstance(offered, range)
@@ -420,6 +429,9 @@ def explore(
     micro_batches: int = 4,
     checkpointing: str = "full",
     precision: str = "bf16",
+    virtual_stages: int = 1,
+    sequence_parallel: bool = False,
+    tp_overlap: bool = False,
 ) -> Planner:
     """The layout planner as widgets, starting from the layout the arguments give.
 
@@ -434,7 +446,8 @@ def explore(
             :data:`~workshop.planner.layout.GPUS`,
             :data:`~workshop.planner.layout.NETWORKS`.
         nodes, gpus_per_node, tp, pp: the allocation and the degrees.
-        zero, micro_batch, micro_batches, checkpointing, precision: as in
+        zero, micro_batch, micro_batches, checkpointing, precision,
+            virtual_stages, sequence_parallel, tp_overlap: as in
             :class:`~workshop.planner.layout.Layout`.
 
     Returns:
@@ -491,6 +504,21 @@ def explore(
             "checkpointing", _OFFERS["checkpointing"], checkpointing
         ),
         "precision": choice("precision", _OFFERS["precision"], precision),
+        "virtual_stages": number("virtual stages", virtual_stages, "virtual_stages"),
+        "sequence_parallel": widgets.Checkbox(
+            value=sequence_parallel,
+            description="sequence parallel",
+            style=style,
+            layout=narrow,
+            indent=False,
+        ),
+        "tp_overlap": widgets.Checkbox(
+            value=tp_overlap,
+            description="overlap tp comm",
+            style=style,
+            layout=narrow,
+            indent=False,
+        ),
         "rank": widgets.BoundedIntText(
             value=0,
             min=0,
@@ -514,6 +542,7 @@ def explore(
         row("model", "gpu", "network"),
         row("nodes", "gpus_per_node", "tp", "pp", then=(dp_label,)),
         row("zero", "micro_batch", "micro_batches", "checkpointing", "precision"),
+        row("virtual_stages", "sequence_parallel", "tp_overlap"),
         row("rank", then=(button,)),
         # Side by side where the screen is wide enough, one under the other if not.
         widgets.HBox([plot_out, fake_out], layout=widgets.Layout(flex_flow="row wrap")),

@@ -74,7 +74,8 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200):
         vocab=vocab,
         seq=2048,
         fused=True,
-        source="GPT-3's shape (Brown et al. 2020) as Megatron-LM builds it",
+        source="a GPT as the run's source gives its sizes, built as Megatron-LM "
+        "builds it",
     )
 
 
@@ -85,8 +86,9 @@ _NARAYANAN = (
 )
 _KORTHIKANTI = (
     "Korthikanti et al., Reducing Activation Recomputation in Large Transformer "
-    "Models, 2022, Tables 3 and 4, and the Megatron-LM README's MFU table (A100 80GB, "
-    "sequence parallelism and selective recomputation, data-parallel size 1)"
+    "Models, 2022: the model sizes and layouts, and their MFU as the Megatron-LM "
+    "README's table gives it (A100 80GB, sequence parallelism and selective "
+    "recomputation, data-parallel size 1)"
 )
 _NEMO = (
     "NVIDIA, DGX Cloud Benchmarking recipes, NeMo Megatron GPT3 175B, 'Expected "
@@ -118,7 +120,8 @@ _LLAMA_405B = ModelShape(
     vocab=128256,
     seq=8192,
     mlp="swiglu",
-    source="Dubey et al. 2024, Table 3",
+    source="Dubey et al. 2024, Table 3; the vocabulary as the released tokenizer "
+    "has it (128,256)",
 )
 # 126 layers do not split over 16 stages: Meta took one layer off the first and the
 # last stage (section 3.3.2), so 14 of the 16 stages hold 8 layers and set the pace.

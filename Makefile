@@ -75,8 +75,13 @@ environment:
 # JupyterLab refuses to run as root unless told; containers often run as root.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
+# JupyterLab's defaults as a class wants them (scripts/lab-settings/overrides.json): no
+# "receive official Jupyter news?" prompt over the corner of every page, no update check.
+LAB_SETTINGS = --LabApp.app_settings_dir="$(CURDIR)/scripts/lab-settings"
+
 lab: environment
-	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(ROOT_ARGS) $(LAB_ARGS) $(NOTEBOOKS)
+	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(LAB_SETTINGS) $(ROOT_ARGS) $(LAB_ARGS) \
+		$(NOTEBOOKS)
 
 # Every notebook under $(NOTEBOOKS)/ is run by nbval and its outputs compared with
 # the stored ones, after tests/nbval_sanitize.cfg replaces times, ports, PIDs and

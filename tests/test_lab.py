@@ -28,3 +28,15 @@ def test_make_lab_serves_the_notebooks_on_loopback(make_lab):
     for line in listening.splitlines():
         if line.split()[3:4] and line.split()[3].endswith(f":{port}"):
             assert line.split()[3].startswith(("127.0.0.1:", "[::1]:")), line
+
+
+def test_make_lab_asks_no_news_question_and_checks_no_update(make_lab):
+    # JupyterLab's "Would you like to receive official Jupyter news?" would sit over
+    # the bottom-right corner of every page on the projector: make lab gives its
+    # settings scripts/lab-settings/overrides.json, which answers it (and the portal's
+    # servers get the same: tests/instructor/test_portal_config.py).
+    plugin = "@jupyterlab/apputils-extension:notification"
+    answer = make_lab.get(f"/lab/api/settings/{plugin}")
+    defaults = answer["schema"]["properties"]
+    assert defaults["fetchNews"]["default"] == "false"
+    assert defaults["checkForUpdates"]["default"] is False

@@ -167,7 +167,7 @@ def test_command_line_options_are_parsed():
     ("argv", "message"),
     [
         (["--skip", "gpu"], "invalid choice: 'gpu'"),
-        (["--timeout", "0"], "give seconds above 0, not 0"),
+        (["--timeout", "0"], "argument --timeout: 0 is not a number above 0"),
     ],
 )
 def test_bad_options_are_argparses_errors(argv, message, capsys):

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import needs_private_slurm, open_to_all
+from conftest import clean_env, needs_private_slurm, open_to_all
 
 # The portal's packages (pip install -e ".[portal]": jupyterhub, batchspawner), which
 # a GPU node's wheelhouse rightly leaves out: there these tests skip, saying so.
@@ -211,6 +211,20 @@ def test_status_and_stop_of_a_folder_without_a_portal(tmp_path):
     assert (stopped.jobs_left, stopped.killed, stopped.users_removed) == ([], [], [])
 
 
+def test_the_stop_hint_works_from_a_fresh_shell_in_any_folder(tmp_path):
+    # What start prints as "stop it: ...": a shell elsewhere, with none of this
+    # process's environment, runs it as it is.
+    folder = tmp_path / "no portal here"
+    folder.mkdir()
+    done = subprocess.run(
+        ["bash", "-c", portal.stop_command(folder)], cwd="/", env=clean_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"portal in {folder} stopped: 0 jobs")
+    assert "Traceback" not in done.stderr
+
+
 # ---- a running portal -------------------------------------------------------------
 
 
@@ -238,6 +252,10 @@ def test_the_portal_answers_on_loopback_only_and_keeps_its_secrets_private(runni
         mode = stat.S_IMODE((running.folder / "secrets" / name).stat().st_mode)
         assert mode == 0o600, (name, oct(mode))
     assert stat.S_IMODE((running.folder / "secrets").stat().st_mode) == 0o700
+    # The hub's database and log name the learners: the owner's only.
+    for private in ("hub.sqlite", "log/hub.log"):
+        mode = stat.S_IMODE((running.folder / private).stat().st_mode)
+        assert mode == 0o600, (private, oct(mode))
     # The hub's config holds no secret; no command line names one.
     secrets = [
         (running.folder / "secrets" / n).read_text().strip()

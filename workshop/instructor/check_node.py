@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
+from .._cli import above_zero, whole_number, writable_file
 from .._procs import interrupted
 from ..env import visible_gpu_count
 from .check_results import SKIPPED, STEPS, CheckReport, CheckStep, TrainSettings
@@ -237,13 +238,6 @@ def check_node(
 
 
 # ------------------------------------------------------------------ command line
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"give seconds above 0, not {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop check-node``."""
     parser.add_argument(
@@ -257,17 +251,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="STEP",
         help=f"leave a step out (repeatable): {', '.join(STEPS)}",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    parser.add_argument(
+        "--json",
+        type=writable_file("--json check.json"),
+        metavar="PATH",
+        help="also write the results here",
+    )
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=above_zero("--timeout 900"),
         default=DEFAULT_TIMEOUT,
         metavar="S",
         help=f"seconds each step (each notebook) may run (default {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument(
         "--launch-repeats",
-        type=int,
+        type=whole_number(1, "--launch-repeats 3"),
         default=3,
         metavar="N",
         help="timed launches after the first on the fork paths (default 3)",
@@ -277,10 +276,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cpu-train", action="store_true", help="run it where no GPU is visible too"
     )
     train.add_argument("--train-model", default="resnet50", metavar="NAME")
-    train.add_argument("--train-batch-size", type=int, metavar="N")
-    train.add_argument("--train-image-size", type=int, default=224, metavar="PX")
-    train.add_argument("--train-steps", type=int, default=30, metavar="N")
-    train.add_argument("--train-warmup", type=int, default=5, metavar="N")
+    for name, least, default, metavar in (
+        ("batch-size", 1, None, "N"),
+        ("image-size", 1, 224, "PX"),
+        ("steps", 1, 30, "N"),
+        ("warmup", 0, 5, "N"),
+    ):
+        example = f"--train-{name} {default or 32}"
+        train.add_argument(
+            f"--train-{name}",
+            type=whole_number(least, example),
+            default=default,
+            metavar=metavar,
+        )
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._cli import above_zero
 from .kernelspec_plan import (
     DEFAULT_NAME,
     TIMEOUT_S,
@@ -330,7 +331,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=above_zero("--timeout 120"),
         default=TIMEOUT_S,
         metavar="S",
         help=f"seconds for the Python, the kernel's start and its imports, each "

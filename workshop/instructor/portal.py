@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -277,6 +278,11 @@ def start(
         )
         env = _hub_env(folder, conf)
         log = folder / "log" / "hub.log"
+        # The hub's log and database name the learners and their servers: readable by
+        # the portal's owner only (an empty file is a new database to SQLite).
+        for private in (log, folder / "hub.sqlite"):
+            os.close(os.open(private, os.O_CREAT | os.O_WRONLY, 0o600))
+            os.chmod(private, 0o600)
         with open(log, "ab") as out:
             hub = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)],
@@ -293,6 +299,16 @@ def start(
         stop(folder)
         raise
     return Portal(folder, url, names[:-1], passwords, conf, hub.pid, admin)
+
+
+def stop_command(folder: str | os.PathLike[str]) -> str:
+    """The shell command that stops the portal in ``folder``, from any shell: this
+    Python, run from the project root (where the package is found, whatever folder
+    the shell is in and whether or not the package is installed)."""
+    return (
+        f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m workshop "
+        f"portal stop --folder {shlex.quote(str(Path(folder).resolve()))}"
+    )
 
 
 def _hub_env(folder: Path, conf: Path) -> dict[str, str]:
@@ -424,7 +440,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             print(
                 f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)"
             )
-            print(f"stop it: python -m workshop portal stop --folder {portal.folder}")
+            print(f"stop it: {stop_command(portal.folder)}")
         elif args.action == "stop":
             stopped = stop(args.folder)
             print(

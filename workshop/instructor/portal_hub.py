@@ -183,6 +183,10 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
     bin_dir = str(Path(python).parent)
     c.PortalSpawner.batchspawner_singleuser_cmd = f"{python} -m batchspawner.singleuser"
     c.PortalSpawner.cmd = ["jupyterhub-singleuser"]
+    # The same JupyterLab defaults as make lab's (scripts/lab-settings): no news prompt
+    # over the corner of every page a learner projects.
+    settings_dir = Path(settings["root"]) / "scripts" / "lab-settings"
+    c.PortalSpawner.args = [f"--LabApp.app_settings_dir={settings_dir}"]
     c.PortalSpawner.learner_venv = str(Path(python).parent.parent)
     c.PortalSpawner.notebook_dir = f"~/{COPY}/notebooks"
     c.PortalSpawner.default_url = "/lab"

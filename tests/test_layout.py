@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workshop"
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 # The modules at the top of workshop/ that every wing may read.
-BASE = {"env", "allocation", "features", "_procs", "_version", "_exports"}
+BASE = {"env", "allocation", "features", "_procs", "_version", "_exports", "_cli"}
 # What sits above every wing: the public API, the commands, and the gallery (which
 # runs examples to draw them).
 TOP = {"", "__main__", "gallery"}

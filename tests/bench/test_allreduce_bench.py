@@ -614,9 +614,11 @@ def test_cli_under_torchrun_joins_the_job_and_rank_0_reports(tmp_path):
             "max_size=1024 bytes (1 KiB) is "
             "smaller than min_size=4096 bytes (4 KiB); raise max_size",
         ),
-        (["--world-size", "1"], "--world-size 1: an all-reduce needs 2 ranks or more"),
+        (["--world-size", "1"], "argument --world-size: 1 is not a whole number, 2 or "
+         "more (an all-reduce needs 2 ranks); e.g. --world-size 2"),
         (["--max-size", "3X"], "cannot read the size '3X'"),
-        (["--repeats", "0"], "repeats=0: time each size at least once"),
+        (["--repeats", "0"], "argument --repeats: 0 is not a whole number, 1 or more "
+         "(each size is timed at least once); e.g. --repeats 20"),
         (
             ["--reference-size", "0"],
             "argument --reference-size: a reference copy of 0 bytes is too small to "

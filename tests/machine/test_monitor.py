@@ -243,12 +243,14 @@ def test_the_command_writes_samples(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--interval", "0"], "interval=0.0 must be seconds between samples"),
-        (["--seconds", "-3"], "--seconds -3.0 must be > 0"),
+        (["--interval", "0"], "argument --interval: 0 is not a number above 0"),
+        (["--seconds", "-3"], "argument --seconds: -3 is not a number above 0"),
     ],
 )
 def test_the_command_refuses_bad_arguments(args, message, tmp_path, capsys):
-    assert main(["monitor", *args, "--output", str(tmp_path / "m.csv")]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["monitor", *args, "--output", str(tmp_path / "m.csv")])
+    assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m.csv").exists()
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._cli import above_zero, whole_number
 from ..allocation import available_memory
 from .allreduce_result import (
     DTYPE_BYTES,
@@ -442,7 +443,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench allreduce``."""
     parser.add_argument(
         "--world-size",
-        type=int,
+        type=whole_number(2, "--world-size 2", "an all-reduce needs 2 ranks"),
         default=None,
         help="ranks to start when no launcher started this process (default: one "
         "per GPU, else 2); under torchrun, srun or mpirun the job's ranks run",
@@ -464,10 +465,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in memory are skipped)",
     )
     parser.add_argument(
-        "--factor", type=int, default=4, help="each size is this times the last (4)"
+        "--factor",
+        type=whole_number(2, "--factor 4"),
+        default=4,
+        help="each size is this times the last (4)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=20, help="timed calls per size, at least (20)"
+        "--repeats",
+        type=whole_number(1, "--repeats 20", "each size is timed at least once"),
+        default=20,
+        help="timed calls per size, at least (20)",
     )
     parser.add_argument(
         "--min-time",
@@ -476,7 +483,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds of timed calls per size: small sizes repeat more (1.0)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=5, help="untimed calls per size (5)"
+        "--warmup",
+        type=whole_number(0, "--warmup 5"),
+        default=5,
+        help="untimed calls per size (5)",
     )
     parser.add_argument(
         "--reference-size",
@@ -492,7 +502,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plot", action="store_true", help="also write PREFIX.png")
     parser.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds before ranks are stopped"
+        "--timeout",
+        type=above_zero("--timeout 600"),
+        default=600.0,
+        help="seconds before ranks are stopped",
     )
 
 

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
+from .._cli import whole_number, writable_file
+
 # The no-op torchrun runs: the same work a launch does around the lesson's function.
 _TORCHRUN_NOOP = """\
 import torch.distributed as dist
@@ -313,29 +315,45 @@ def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
     }
 
 
+_PATHS = ("fork", "server", "spawn")
+
+
+def _methods_arg(text: str) -> list[str]:
+    """--methods: start paths, comma-separated, each one the launcher knows."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods or set(methods) - set(_PATHS):
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a list of start paths from {', '.join(_PATHS)}; "
+            "e.g. --methods fork,server"
+        )
+    return methods
+
+
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench launch``."""
-    parser.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
+    ranks = whole_number(1, "--world-size 4")
+    parser.add_argument("--world-size", type=ranks, default=4, help="ranks (default 4)")
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=whole_number(1, "--repeats 5"),
         default=5,
         help="timed launches per fast path (default 5)",
     )
     parser.add_argument(
         "--slow-repeats",
-        type=int,
+        type=whole_number(1, "--slow-repeats 2"),
         default=2,
         help="timed runs of spawn and torchrun (default 2)",
     )
     parser.add_argument(
         "--in-a-row",
-        type=int,
+        type=whole_number(0, "--in-a-row 50 (0 skips it)"),
         default=50,
         help="launches in a row checked for hangs (default 50)",
     )
     parser.add_argument(
         "--methods",
+        type=_methods_arg,
         default="fork,server,spawn",
         help="start paths to time (default fork,server,spawn)",
     )
@@ -346,12 +364,17 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ddp-repeats",
-        type=int,
+        type=whole_number(0, "--ddp-repeats 3 (0 skips them)"),
         default=3,
         help="timed DDP + AdamW and trivial launches of 2 ranks in a fresh process, "
         "per path (default 3; 0 skips them)",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--json",
+        type=writable_file("--json launch.json"),
+        metavar="PATH",
+        help="also write the figures as JSON",
+    )
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -364,7 +387,7 @@ def launch_main(args: argparse.Namespace) -> int:
         f"torch {torch.__version__}"
     )
     rows = []
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = args.methods
     for method in methods:
         repeats = args.slow_repeats if method == "spawn" else args.repeats
         rows.append(time_launch(method, n, repeats))
@@ -444,13 +467,22 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--batch-size",
-        type=int,
+        type=whole_number(1, "--batch-size 32"),
         default=None,
         help="samples per step (default 256 on a GPU, 8 on the CPU)",
     )
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument(
+        "--image-size", type=whole_number(1, "--image-size 224"), default=224
+    )
+    parser.add_argument(
+        "--steps", type=whole_number(1, "--steps 30"), default=30, help="timed steps"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=whole_number(0, "--warmup 5"),
+        default=5,
+        help="untimed steps first",
+    )
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="bf16")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument(
@@ -458,7 +490,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time a plain PyTorch loop instead of the workshop's train_step",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--json",
+        type=writable_file("--json train.json"),
+        metavar="PATH",
+        help="also write the figures as JSON",
+    )
 
 
 def _bare_step(

@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .._cli import above_zero, writable_file
 from ..training.progress import Progress
 from .monitor_plot import (
     COLUMNS,
@@ -313,19 +314,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``python -m workshop monitor``'s options to ``parser``."""
     parser.add_argument(
         "--interval",
-        type=float,
+        type=above_zero("--interval 1"),
         default=1.0,
         help="seconds between samples (default 1)",
     )
     parser.add_argument(
         "--seconds",
-        type=float,
+        type=above_zero("--seconds 600"),
         default=3600.0,
         help="stop after this long (default 3600)",
     )
     parser.add_argument(
         "--output",
-        type=Path,
+        type=writable_file("--output monitor.csv"),
         default=Path("monitor.csv"),
         help="CSV file to write (default monitor.csv)",
     )

@@ -21,8 +21,8 @@ longest name Linux keeps). After a launch the kernel stops what still carries it
 tag (:func:`stop_tagged`). If the kernel itself dies, even by SIGKILL, its ranks die
 with it (parent-death signal) but their children would not: a small watchdog, this
 file run as a script, waits for the kernel's death and then stops every process that
-carries one of the kernel's tags. It ignores SIGTERM, which a Slurm job's end sends
-to the kernel and the watchdog alike, so that it outlives the kernel to do that.
+carries one of the kernel's tags, and removes the launches' stack-dump folders. It
+ignores SIGTERM, which a Slurm job's end sends to the kernel and the watchdog alike.
 
     python -I _procs.py KERNEL_PID
 
@@ -53,10 +53,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -107,12 +110,9 @@ def _one_line(message: str) -> list[str]:
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Make this process end when ``parent_pid`` (its parent) ends, however it ends.
-
-    On Linux the kernel delivers SIGKILL on the parent's death (PR_SET_PDEATHSIG), so
-    even a SIGKILLed notebook kernel leaves no rank behind. Elsewhere a daemon thread
-    watches for the re-parenting that follows the parent's death.
-    """
+    """Make this process end when ``parent_pid`` (its parent) ends, however it ends:
+    Linux sends SIGKILL on the parent's death (PR_SET_PDEATHSIG), even a SIGKILLed
+    kernel's; elsewhere a daemon thread watches for the re-parenting that follows."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -239,6 +239,13 @@ def _base36(n: int) -> str:
 def kernel_prefix(pid: int | None = None) -> str:
     """The start of every tag of the kernel ``pid`` (this process by default)."""
     return f"w{_base36(os.getpid() if pid is None else pid)}."
+
+
+def stacks_prefix(pid: int | None = None) -> str:
+    """How the stack-dump folders of kernel ``pid`` (this one by default) are named:
+    its pid and start time, which no later process of the same pid shares."""
+    pid = os.getpid() if pid is None else pid
+    return f"workshop-stacks-{_base36(pid)}-{_base36(start_ticks(pid))}-"
 
 
 def launch_tag(number: int, pid: int | None = None) -> str:
@@ -376,13 +383,16 @@ def stop_tagged(
 
 
 def watch_kernel(kernel: int, poll: float = 0.25) -> None:
-    """Wait for the kernel (this process's parent) to end, then stop every process
-    that carries one of its tags. The kernel is gone: no grace period."""
+    """Wait for the kernel (this process's parent) to end, stop every process that
+    carries one of its tags (no grace: the kernel is gone), remove its dump folders."""
     since = start_ticks(kernel)
     prefix = kernel_prefix(kernel)
+    stacks = os.path.join(tempfile.gettempdir(), stacks_prefix(kernel))
     while os.getppid() == kernel:
         time.sleep(poll)
     stop_tagged(prefix, exact=False, since=since, grace=0.0)
+    for folder in glob.glob(glob.escape(stacks) + "*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def start_watchdog() -> subprocess.Popen | None:
@@ -407,12 +417,10 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -I _procs.py KERNEL_PID")
     # The kernel's Ctrl-C, or a signal to its process group, is not for us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Nor is SIGTERM: when a Slurm job ends (scancel, its time limit), Slurm sends it
-    # to every process of the job step at once, the kernel's and this one's. The
-    # kernel dies of it; this watchdog must live on for the moment it takes to stop
-    # what the kernel's launches left, which Slurm cannot find without cgroups
-    # (proctrack/linuxproc follows parents, and a daemon has left its parent). It
-    # ends on its own once that is done; Slurm's SIGKILL comes only later.
+    # Nor is SIGTERM, which a Slurm job's end sends to the kernel and this watchdog
+    # at once: it must outlive the kernel to stop what its launches left, which Slurm
+    # cannot find without cgroups (proctrack/linuxproc follows parents, which a
+    # daemon has left). It ends on its own; Slurm's SIGKILL comes only later.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     watch_kernel(int(argv[0]))
 

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,10 +172,18 @@ def test_children_of_ranks_end_on_an_interrupt(script, tmp_path, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_children_of_ranks_end_when_the_kernel_is_killed(script, tmp_path, method):
     s, pids = _kernel_with_children(script, tmp_path, method)
+    stacks = Path(tempfile.gettempdir()).glob(sweep.stacks_prefix(s.popen.pid) + "*")
+    stacks = list(stacks)
+    assert len(stacks) == 1  # the launch's folder for its ranks' stack dumps
     s.popen.kill()  # what a crashed kernel, or Jupyter's restart, does
     s.popen.wait(10)
-    # The kernel's watchdog notices within a quarter of a second, then stops them.
+    # The kernel's watchdog notices within a quarter of a second, then stops them,
+    # and removes the stack-dump folder the launch could not.
     assert not gone(pids, within=10), "a rank's child outlived the killed kernel"
+    deadline = time.monotonic() + 10
+    while stacks[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not stacks[0].exists(), f"{stacks[0]} outlived the killed kernel"
 
 
 def test_a_launch_with_no_children_reports_nothing(capfd):

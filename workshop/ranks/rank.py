@@ -36,7 +36,7 @@ from typing import IO, Any, NamedTuple, Protocol
 
 import cloudpickle
 
-from .._procs import TAG_VAR, name_thread
+from .._procs import TAG_VAR, name_thread, stacks_prefix
 
 _HEADER = struct.Struct("!Q")
 
@@ -491,7 +491,8 @@ class StackDumps:
     signal that fills them, and their removal."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix="workshop-stacks-")
+        # Named for this kernel, whose watchdog removes it if the kernel is killed.
+        self.folder = tempfile.mkdtemp(prefix=stacks_prefix())
         self.dumps: dict[int, str] = {}
 
     def path(self, rank: int) -> str:

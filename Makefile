@@ -80,8 +80,7 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_SETTINGS = --LabApp.app_settings_dir="$(CURDIR)/scripts/lab-settings"
 
 lab: environment
-	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(LAB_SETTINGS) $(ROOT_ARGS) $(LAB_ARGS) \
-		$(NOTEBOOKS)
+	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(LAB_SETTINGS) $(ROOT_ARGS) $(LAB_ARGS) $(NOTEBOOKS)
 
 # Every notebook under $(NOTEBOOKS)/ is run by nbval and its outputs compared with
 # the stored ones, after tests/nbval_sanitize.cfg replaces times, ports, PIDs and

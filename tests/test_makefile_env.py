@@ -222,8 +222,10 @@ def test_make_sets_up_where_python3_lacks_something(tmp_path):
     setup, lab = done.stdout.splitlines()[:2]
     assert setup == "bash scripts/setup.sh"
     root = ["--allow-root"] if os.geteuid() == 0 else []
+    settings = f'--LabApp.app_settings_dir="{project}/scripts/lab-settings"'
     assert lab.split() == [
-        ".venv/bin/python", "-m", "jupyterlab", "--ip=127.0.0.1", *root, "notebooks"
+        ".venv/bin/python", "-m", "jupyterlab", "--ip=127.0.0.1", settings, *root,
+        "notebooks",
     ]  # fmt: skip
 
 

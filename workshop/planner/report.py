@@ -482,6 +482,11 @@ def explore(
             value=value, min=1, max=top, description=label, style=style, layout=narrow
         )
 
+    def flag(label: str, value: bool) -> Any:
+        return widgets.Checkbox(
+            value=value, description=label, style=style, layout=narrow, indent=False
+        )
+
     controls = {
         "model": choice("model", list(MODELS), model, wide),
         "gpu": choice(
@@ -505,20 +510,8 @@ def explore(
         ),
         "precision": choice("precision", _OFFERS["precision"], precision),
         "virtual_stages": number("virtual stages", virtual_stages, "virtual_stages"),
-        "sequence_parallel": widgets.Checkbox(
-            value=sequence_parallel,
-            description="sequence parallel",
-            style=style,
-            layout=narrow,
-            indent=False,
-        ),
-        "tp_overlap": widgets.Checkbox(
-            value=tp_overlap,
-            description="overlap tp comm",
-            style=style,
-            layout=narrow,
-            indent=False,
-        ),
+        "sequence_parallel": flag("sequence parallel", sequence_parallel),
+        "tp_overlap": flag("overlap tp comm", tp_overlap),
         "rank": widgets.BoundedIntText(
             value=0,
             min=0,

@@ -78,14 +78,18 @@ ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # JupyterLab's defaults as a class wants them (scripts/lab-settings/overrides.json): no
 # "receive official Jupyter news?" prompt over the corner of every page, no update check.
 LAB_SETTINGS = --LabApp.app_settings_dir="$(CURDIR)/scripts/lab-settings"
+# The server's root is the project, so that the notebooks' links to ../docs/ open;
+# the page opens on $(NOTEBOOKS)/.
+LAB_TREE = --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/$(NOTEBOOKS)
 
 lab: environment
-	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(LAB_SETTINGS) $(ROOT_ARGS) $(LAB_ARGS) $(NOTEBOOKS)
+	$(RUN_PYTHON) -m jupyterlab --ip=127.0.0.1 $(LAB_SETTINGS) $(LAB_TREE) $(ROOT_ARGS) $(LAB_ARGS)
 
 # Every notebook under $(NOTEBOOKS)/ is run by nbval and its outputs compared with
 # the stored ones, after tests/nbval_sanitize.cfg replaces times, ports, PIDs and
 # addresses. pytest's exit code 5 means nothing was collected: a failure here.
-# --durations=20: every run ends with its 20 slowest tests.
+# --durations=20: every run ends with its 20 slowest tests; every test's time is in
+# test-artifacts/junit.xml.
 NBVAL = --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 # TEST_WORKERS pytest-xdist workers share the files (tests/conftest.py says how: the
 # files that use the run's one Slurm cluster and make lab go to one worker together,
@@ -97,7 +101,7 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),$(if $(shell $(RUN_PYTHON) -c \
 	'import xdist' 2>/dev/null && echo yes),-n $(TEST_WORKERS) --dist loadfile))
 PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(XDIST) $(NBVAL) \
-	tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
+	--junitxml=test-artifacts/junit.xml tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
 
 # Every rank the suite starts (spawn, torchrun, srun, mpirun), every kernel and every
 # `python -m workshop` is a fresh Python that imports the package (146 modules). Where

@@ -189,10 +189,6 @@ class Lab:
         }
         for folder in dirs.values():
             folder.mkdir(parents=True)
-        for name, values in LAB_SETTINGS.items():
-            path = dirs["settings"] / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(values))
         env = {
             **os.environ,
             MARK_VAR: mark,
@@ -212,6 +208,8 @@ class Lab:
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={tree}",
             f"--LabApp.user_settings_dir={dirs['settings']}",
+            # The workshop's own defaults, as make lab gives them: no news prompt.
+            f"--LabApp.app_settings_dir={ROOT / 'scripts' / 'lab-settings'}",
             f"--LabApp.workspaces_dir={dirs['work']}",
             # window.jupyterapp: the tests drive the page through its commands.
             "--expose-app-in-browser",

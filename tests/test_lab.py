@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -13,9 +15,15 @@ def test_make_lab_serves_the_notebooks_on_loopback(make_lab):
     # The run's one `make lab` (tests/conftest.py), which test_listening.py looks at
     # too; it is stopped at the end of the run, with nothing of it left.
     assert make_lab.popen.poll() is None, make_lab.log()
-    listing = make_lab.get("/api/contents")
+    # The project is served, so that a notebook's link to ../docs/glossary.md opens,
+    # and the page opens on notebooks/.
+    listing = make_lab.get("/api/contents/notebooks")
     names = {item["name"] for item in listing["content"]}
-    assert "02_distributed_data_parallel.ipynb" in names  # served from notebooks/
+    assert "02_distributed_data_parallel.ipynb" in names
+    glossary = make_lab.get("/api/contents/docs/glossary.md")
+    assert glossary["type"] == "file" and "## " in glossary["content"]
+    with urllib.request.urlopen(f"{make_lab.url}/?token={make_lab.token}") as page:
+        assert urllib.parse.urlsplit(page.geturl()).path == "/lab/tree/notebooks"
     # It listens on loopback only: the machine's other addresses get no answer.
     listening = (
         subprocess.run(

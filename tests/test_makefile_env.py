@@ -223,9 +223,15 @@ def test_make_sets_up_where_python3_lacks_something(tmp_path):
     assert setup == "bash scripts/setup.sh"
     root = ["--allow-root"] if os.geteuid() == 0 else []
     settings = f'--LabApp.app_settings_dir="{project}/scripts/lab-settings"'
+    # The project is the server's root (the notebooks' ../docs/ links open) and the
+    # page opens on notebooks/.
+    tree = [
+        f'--ServerApp.root_dir="{project}"',
+        "--LabApp.default_url=/lab/tree/notebooks",
+    ]
     assert lab.split() == [
-        ".venv/bin/python", "-m", "jupyterlab", "--ip=127.0.0.1", settings, *root,
-        "notebooks",
+        ".venv/bin/python", "-m", "jupyterlab", "--ip=127.0.0.1", settings, *tree,
+        *root,
     ]  # fmt: skip
 
 

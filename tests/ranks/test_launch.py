@@ -7,6 +7,7 @@ test_gpu.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -231,7 +232,13 @@ def _hang():
 @pytest.mark.parametrize("method", METHODS)
 def test_timeout_stops_every_rank_and_says_where_they_were(method):
     n = SIZE[method]
-    timeout = 3 if method != "spawn" else 20
+    # The timeout must outlast the ranks' start (a spawned rank imports torch), or
+    # a rank is stopped before it printed: measured here, on this machine under its
+    # present load, by one launch that only starts and joins; four times that leaves
+    # room for the load to rise between the two launches.
+    t0 = time.monotonic()
+    launch(dist.get_rank, world_size=n, start_method=method, show="none")
+    timeout = max(3, math.ceil(4 * (time.monotonic() - t0)))
     t0 = time.monotonic()
     with pytest.raises(
         LaunchError,

@@ -263,3 +263,34 @@ def test_the_watchdog_outlives_a_sigterm_to_sweep_after_the_kernel(tmp_path):
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def test_the_next_launch_sweeps_the_dump_folders_of_a_kernel_that_is_gone(tmp_path):
+    from workshop.ranks.rank import sweep_stale_dumps
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ours = sweep.stacks_prefix()  # this live process: kept
+    pid36, start36 = ours.split("-")[2:4]
+    names = {
+        "dead": f"workshop-stacks-{sweep._base36(dead.pid)}-{start36}-abc",
+        # This pid, but another start time: a later process that took the pid.
+        "reused": f"workshop-stacks-{pid36}-{sweep._base36(int(start36, 36) + 1)}-abc",
+        "live": ours + "abc",
+        "other": "workshop-stacks-notes",  # not a dump folder's name: not touched
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+    removed = sweep_stale_dumps(str(tmp_path))
+    expected = (
+        {names["dead"], names["reused"]} if sweep.start_ticks() else {names["dead"]}
+    )
+    assert {Path(p).name for p in removed} == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        set(names.values()) - expected
+    )
+    # And a launch does it in the system's temporary folder.
+    stale = Path(tempfile.gettempdir()) / names["dead"]
+    stale.mkdir(exist_ok=True)
+    workshop.launch(os.getpid, world_size=2, backend="gloo", show="none")
+    assert not stale.exists()

@@ -4,6 +4,7 @@ under torchrun and with the variables srun and mpirun give each task."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -294,65 +295,45 @@ def test_detail_debugging_set_in_the_kernel_reaches_forked_ranks(monkeypatch):
         )
 
 
-# --- ranks leave together ----------------------------------------------------------
+# --- ranks leave once all have joined ----------------------------------------------
 #
 # init_process_group is no barrier: a rank whose block ends at once would close its gloo
 # connections while a slower rank is still making its own, and that rank's set-up would
-# fail with "Connection closed by peer" (pytorch/pytorch#61396). Rank 0 ends at once;
-# rank 1 looks, a second later, whether rank 0's process is still there.
+# fail with "Connection closed by peer" (pytorch/pytorch#61396). So no rank leaves
+# before every rank's init_process_group has returned. Here rank 1's returns a second
+# late (its init is wrapped to sleep after the real one), and rank 0, whose block is
+# empty, must still be there when it does.
 
-def _still_there(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")  # a zombie has left already
-
-
-def fast_and_slow(folder: str) -> bool | None:
-    import time
-
-    rank = int(os.environ["RANK"])
-    if rank == 0:
-        Path(folder, "rank0.pid").write_text(str(os.getpid()))
-        return None
-    deadline = time.monotonic() + 30
-    while not Path(folder, "rank0.pid").exists():
-        assert time.monotonic() < deadline, "rank 0 never wrote its pid"
-        time.sleep(0.02)
-    time.sleep(1.0)  # rank 0's block ended at least a second ago
-    return _still_there(int(Path(folder, "rank0.pid").read_text()))
-
-
-def test_no_rank_leaves_before_every_rank_has_ended_its_block(tmp_path):
-    import workshop
-
-    run = workshop.launch(fast_and_slow, str(tmp_path), world_size=2, show="none")
-    assert run.returns == [None, True]
-
-
-LEAVING = """
+SLOW_JOIN = """
 import os, sys, time
-from pathlib import Path
-sys.path[:0] = {paths!r}
-from test_worker import fast_and_slow
+import torch.distributed as dist
+from workshop.env import rank_info
 from workshop.ranks.worker import process_group
+rank = rank_info().rank
+real_init = dist.init_process_group
+def slow_init(*args, **kwargs):
+    real_init(*args, **kwargs)
+    if rank == 1:
+        time.sleep(1.0)
+        print("joined at", time.time(), flush=True)
+dist.init_process_group = slow_init
 with process_group() as info:
-    os.environ["RANK"] = str(info.rank)
-    seen = fast_and_slow({folder!r})
-print("rank", info.rank, "saw rank 0 still there:", seen)
+    pass
+print("left at", time.time(), flush=True)
 """
 
 
-def test_ranks_started_by_srun_leave_together_too(tmp_path):
-    # No workshop.launch here: the ranks meet at the store torch makes (env://).
-    here = Path(__file__).resolve().parent
-    script = LEAVING.format(paths=[str(here), str(here.parent)], folder=str(tmp_path))
+def _times(out: str, what: str) -> float:
+    return float(re.search(rf"{what} at ([0-9.]+)", out).group(1))
+
+
+def test_no_rank_leaves_before_every_rank_has_joined():
+    # No workshop.launch: the ranks meet at the store torch makes (env://), as
+    # under srun; the launcher's ranks run the same process_group.
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", script],
+            [sys.executable, "-c", SLOW_JOIN],
             env=task_env("srun", rank, 2, port),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -362,7 +343,42 @@ def test_ranks_started_by_srun_leave_together_too(tmp_path):
     ]
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "rank 1 saw rank 0 still there: True" in outs[1]
+    assert _times(outs[0], "left") >= _times(outs[1], "joined"), outs
+
+
+def returns_early_on_rank_0():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2)
+    if dist.get_rank() == 0:
+        return "done"  # the others' all_reduce below never has it
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_a_rank_that_returned_early_is_named_as_the_cause():
+    import time
+
+    import workshop
+    from workshop.ranks.session import LaunchError
+
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as caught:
+        workshop.launch(returns_early_on_rank_0, world_size=2, show="none", timeout=300)
+    # At once, not at the timeout: rank 0 left the group, the others lost it.
+    assert time.monotonic() - t0 < 120
+    message = str(caught.value)
+    assert message.startswith(
+        "rank(s) 0 of 2 returned from the function (or called sys.exit) while "
+        "rank(s) 1 still called a collective with them"
+    ), message
+    # gloo's words for it: "Connection closed by peer" or "... reset by peer".
+    assert "by peer" in message.splitlines()[0]
+    assert "This is typically" not in message.splitlines()[0]
+    assert "look for a return (or sys.exit) that only some ranks reach" in message
+    assert caught.value.failed_ranks == [1]
+    assert "in returns_early_on_rank_0" in message  # rank 1's traceback
 
 
 def ends_its_own_group() -> int:
@@ -373,7 +389,7 @@ def ends_its_own_group() -> int:
     return rank
 
 
-def test_a_block_that_destroyed_its_group_still_leaves_together():
+def test_a_block_that_destroyed_its_group_still_leaves_cleanly():
     import workshop
 
     run = workshop.launch(ends_its_own_group, world_size=2, show="none")

@@ -36,7 +36,7 @@ from typing import IO, Any, NamedTuple, Protocol
 
 import cloudpickle
 
-from .._procs import TAG_VAR, name_thread, stacks_prefix
+from .._procs import TAG_VAR, is_alive, name_thread, stacks_prefix, start_ticks
 
 _HEADER = struct.Struct("!Q")
 
@@ -220,15 +220,19 @@ def run_rank(job: Job, result_fd: int) -> int:
                 write_message(result_fd, error)
                 reported = True
                 raise
-        try:
-            payload = dumps_return(value)
-        except Exception as exc:
-            raise TypeError(
-                f"the function returned a {type(value).__name__} that cannot be "
-                f"serialised back to the notebook ({exc}); return plain data instead: "
-                "numbers, strings, lists, dicts, tensors, or a state_dict"
-            ) from exc
-        write_message(result_fd, ("ok", payload, start, time.time(), list(events)))
+            try:
+                payload = dumps_return(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"the function returned a {type(value).__name__} that cannot be "
+                    f"serialised back to the notebook ({exc}); return plain data "
+                    "instead: numbers, strings, lists, dicts, tensors, or a state_dict"
+                ) from exc
+            # Said before this rank leaves its group: a rank still in a collective
+            # with it then fails, and the launcher must already know that this one
+            # had returned, to name it as the cause.
+            ok = ("ok", payload, start, time.time(), list(events))
+            write_message(result_fd, ok)
         return 0
     except BaseException as exc:
         if not reported:
@@ -486,11 +490,46 @@ class RunningRank(Protocol):
     def signal_rank(self, sig: int) -> None: ...
 
 
+def sweep_stale_dumps(folder: str | None = None) -> list[str]:
+    """Remove this user's stack-dump folders whose kernel is gone; return them.
+
+    A kernel's watchdog removes its folders when the kernel is killed, but a
+    SIGKILL of the whole process group takes the watchdog too. The folder's name
+    holds its kernel's pid and start time (``stacks_prefix``): a folder whose pid
+    is dead, or now belongs to a later process, is left over, and the next launch
+    removes it. Another user's folders are theirs to remove.
+    """
+    folder = tempfile.gettempdir() if folder is None else folder
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 5 or parts[:2] != ["workshop", "stacks"]:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            pid, started = int(parts[2], 36), int(parts[3], 36)
+            if os.lstat(path).st_uid != os.getuid():
+                continue
+        except (ValueError, OSError):
+            continue
+        # Without /proc a start time is 0 and only a dead pid says "gone".
+        if is_alive(pid) and started in (0, start_ticks(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class StackDumps:
     """The launcher's side: a private folder with one stack file per rank, the
     signal that fills them, and their removal."""
 
     def __init__(self) -> None:
+        sweep_stale_dumps()
         # Named for this kernel, whose watchdog removes it if the kernel is killed.
         self.folder = tempfile.mkdtemp(prefix=stacks_prefix())
         self.dumps: dict[int, str] = {}

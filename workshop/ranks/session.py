@@ -310,6 +310,11 @@ class LaunchSession:
         # A rank whose peer died fails in its next collective ("Connection closed by
         # peer"). That is a consequence, not the cause: name the cause first.
         followers = [r for r in raised if _is_peer_loss(errors[r])]
+        # A rank that returned leaves its group; one still calling a collective with
+        # it loses it there. The cause is the rank that returned early.
+        finished = sorted(r for r, m in self.results.items() if m[0] == "ok")
+        if len(followers) == len(raised) and not crashed and finished:
+            return self._returned_early(finished, followers, errors, stopped)
         if len(followers) == len(raised) and not crashed:
             followers = []
         raised = [r for r in raised if r not in followers]
@@ -352,6 +357,31 @@ class LaunchSession:
             errors=errors,
         )
 
+    def _returned_early(
+        self, finished: list[int], lost: list[int], errors: dict, stopped: list[int]
+    ) -> LaunchError:
+        """The error of a launch where ``finished`` returned from the function while
+        ``lost`` still called a collective with them, and failed in it."""
+        first = errors[lost[0]]
+        lines = [
+            f"rank(s) {', '.join(map(str, finished))} of {self.world_size} returned "
+            "from the function (or called sys.exit) while rank(s) "
+            f"{', '.join(map(str, lost))} still called a collective with them; a "
+            "rank that returns leaves the process "
+            f"group, so rank {lost[0]} failed in it with {first.type}: "
+            + first.message.split(" This is typically")[0],
+            "HINT: every rank must call the same collectives in the same order; look "
+            "for a return (or sys.exit) that only some ranks reach.",
+        ]
+        if stopped:
+            lines.append(
+                f"The launcher stopped rank(s) {', '.join(map(str, stopped))}."
+            )
+        lines += ["", f"Traceback of rank {lost[0]}:", first.traceback.rstrip()]
+        return LaunchError(
+            "\n".join(lines), self.result(), failed_ranks=lost, errors=errors
+        )
+
     def _crash(self, rank: int, code: int) -> list[str]:
         """What a rank that ended without reporting an error left to say: the fatal
         error and the innermost frames faulthandler wrote on its stderr when it
@@ -391,6 +421,14 @@ class LaunchSession:
                 else f"  rank {rank} printed nothing"
             )
             lines += self.where(rank)
+        returned = sorted(
+            r for r, m in self.results.items() if m[0] == "ok" and r not in running
+        )
+        if returned:
+            lines.append(
+                f"Rank(s) {', '.join(map(str, returned))} had returned from the "
+                "function; a collective the others called needed them."
+            )
         lines.append(
             "HINT: a rank that never returns is often waiting in a collective that "
             "another\nrank never called"

@@ -32,9 +32,11 @@ SCREEN = (1280, 720)
 ARTEFACTS = ROOT / "test-artifacts" / "browser"
 MARK_VAR = "WORKSHOP_BROWSER_TEST"
 _RANK_NAME = re.compile(r"^w[0-9a-z]+\.[0-9a-z]+$")
-# What the notebooks read next to them (../docs/results, ../slurm, ...): linked, not
-# copied, and only read. notebooks/ itself is copied, as JupyterLab autosaves.
-LINKED = ("docs", "slurm", "scripts")
+# What the notebooks read next to them (../slurm, ...): linked, not copied, and only
+# read. notebooks/ itself is copied, as JupyterLab autosaves; so is docs/, whose
+# pages a test opens in JupyterLab, which writes a checkpoint beside what it opens.
+LINKED = ("slurm", "scripts")
+COPIED = ("docs",)
 # Chromium as root in a closed network: no sandbox (it refuses root otherwise), no
 # GPU, and none of the requests a browser makes on its own.
 CHROMIUM_FLAGS = (
@@ -159,13 +161,16 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def copy_workshop(root: Path) -> Path:
     """A workshop tree under ``root`` for JupyterLab to serve: notebooks/*.ipynb
-    copied (autosave writes there), the folders they read linked. Returns ``root``."""
+    and docs/ copied (JupyterLab writes there), the folders they read linked.
+    Returns ``root``."""
     (root / "notebooks").mkdir(parents=True)
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         shutil.copy2(notebook, root / "notebooks" / notebook.name)
     for name in LINKED:
         if (ROOT / name).exists():
             (root / name).symlink_to(ROOT / name, target_is_directory=True)
+    for name in COPIED:
+        shutil.copytree(ROOT / name, root / name)
     return root
 
 

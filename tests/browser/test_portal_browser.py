@@ -34,7 +34,6 @@ from pathlib import Path
 import pytest
 from browser_helpers import (
     ARTEFACTS,
-    LAB_SETTINGS,
     SCREEN,
     Page,
     browser_missing,
@@ -55,11 +54,13 @@ pytest.importorskip(
 
 from workshop.instructor import portal
 from workshop.instructor.portal_hub import COPY
+from workshop.instructor.portal_learners import processes_of
 
 pytestmark = needs_private_slurm
 
-NB02 = "02_distributed_data_parallel.ipynb"
-NB03 = "03_many_nodes.ipynb"
+# Paths from the server's root, the learner's copy of the workshop (portal_hub.py).
+NB02 = "notebooks/02_distributed_data_parallel.ipynb"
+NB03 = "notebooks/03_many_nodes.ipynb"
 NODES = ("127.0.0.2", "127.0.0.3")
 # portal.start's own words where the machine cannot run a portal (not root, no
 # Slurm): a reason to skip. Any other PortalError is a failure.
@@ -75,6 +76,7 @@ class Learner:
     name: str
     page: Page | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    shown: float = 0.0  # time.monotonic() when JupyterLab's page was first shown
 
 
 def _skip_reason() -> str | None:
@@ -91,8 +93,8 @@ def _skip_reason() -> str | None:
 def _learner_jupyter(folder: Path, home: Path) -> list[str]:
     """The learner's Jupyter configuration (~/.jupyter, owned by them): JupyterLab
     exposes its app to the page (the tests drive it through ``window.jupyterapp``,
-    as in test_lab_browser.py) and starts from the tests' settings (no news, no
-    update check: no request to the internet).
+    as in test_lab_browser.py). Its settings are the portal's own
+    (scripts/lab-settings: no news prompt, no update check), which the tests check.
 
     Where the portal gave the learners a venv of their own without the Jupyter
     files of this environment (``etc/jupyter``, ``share/jupyter``), their server
@@ -122,8 +124,6 @@ def _learner_jupyter(folder: Path, home: Path) -> list[str]:
         links[data / "labextensions"] = ours / "share" / "jupyter" / "labextensions"
     files[config / "jupyter_server_config.json"] = {"LabApp": lab}
     files[config / "jupyter_lab_config.json"] = {"LabApp": lab}
-    for name, values in LAB_SETTINGS.items():
-        files[config / "lab" / "user-settings" / name] = values
     for path, values in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
@@ -188,7 +188,7 @@ def _jobs(conf: Path, user: str) -> list[dict[str, str]]:
 def _kernel_jobs(user: str) -> set[str]:
     """SLURM_JOB_ID of each of ``user``'s kernels (ipykernel), from /proc."""
     found = set()
-    for pid, _, command in portal.processes_of([user]):
+    for pid, _, command in processes_of([user]):
         if "ipykernel" not in command:
             continue
         try:
@@ -281,6 +281,7 @@ def lab(learner):
         poll=0.5,
     )
     page = Page.shown(driver, ARTEFACTS)
+    learner.shown = time.monotonic()
     learner.seconds["login to JupyterLab"] = time.monotonic() - clicked
     page.screenshot("portal-lab")
     page.open_notebook(NB02)
@@ -354,6 +355,56 @@ def _shot(learner: Learner, name: str, index: int | None = None) -> Path:
     return path
 
 
+def _no_news_prompt(page: Page, shown: float) -> None:
+    """JupyterLab's "Would you like to receive official Jupyter news?" toast is not
+    over the corner of the page: the portal's servers answer it with the workshop's
+    lab settings. It comes a moment after the page is ready: looked for until 5 s
+    after JupyterLab was ``shown`` (long past, once a notebook's kernel is up)."""
+    # The overrides become the defaults of the plugin's schema, as the server sends it.
+    fetch = page.js_await(
+        "app.serviceManager.settings"
+        ".fetch('@jupyterlab/apputils-extension:notification')"
+        ".then(s => s.schema.properties.fetchNews.default)"
+    )
+    assert fetch == "false"
+    while True:
+        toasts = page.js(
+            "return [...document.querySelectorAll('.Toastify__toast')]"
+            ".map(t => t.innerText);"
+        )
+        assert not toasts, toasts
+        if time.monotonic() > shown + 5:
+            break
+        time.sleep(0.5)
+
+
+def _a_glossary_link_opens(page: Page) -> None:
+    """A link of notebook 02 to ../docs/glossary.md (its href as JupyterLab resolved
+    it), clicked, opens the glossary of the learner's copy in a tab; the notebook is
+    shown again after."""
+    href = page.js(
+        """const a = [...panel().node.querySelectorAll('.jp-RenderedMarkdown a')]
+          .find(a => (a.getAttribute('href') || '').includes('docs/glossary.md'));
+        if (!a) return null;
+        a.scrollIntoView(); a.click();
+        return a.getAttribute('href');"""
+    )
+    assert href, "notebook 02 shows no link to the glossary"
+    wait_until(
+        f"{href} to open in a tab",
+        lambda: (
+            page.js(
+                "const w = app.shell.currentWidget;"
+                "return w && w.context ? w.context.path : null;"
+            )
+            == "docs/glossary.md"
+        ),
+        timeout=30,
+    )
+    page.screenshot("portal-glossary-link")
+    page.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
+
+
 def test_login_lands_in_jupyterlab_in_a_slurm_job(lab):
     """The login ends in JupyterLab, served from a running Slurm job of the learner
     on a node of the portal's cluster, and the notebook's kernel is in that job."""
@@ -369,6 +420,8 @@ def test_login_lands_in_jupyterlab_in_a_slurm_job(lab):
     assert kernels == {job["id"]}, f"kernels in jobs {kernels}, the server's: {job}"
     assert lab.page.js("return panel().context.path;") == NB02
     print(f"{name}'s server: job {job['id']} on {job['node']}")
+    _no_news_prompt(lab.page, lab.shown)
+    _a_glossary_link_opens(lab.page)
     for what, seconds in lab.seconds.items():
         print(f"{what}: {seconds:.1f} s")
 
@@ -463,6 +516,6 @@ def test_stop_my_server_ends_the_job_and_every_process(lab):
     while (jobs := _jobs(conf, name)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert jobs == [], f"{name}'s job is still in squeue after the hub stopped it"
-    while (left := portal.processes_of([name])) and time.monotonic() < deadline:
+    while (left := processes_of([name])) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], f"{name}'s processes left 20 s after the server stopped"

@@ -9,14 +9,23 @@ skips with the reason elsewhere.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import html
 import json
 import os
 import pwd
+import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,9 +39,10 @@ pytest.importorskip(
 )
 
 from workshop.instructor import portal, portal_learners
-from workshop.instructor.portal_classroom import Hub, Kernel, classroom
-from workshop.instructor.portal_hub import BATCH_SCRIPT
-from workshop.instructor.portal_learners import hash_password
+from workshop.instructor.portal_classroom import NOTEBOOK, Hub, Kernel, classroom
+from workshop.instructor.portal_hub import BATCH_SCRIPT, COPY
+from workshop.instructor.portal_learners import hash_password, processes_of
+from workshop.instructor.portal_status import hub_pid
 
 LEARNERS = 6
 
@@ -55,17 +65,20 @@ def running(private_slurm):
     """A portal on the run's private cluster (it stops the portal's jobs, not the
     cluster: start's slurm_conf)."""
     folder = Path(tempfile.mkdtemp(prefix="wp-", dir="/tmp"))
-    with open_to_all(private_slurm) as conf:
-        try:
-            started = portal.start(
-                folder, learners=LEARNERS, prefix="pupil", slurm_conf=conf
-            )
-        except portal.PortalError as error:
-            if str(error).startswith("the private portal cannot start here"):
-                pytest.skip(str(error))  # no root, no Slurm, or a private clone
-            pytest.fail(f"the portal did not start: {error}")
-        yield started
-        portal.stop(folder)
+    try:
+        with open_to_all(private_slurm) as conf:
+            try:
+                started = portal.start(
+                    folder, learners=LEARNERS, prefix="pupil", slurm_conf=conf
+                )
+            except portal.PortalError as error:
+                if str(error).startswith("the private portal cannot start here"):
+                    pytest.skip(str(error))  # no root, no Slurm, or a private clone
+                pytest.fail(f"the portal did not start: {error}")
+            yield started
+            portal.stop(folder)  # stops nothing where the last test stopped it
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _listening(pids: set[int]) -> list[tuple[str, int, int]]:
@@ -104,9 +117,7 @@ def _portal_pids(started: portal.Portal) -> set[int]:
 
     hub = int((started.folder / "run" / "hub.pid").read_text().split()[0])
     pids = {hub, *descendants(hub)}
-    pids |= {
-        p for p, _, _ in portal.processes_of([*started.learners, started.instructor])
-    }
+    pids |= {p for p, _, _ in processes_of([*started.learners, started.instructor])}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -206,9 +217,64 @@ def test_an_environment_other_users_cannot_enter_is_refused_before_anything_star
 
 
 def test_status_and_stop_of_a_folder_without_a_portal(tmp_path):
-    assert "no portal in" in portal.status(tmp_path)
+    with pytest.raises(portal.PortalError, match=rf"no portal in {tmp_path}: "):
+        portal.status(tmp_path)
+    # The API's stop clears what is there (start's clean-up after a failed start).
     stopped = portal.stop(tmp_path)
     assert (stopped.jobs_left, stopped.killed, stopped.users_removed) == ([], [], [])
+    assert stopped.servers_stopped == [] and stopped.files.removed == 0
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m workshop portal ARGV`` in this process: (status, out, err);
+    argparse's own refusals exit with status 2."""
+    parser = argparse.ArgumentParser(prog="python -m workshop portal")
+    portal.add_arguments(parser)
+    try:
+        code = portal.run_from_args(parser.parse_args(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["start", "--learners", "0"], 2,
+         "argument --learners: 0 is not a whole number from 1 to 99"),
+        (["start", "--learners", "many"], 2, "argument --learners: many is not"),
+        (["start", "--learners", "100"], 2, "e.g. --learners 6"),
+        (["stop", "--folder", "{file}"], 2,
+         "argument --folder: {file} is a file, not a folder"),
+        (["stop", "--folder", "{portal}", "--keep-homes", "{file}"], 1,
+         "--keep-homes {file}: it is a file, not a folder"),
+        (["stop", "--folder", "{portal}", "--keep-homes", "{file}/archive"], 1,
+         "{file} is a file, not a folder"),
+        (["start", "--folder", "{portal}", "--keep-homes", "/tmp"], 1,
+         "--keep-homes /tmp is for stop only, not start"),
+        (["stop", "--folder", "{empty}"], 1, "no portal in {empty}: the folder holds"),
+        (["status", "--folder", "{empty}"], 1, "no portal in {empty}"),
+        (["restart", "--folder", "{empty}/none"], 1,
+         "no portal in {empty}/none: the folder does not exist"),
+        (["classroom", "--folder", "{empty}"], 1, "no portal in {empty}"),
+    ],
+)  # fmt: skip
+def test_bad_command_lines_are_refused_in_one_line(argv, code, says, tmp_path, capsys):
+    places = {"file": tmp_path / "a-file", "empty": tmp_path / "empty"}
+    places["portal"] = tmp_path / "portal"
+    places["file"].write_text("")
+    places["empty"].mkdir()
+    (places["portal"] / "home").mkdir(parents=True)
+    (places["portal"] / "portal.json").write_text("{}")  # read by nothing here
+    argv = [arg.format(**places) for arg in argv]
+    status, out, err = _cli(argv, capsys)
+    assert status == code, (out, err)
+    assert says.format(**places) in err
+    last = err.strip().splitlines()[-1]  # argparse's usage lines come first
+    assert last.startswith(("workshop portal: ", "python -m workshop portal: error"))
+    assert "Traceback" not in err and out == ""
+    assert (places["portal"] / "portal.json").exists()  # nothing was stopped
 
 
 def test_the_stop_hint_works_from_a_fresh_shell_in_any_folder(tmp_path):
@@ -220,8 +286,9 @@ def test_the_stop_hint_works_from_a_fresh_shell_in_any_folder(tmp_path):
         ["bash", "-c", portal.stop_command(folder)], cwd="/", env=clean_env(),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"portal in {folder} stopped: 0 jobs")
+    # The workshop ran (no "No module named workshop") and found no portal there.
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"workshop portal: no portal in {folder}: ")
     assert "Traceback" not in done.stderr
 
 
@@ -272,31 +339,30 @@ def test_the_portal_answers_on_loopback_only_and_keeps_its_secrets_private(runni
     assert not [s for s in secrets if s in config]
 
 
+def _log_in(url: str, name: str, password: str, then: str = ""):
+    """Log in at the hub's form as a browser does, then follow ``then`` (a path);
+    (status, the page it ended at, the browser: an opener with its cookies)."""
+    cookies = urllib.request.HTTPCookieProcessor()
+    opener = urllib.request.build_opener(cookies)
+    opener.open(url + "hub/login", timeout=30).read()  # the _xsrf cookie
+    xsrf = next(c.value for c in cookies.cookiejar if c.name == "_xsrf")
+    body = urllib.parse.urlencode(
+        {"username": name, "password": password, "_xsrf": xsrf}
+    ).encode()
+    where = url + "hub/login?next=" + urllib.parse.quote(then)
+    try:
+        with opener.open(where, body, timeout=60) as answer:
+            return answer.status, answer.geturl(), opener
+    except urllib.error.HTTPError as error:
+        return error.code, error.geturl(), opener
+
+
 @needs_private_slurm
 @needs_proxy
 def test_a_wrong_password_is_refused_and_the_right_one_logs_in(running):
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     name = running.learners[0]
-
-    def log_in(password):
-        cookies = urllib.request.HTTPCookieProcessor()
-        opener = urllib.request.build_opener(cookies)
-        opener.open(running.url + "hub/login", timeout=30).read()  # the _xsrf cookie
-        xsrf = next(c.value for c in cookies.cookiejar if c.name == "_xsrf")
-        body = urllib.parse.urlencode(
-            {"username": name, "password": password, "_xsrf": xsrf}
-        ).encode()
-        try:
-            answer = opener.open(running.url + "hub/login?next=", body, timeout=60)
-            return answer.status, answer.geturl()
-        except urllib.error.HTTPError as error:
-            return error.code, error.geturl()
-
-    assert log_in("not-" + running.passwords[name])[0] == 403
-    status, where = log_in(running.passwords[name])
+    assert _log_in(running.url, name, "not-" + running.passwords[name])[0] == 403
+    status, where, _ = _log_in(running.url, name, running.passwords[name])
     assert status == 200 and "/hub/login" not in where, where
 
 
@@ -319,8 +385,6 @@ def test_a_learners_server_is_a_slurm_job_and_runs_a_launch(running):
     # JupyterLab itself answers, not only the server's REST API.
     code, _ = hub.call("GET", f"user/{name}/lab")
     assert code == 200
-
-    import asyncio
 
     async def cells():
         async with Kernel(hub, name) as kernel:
@@ -347,19 +411,239 @@ def test_a_learners_server_is_a_slurm_job_and_runs_a_launch(running):
 
 @needs_private_slurm
 @needs_proxy
-def test_a_classroom_at_once_leaves_nothing_behind(running):
-    result = classroom(running.folder)
+def test_a_classroom_at_once(running):
+    # The servers stay for the tests below: a class whose hub is killed, then the
+    # end of the class (which checks that nothing of it is left).
+    result = classroom(running.folder, keep_servers=True)
     print(result.summary())
     assert result.failures == []
     assert len(result.learners) == LEARNERS
     assert result.launches == LEARNERS * 3
     assert " 0 reachable " in result.isolation
     assert "0 processes and 0 jobs left" in result.scancel
-    # The hub stopped; the portal's jobs ended (the cluster, the run's, is stopped
-    # at the end of the run); nothing of any learner is left.
-    made = json.loads((running.folder / "users.json").read_text())["made"]
-    stopped = portal.stop(running.folder)
-    assert (stopped.jobs_left, stopped.killed) == ([], [])
-    assert portal.processes_of(running.learners) == []
-    assert not (running.folder / "portal.json").exists()
-    assert stopped.users_removed == made  # the users it made, and only those
+
+
+@needs_private_slurm
+@needs_proxy
+def test_a_class_survives_its_hub_killed_and_started_again(running, capsys):
+    folder, names = running.folder, running.learners
+    hub = Hub.of(folder)
+    begun = time.monotonic()
+
+    async def a_kernel_each() -> list[str]:
+        async def one(name: str) -> str:
+            # The classroom left five servers running and one learner's job
+            # cancelled: that server starts again while the others open a kernel.
+            await asyncio.to_thread(hub.start_server, name)
+            async with Kernel(hub, name, keep=True) as kernel:
+                out = await kernel.run(f"kept = 'the state of {name}'")
+                assert out.error is None, out.error
+                return kernel.id
+
+        return await asyncio.gather(*(one(name) for name in names))
+
+    kernels = dict(zip(names, asyncio.run(a_kernel_each()), strict=True))
+    ready = time.monotonic()
+    passwords = (folder / "secrets" / "passwords.txt").read_text()
+    settings = (folder / "portal.json").read_text()
+    os.kill(hub_pid(folder), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while hub_pid(folder) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hub_pid(folder) is None
+
+    # What the instructor types: the same start. The class comes back as it was.
+    code, out, err = _cli(["start", "--folder", str(folder)], capsys)
+    restarted = time.monotonic()
+    assert code == 0, err
+    assert (
+        f"portal in {folder}: hub restarted; {LEARNERS} learners' servers kept" in out
+    )
+    assert f"portal: {running.url} " in out  # the same address
+    assert (folder / "secrets" / "passwords.txt").read_text() == passwords
+    assert (folder / "portal.json").read_text() == settings
+    # Started again on a living hub: nothing changes; another class size: refused.
+    again = portal.start(folder)
+    assert (again.outcome, again.hub_pid) == ("running", hub_pid(folder))
+    with pytest.raises(portal.PortalError, match=r"has 6 learners .* asked for "
+                       r"--learners 5\. HINT: stop it first"):  # fmt: skip
+        portal.start(folder, learners=5)
+
+    # Each learner logs in with the password handed out this morning, reaches their
+    # server, and finds their kernel alive, its variables kept.
+    def learner(name: str) -> tuple[int, str, dict]:
+        status, where, browser = _log_in(
+            running.url, name, running.passwords[name], f"/user/{name}/lab"
+        )
+        assert status == 200 and where.endswith(f"/user/{name}/lab"), where
+        api = f"{running.url}user/{name}/api/kernels/{kernels[name]}"
+        with browser.open(api, timeout=30) as answer:
+            return answer.status, where, json.loads(answer.read())
+
+    async def state(name: str) -> str:
+        async with Kernel(hub, name, kernel_id=kernels[name]) as kernel:
+            out = await kernel.run("print(kept)")
+            return out.error or out.text.strip()
+
+    async def everyone():
+        logged = [asyncio.to_thread(learner, name) for name in names]
+        return await asyncio.gather(*logged), await asyncio.gather(
+            *(state(name) for name in names)
+        )
+
+    pages, states = asyncio.run(everyone())
+    for name, (status, _, model) in zip(names, pages, strict=True):
+        assert status == 200 and model["id"] == kernels[name], model
+    assert states == [f"the state of {name}" for name in names]
+    # The instructor's view: each learner's server job, running, on a node.
+    table = portal.status(folder)
+    assert f"hub        running (pid {hub_pid(folder)})" in table
+    for name in names:
+        row = next(line.split() for line in table.splitlines() if f" {name} " in line)
+        assert row[2] == "RUNNING" and row[4] in ("127.0.0.2", "127.0.0.3"), row
+    print(
+        f"{LEARNERS} servers and kernels ready in {ready - begun:.1f} s; hub killed "
+        f"and started again in {restarted - ready:.1f} s; logins and kernels "
+        f"checked in {time.monotonic() - restarted:.1f} s"
+    )
+
+
+@needs_private_slurm
+@needs_proxy
+def test_a_cancelled_job_tells_its_learner_why_and_how_to_start_again(running):
+    # The last learner's server, which the test above left running (started here
+    # when this test runs alone).
+    hub, name = Hub.of(running.folder), running.learners[-1]
+    if name not in hub.active():
+        hub.start_server(name)
+    begun = time.monotonic()
+    # The server's root is the learner's copy (for the notebooks' links to
+    # ../docs/glossary.md, which it serves); a notebook opened in notebooks/ still
+    # has its kernel working there.
+    code, session = hub.call(
+        "POST",
+        f"user/{name}/api/sessions",
+        {"path": f"notebooks/{NOTEBOOK}", "type": "notebook", "kernel": {}},
+    )
+    assert code == 201, session
+
+    async def working_folder() -> str:
+        async with Kernel(hub, name, kernel_id=session["kernel"]["id"]) as kernel:
+            out = await kernel.run("import os\nprint(os.getcwd())")
+            return out.error or out.text.strip()
+
+    home = pwd.getpwnam(name).pw_dir
+    assert asyncio.run(working_folder()) == f"{home}/{COPY}/notebooks"
+    code, glossary = hub.call("GET", f"user/{name}/api/contents/docs/glossary.md")
+    assert code == 200 and glossary["content"].startswith("# "), code
+
+    # The learner is logged in; the instructor cancels the job as root.
+    status, where, browser = _log_in(
+        running.url, name, running.passwords[name], f"/user/{name}/lab"
+    )
+    assert status == 200 and where.endswith(f"/user/{name}/lab"), where
+    env = dict(os.environ, SLURM_CONF=str(running.slurm_conf))
+    queue = ["squeue", "-h", "-u", name, "-o", "%A"]
+    (job,) = subprocess.run(
+        queue, env=env, capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    cancelled = time.monotonic()
+    # What the learner's page shows, reloaded: the proxy's 503 page (which reloads
+    # itself) or the server's last answers, until the hub has seen the job end.
+    seen = []
+    while time.monotonic() - cancelled < 60:
+        try:
+            with browser.open(f"{running.url}user/{name}/lab", timeout=30) as answer:
+                code, page = answer.status, answer.read().decode()
+        except urllib.error.HTTPError as error:
+            code, page = error.code, error.read().decode()
+        seen.append(code)
+        if 'id="job-ended"' in page:
+            break
+        assert code == 200 or 'http-equiv="refresh"' in page, (code, page[-600:])
+        time.sleep(1)
+    seconds = time.monotonic() - cancelled
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+    assert code == 424, (seen, text)
+    assert re.search(
+        rf"Your server's Slurm job {job} ended at \d\d:\d\d: it was cancelled "
+        r"\(scancel by root: the instructor or an administrator\)\.",
+        text,
+    ), text
+    assert f"Kept: your notebooks and files in ~/{COPY}" in text
+    start = re.search(r'<a id="start"[^>]*href="([^"]+)"[^>]*>\s*Start My Server', page)
+    assert start and start[1].startswith(f"/hub/spawn/{name}?next="), page
+    with browser.open(f"{running.url}hub/home", timeout=30) as answer:
+        assert f"Your server&#39;s Slurm job {job} ended at " in answer.read().decode()
+    print(
+        f"the learner read why {seconds:.1f} s after scancel (answers: {seen}); "
+        f"{time.monotonic() - begun:.1f} s in all"
+    )
+
+
+def _owned_by(uids: set[int], tops: list[Path]) -> list[str]:
+    """Every path under ``tops`` whose owner is one of ``uids`` (links not
+    followed)."""
+    found = []
+    for top in tops:
+        for folder, dirs, files in os.walk(top):
+            for name in dirs + files:
+                path = os.path.join(folder, name)
+                try:
+                    if os.lstat(path).st_uid in uids:
+                        found.append(path)
+                except OSError:
+                    continue  # gone meanwhile
+    return found
+
+
+@needs_private_slurm
+@needs_proxy
+def test_stop_ends_the_class_and_hands_nothing_of_it_to_the_next(
+    running, tmp_path, capsys
+):
+    folder, name = running.folder, running.learners[0]
+    everyone = [*running.learners, running.instructor]
+    uids = {pwd.getpwnam(user).pw_uid for user in everyone}
+    made = json.loads((folder / "users.json").read_text())["made"]
+    serving = sorted(Hub.of(folder).active())
+    # What a learner leaves where everyone may write, under names that are not
+    # theirs: found by uid.
+    left = f"wp-left-{os.getpid()}"
+    script = (
+        f"mkdir /tmp/{left} && echo x > /tmp/{left}/file && "
+        f"echo y > /var/tmp/{left} && echo z > /dev/shm/{left}"
+    )
+    subprocess.run(["runuser", "-u", name, "--", "bash", "-c", script], check=True)
+    archive = tmp_path / "archive"
+
+    begun = time.monotonic()
+    code, out, err = _cli(
+        ["stop", "--folder", str(folder), "--keep-homes", str(archive)], capsys
+    )
+    print(f"stopped in {time.monotonic() - begun:.1f} s: {out}")
+    assert code == 0, err
+    assert out.startswith(
+        f"portal in {folder} stopped: {len(serving)} learners' servers stopped, "
+        "0 jobs were still queued, 0 learner processes had to be killed, "
+    )
+    assert f"{len(made)} users removed" in out
+    assert processes_of(running.learners) == []
+    for user in made:  # the users it made, and only those
+        with pytest.raises(KeyError):
+            pwd.getpwnam(user)
+    # Nothing is owned by a uid that the next useradd may hand to someone else.
+    tops = [folder, Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
+    assert _owned_by(uids, tops) == []
+    # The archive: the learner's notebooks and their file in /tmp, all root's.
+    kept = archive / name
+    notebook = kept / "home" / "scaling-pytorch-hpc" / "notebooks" / NOTEBOOK
+    assert notebook.stat().st_uid == 0 and json.loads(notebook.read_text())["cells"]
+    assert (kept / "tmp" / left / "file").read_text() == "x\n"
+    assert (kept / "dev" / "shm" / left).read_text() == "z\n"
+    assert _owned_by({0}, [kept]) and not _owned_by(uids, [archive])
+    # The class's secrets, its passwords first, and the hub's database are gone.
+    assert list((folder / "secrets").iterdir()) == []
+    assert not (folder / "hub.sqlite").exists()
+    assert not (folder / "portal.json").exists()

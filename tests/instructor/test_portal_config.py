@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
+import re
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, nodes
 from traitlets.config import Config
 
-from workshop.instructor.portal_hub import configure
+# The portal's packages (pip install -e ".[portal]"), which a GPU node's wheelhouse
+# rightly leaves out: there these tests skip, saying so.
+pytest.importorskip(
+    "batchspawner",
+    reason='the portal extra is not installed (pip install -e ".[portal]")',
+)
+
+from batchspawner import SlurmSpawner
+
+from workshop.instructor import portal_hub
+from workshop.instructor.portal_endings import Ending
+from workshop.instructor.portal_hub import (
+    COPIED,
+    COPY,
+    PortalSpawner,
+    configure,
+    job_ended,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,3 +60,140 @@ def test_learners_servers_get_the_same_jupyterlab_settings_as_make_lab(tmp_path)
     overrides = json.loads((settings_dir / "overrides.json").read_text())
     notification = overrides["@jupyterlab/apputils-extension:notification"]
     assert notification == {"fetchNews": "false", "checkForUpdates": False}
+
+
+def test_a_hub_that_stops_leaves_the_learners_servers_running(tmp_path):
+    # A killed or restarted hub must not end the class: portal stop stops the
+    # servers itself, through the hub's REST API.
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT))
+    assert c.JupyterHub.cleanup_servers is False
+
+
+def test_the_server_serves_the_whole_copy_and_opens_its_notebooks(tmp_path):
+    # The notebooks link to ../docs/glossary.md and ../slurm/: every such link must
+    # land in a folder that the learner's copy holds, and the server's root must be
+    # the copy itself, not notebooks/, for the link to open.
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT))
+    assert c.PortalSpawner.notebook_dir == f"~/{COPY}"
+    assert c.PortalSpawner.default_url == "/lab/tree/notebooks"
+    links = set()
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] == "markdown":
+                links |= set(
+                    re.findall(r"\]\((\.\./[^)#\s]+)", "".join(cell["source"]))
+                )
+    assert any(link.startswith("../docs/glossary.md") for link in links), links
+    for link in sorted(links):
+        top = link.split("/")[1]
+        assert top in COPIED, f"{link}: {top}/ is not copied to the learners"
+        assert (ROOT / "notebooks" / link).resolve().exists(), link
+
+
+def test_the_hub_sees_an_ended_job_within_10_s_and_its_pages_say_why(tmp_path):
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT))
+    assert c.PortalSpawner.poll_interval <= 10
+    assert c.PortalSpawner.instructor == "teacher"
+    (templates,) = c.JupyterHub.template_paths
+    # JupyterHub's own loader: "templates/NAME" is its stock page NAME.
+    stock = Path(sys.prefix) / "share" / "jupyterhub" / "templates"
+    env = Environment(
+        loader=ChoiceLoader(
+            [
+                PrefixLoader({"templates": FileSystemLoader([stock])}, "/"),
+                FileSystemLoader([templates, stock]),
+            ]
+        ),
+        autoescape=True,
+    )
+    parents = {
+        "not_running.html": "templates/not_running.html",
+        "home.html": "templates/home.html",
+        "503.html": "templates/error.html",
+        "spawn_pending.html": "templates/spawn_pending.html",
+    }
+    for page, parent in parents.items():
+        tree = env.parse((Path(templates) / page).read_text())
+        assert tree.find(nodes.Extends).template.value == parent, page
+        env.get_template(page)  # it compiles, and so does what it extends
+    variables = c.JupyterHub.template_vars
+    assert variables["kept_folder"] == f"~/{COPY}"
+    assert variables["autosave_seconds"] == 30  # scripts/lab-settings/overrides.json
+    assert variables["job_ended"] is job_ended
+    ended = {"sentence": "Your server's Slurm job 7 ended at 02:22: it was cancelled "
+             "(scancel by root: the instructor or an administrator).",
+             "log": "~/jupyter-7.log"}  # fmt: skip
+    shown = env.get_template("job_ended.html").render({**variables, "job_ended": ended})
+    text = " ".join(re.sub(r"<[^>]+>", " ", html.unescape(shown)).split())
+    assert ended["sentence"] in text
+    assert f"your notebooks and files in ~/{COPY} , with every edit saved" in text
+    assert "JupyterLab saves an open notebook every 30 s" in text
+    assert "run the notebook's cells again from the top" in text
+    assert "The old job's log: ~/jupyter-7.log" in text
+
+
+def test_an_ending_is_shown_while_no_server_runs_and_kept_in_the_spawners_state():
+    ended = {"job_id": "7", "at": "02:22", "state": "TIMEOUT", "log": "~/jupyter-7.log",
+             "why": "it reached its time limit of 02:00:00"}  # fmt: skip
+    spawner = PortalSpawner()
+    spawner.load_state({"job_id": "", "job_ended": ended})
+    shown = job_ended(SimpleNamespace(spawner=spawner))
+    assert shown["sentence"] == (
+        "Your server's Slurm job 7 ended at 02:22: it reached its time limit of "
+        "02:00:00."
+    )
+    assert shown["log"] == "~/jupyter-7.log"
+    # batchspawner's clear_state, when the server is stopped, keeps it: the learner
+    # reads it after the job has gone, and the hub's database keeps it.
+    spawner.clear_state()
+    assert spawner.get_state() == {"job_ended": ended}
+    assert job_ended(None) is None  # the login page: nobody yet
+    assert job_ended(SimpleNamespace(spawner=PortalSpawner())) is None
+    # A new server starting (JupyterLab's Restart button): its progress page says
+    # why the last one ended; once it runs, nothing is said.
+    spawner.previous_ending, spawner.ending = spawner.ending, None
+    spawner._spawn_pending = True
+    assert job_ended(SimpleNamespace(spawner=spawner))["job_id"] == "7"
+    spawner._spawn_pending = False
+    spawner.server = SimpleNamespace()  # running
+    assert job_ended(SimpleNamespace(spawner=spawner)) is None
+
+
+def test_a_job_found_gone_is_asked_how_it_ended_once(monkeypatch):
+    async def gone(self):
+        self.job_id = ""  # as batchspawner's poll does
+        return 1
+
+    asked = []
+
+    def ending_of(job_id, owner, admin):
+        asked.append((job_id, owner, admin))
+        return Ending(job_id, "02:22", "CANCELLED", "it was cancelled (scancel)",
+                      "/root/jupyter-7.log")  # fmt: skip
+
+    monkeypatch.setattr(SlurmSpawner, "poll", gone)
+    monkeypatch.setattr(portal_hub, "ending_of", ending_of)
+    spawner = PortalSpawner(instructor="teacher")
+    spawner.user = SimpleNamespace(name="root")
+    spawner.job_id = "7"
+    assert asyncio.run(spawner.poll()) == 1
+    assert asyncio.run(spawner.poll()) == 1  # the hub polls again: nothing to ask
+    assert asked == [("7", "root", "teacher")]
+    assert spawner.ending["why"] == "it was cancelled (scancel)"
+    assert spawner.ending["log"] == "~/jupyter-7.log"  # in the learner's home
+
+
+def test_a_server_may_take_five_times_the_longest_start_measured(tmp_path):
+    # 60 s, six learners at once on two busy cores: portal_hub.py's START_WAIT.
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT))  # start_timeout=120 asked
+    assert (c.PortalSpawner.start_timeout, c.PortalSpawner.http_timeout) == (300, 300)
+    longer = _folder(tmp_path / "longer", ROOT)
+    settings = json.loads((longer / "portal.json").read_text())
+    (longer / "portal.json").write_text(json.dumps({**settings, "start_timeout": 600}))
+    c = Config()
+    configure(c, longer)
+    assert (c.PortalSpawner.start_timeout, c.PortalSpawner.http_timeout) == (600, 600)

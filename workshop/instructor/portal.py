@@ -3,7 +3,8 @@ SlurmSpawner on the private two-node Slurm cluster, as a site's portal works.
 
     python -m workshop portal start [--folder DIR] [--learners N]   # or: make portal
     python -m workshop portal status [--folder DIR]
-    python -m workshop portal stop [--folder DIR]                   # make portal-stop
+    python -m workshop portal restart [--folder DIR]   # the hub only; the class stays
+    python -m workshop portal stop [--folder DIR] [--keep-homes ARCHIVE]
     python -m workshop portal classroom [--folder DIR]   # every learner at once
 
 ``start`` starts, in ``DIR`` (default ``.portal`` in the project):
@@ -18,11 +19,19 @@ SlurmSpawner on the private two-node Slurm cluster, as a site's portal works.
 
 A learner logs in, the hub submits a Slurm job as that learner, and JupyterLab runs
 inside the job on a node, on a copy of the notebooks in the learner's home.
-``stop`` stops the hub (which cancels every server's job), then the cluster, kills
-whatever any learner still runs, removes the users it made, and says what was left.
+
+The class outlives its hub: the learners' servers are Slurm jobs, and the hub's
+database remembers them. ``start`` on a folder whose hub died starts the hub again
+with the same users, passwords, ports and jobs (``restart`` does it on purpose), and
+only ``stop`` ends the class: it stops every learner's server through the hub, then
+the hub, the cluster and whatever any learner still runs, removes (or archives)
+every file the learners owned, and removes the users it made.
+
 Everything needs root (slurmd starts jobs as their users; users are made with
 ``useradd``). The learners' accounts and Python are in ``portal_learners.py``, what
-runs inside the hub in ``portal_hub.py``, the classroom in ``portal_classroom.py``.
+runs inside the hub in ``portal_hub.py``, the classroom in ``portal_classroom.py``,
+what a class leaves in ``portal_handover.py``, the status table in
+``portal_status.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +43,6 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -43,24 +51,28 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._procs import is_alive
-from ..cluster import slurm_here, slurm_watchdog
+from ..cluster import slurm_here
 from ..cluster.ports import quiet_ports
-from ..cluster.slurm_watchdog import _quiet
-from .portal_classroom import classroom
+from .portal_classroom import Hub, classroom
+from .portal_handover import Stopped, check_archive, end_hub, stop
 from .portal_learners import (
+    LOCAL_SLURM,
+    ROOT,
     PortalError,
     _end,
     _make_user,
-    _pid,
     closed_to_others,
     hash_password,
     learner_python,
-    processes_of,
+)
+from .portal_status import (
+    gone_from_the_class,
+    hub_pid,
+    no_portal,
+    read_settings,
+    status,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 DEFAULT_FOLDER = ROOT / ".portal"
 INSTRUCTOR = "instructor"  # the hub's admin, with the default prefix "learner"
 # Slurm's job sockets live in FOLDER/slurm/NODE/...: local_slurm.sh allows 68
@@ -70,7 +82,9 @@ MAX_FOLDER = 60
 
 @dataclass
 class Portal:
-    """A running portal: where it answers and who may log in."""
+    """A running portal: where it answers and who may log in. ``outcome`` says what
+    ``start`` did: "started" a new class, found it "running" (nothing changed), or
+    "restarted" its hub, which kept ``servers_kept`` learners' servers."""
 
     folder: Path
     url: str
@@ -79,6 +93,8 @@ class Portal:
     slurm_conf: Path
     hub_pid: int
     instructor: str = INSTRUCTOR
+    outcome: str = "started"
+    servers_kept: int = 0
 
     def token(self) -> str:
         """The hub's admin API token (``DIR/secrets/api_token``), for REST calls."""
@@ -171,52 +187,67 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def start(
     folder: str | os.PathLike[str] = DEFAULT_FOLDER,
-    learners: int = 6,
-    prefix: str = "learner",
+    learners: int | None = None,
+    prefix: str | None = None,
     cpus_per_server: int = 1,
     time_limit: str = "02:00:00",
-    start_timeout: float = 120,
+    start_timeout: float = 300,
     slurm_conf: str | os.PathLike[str] | None = None,
 ) -> Portal:
-    """Start the private portal in ``folder`` (see the module's docstring).
+    """Start the private portal in ``folder`` (see the module's docstring), or
+    reattach to the class that is there.
+
+    Where ``folder`` holds a portal whose hub runs, nothing changes. Where its hub
+    died, the hub starts again with the class's own settings (the other arguments
+    are not used): the same users, passwords, ports and URL; the learners'
+    servers that still run (their Slurm jobs) are kept, with their kernels.
 
     Args:
-        folder: where everything lives; a portal already running there is stopped
-            first.
-        learners: how many learner accounts to make (1 to 99).
-        prefix: the learners' names are PREFIX01, PREFIX02, ...
+        folder: where everything lives.
+        learners: how many learner accounts to make (1 to 99; 6 by default). Given
+            for a folder whose class has another number, it is refused.
+        prefix: the learners' names are PREFIX01, PREFIX02, ... ("learner" by
+            default). Given for a folder whose class has others, it is refused.
         cpus_per_server: CPUs of each learner's Slurm job (``--cpus-per-task``).
         time_limit: each server job's ``--time``.
-        start_timeout: seconds a learner's server may take to start.
+        start_timeout: seconds a learner's server may take to start (each of
+            the hub's two waits; at least portal_hub.START_WAIT, 300).
         slurm_conf: the ``slurm.conf`` of a running private cluster (its folder
             readable by the learners) to use instead of one in ``folder/slurm``, as
             the tests do; ``stop`` then cancels only the portal's jobs.
 
     Returns:
-        The running :class:`Portal`.
+        The running :class:`Portal`; its ``outcome`` says which of the three
+        happened.
 
     Raises:
         ValueError: a bad argument.
         PortalError: it cannot start here (not root, no Slurm, no proxy), or a part
-            of it failed; what was started is stopped again.
+            of it failed; what a new portal started is stopped again, and a class
+            whose hub would not start again is left as it was.
 
     Example:
         >>> portal = start("/tmp/portal", learners=2)   # doctest: +SKIP
         >>> portal.url, portal.learners                  # doctest: +SKIP
         ('http://127.0.0.1:41235/', ['learner01', 'learner02'])
     """
-    if type(learners) is not int or not 1 <= learners <= 99:  # bool is not a number
+    if learners is not None and (type(learners) is not int or not 1 <= learners <= 99):
+        # type() and not isinstance(): True is an int to Python, not a number here
         raise ValueError(f"learners={learners!r}: give a whole number from 1 to 99")
-    if not prefix.isalpha() or not prefix.islower() or len(prefix) > 20:
+    if prefix is not None and (
+        not prefix.isalpha() or not prefix.islower() or len(prefix) > 20
+    ):
         raise ValueError(
             f"prefix={prefix!r}: give lower-case letters only (at most 20), "
             "as in 'learner'"
         )
     folder = Path(folder).resolve()
+    if (folder / "portal.json").exists():
+        return _reattach(folder, learners, prefix)
+    learners = 6 if learners is None else learners
+    prefix = "learner" if prefix is None else prefix
     _check_can_start(folder)
     proxy = proxy_command()
-    if (folder / "portal.json").exists():
-        stop(folder)
     for sub in ("run", "log", "secrets", "home"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)  # learners reach their homes through it
@@ -270,44 +301,157 @@ def start(
             "start_timeout": start_timeout,
         }
         _write_json(folder / "portal.json", settings)
-        config = folder / "jupyterhub_config.py"
-        config.write_text(
+        (folder / "jupyterhub_config.py").write_text(
             "# Written by workshop.instructor.portal; the settings: portal.json.\n"
             "from workshop.instructor.portal_hub import configure\n\n"
             f"configure(c, {str(folder)!r})  # noqa: F821 (c is JupyterHub's)\n"
         )
-        env = _hub_env(folder, conf)
-        log = folder / "log" / "hub.log"
-        # The hub's log and database name the learners and their servers: readable by
-        # the portal's owner only (an empty file is a new database to SQLite).
-        for private in (log, folder / "hub.sqlite"):
-            os.close(os.open(private, os.O_CREAT | os.O_WRONLY, 0o600))
-            os.chmod(private, 0o600)
-        with open(log, "ab") as out:
-            hub = subprocess.Popen(
-                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
-                cwd=folder,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        url = f"http://127.0.0.1:{port}/"
-        _wait_for_hub(url, hub, log, 60)
+        hub = _start_hub(folder, settings)
     except BaseException:
         stop(folder)
         raise
-    return Portal(folder, url, names[:-1], passwords, conf, hub.pid, admin)
+    return Portal(folder, _url(settings), names[:-1], passwords, conf, hub, admin)
+
+
+def _url(settings: dict) -> str:
+    return f"http://127.0.0.1:{settings['port']}/"
+
+
+def _start_hub(folder: Path, settings: dict) -> int:
+    """Start JupyterHub on ``folder/jupyterhub_config.py`` and wait until it answers;
+    its pid.
+
+    Raises:
+        PortalError: it exited or did not answer within 60 s, with its log's end.
+    """
+    config = folder / "jupyterhub_config.py"  # hub_pid knows the hub by it
+    env = _hub_env(folder, Path(settings["slurm_conf"]))
+    log = folder / "log" / "hub.log"
+    # The hub's log and database name the learners and their servers: readable by
+    # the portal's owner only (an empty file is a new database to SQLite).
+    for private in (log, folder / "hub.sqlite"):
+        os.close(os.open(private, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.chmod(private, 0o600)
+    with open(log, "ab") as out:
+        hub = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for_hub(_url(settings), hub, log, 60)
+    except PortalError:
+        _end(hub.pid, 10)  # one that hangs; it leaves the servers running
+        raise
+    return hub.pid
+
+
+def _reattach(folder: Path, learners: int | None, prefix: str | None) -> Portal:
+    """The class in ``folder``: as it runs, or with its hub started again."""
+    settings = read_settings(folder)
+    try:
+        users = json.loads((folder / "users.json").read_text())
+    except (OSError, ValueError) as error:
+        raise PortalError(
+            f"the portal in {folder} has no readable users.json ({error}), so its "
+            f"class cannot come back. HINT: end it ({portal_command('stop', folder)})"
+            " and start a new one"
+        ) from error
+    names = [name for name in users["names"] if name != settings["instructor"]]
+    asked = []
+    if learners is not None and learners != len(names):
+        asked.append(f"--learners {learners}")
+    if prefix is not None and names and names[0] != f"{prefix}01":
+        asked.append(f"prefix {prefix!r}")
+    if asked:
+        raise PortalError(
+            f"the portal in {folder} has {len(names)} learners ({names[0]} to "
+            f"{names[-1]}), and you asked for {' and '.join(asked)}. HINT: stop it "
+            f"first ({portal_command('stop', folder)}), then start a new one; or leave "
+            "out --learners to come back to this class"
+        )
+    passwords = {}
+    with contextlib.suppress(OSError):  # the instructor may have moved it away
+        for line in (folder / "secrets" / "passwords.txt").read_text().splitlines():
+            name, _, password = line.partition(" ")
+            passwords[name] = password
+    portal = Portal(
+        folder,
+        _url(settings),
+        names,
+        passwords,
+        Path(settings["slurm_conf"]),
+        0,
+        settings["instructor"],
+        outcome="running",
+    )
+    running = hub_pid(folder)
+    if running is not None:
+        portal.hub_pid = running
+        return portal
+    _check_can_start(folder)
+    problems = gone_from_the_class(settings, users["names"])
+    if problems:
+        raise PortalError(
+            f"the class in {folder} cannot be started again: {'; '.join(problems)}. "
+            f"HINT: end it ({portal_command('stop', folder)}) and start a new one"
+        )
+    # The proxy outlives a killed hub, still serving the learners' pages. The hub
+    # that starts now finds it by its pid file, stops it (TERM twice, then KILL, a
+    # second apart: jupyterhub 6.1's proxy.py) and starts its own; once it has
+    # checked each server in its database (batchspawner asks squeue whether the job
+    # runs, then the hub asks the server itself), it adds a route for each that
+    # answers (the proxy's check_routes).
+    try:
+        portal.hub_pid = _start_hub(folder, settings)
+    except PortalError as error:
+        raise PortalError(
+            f"{error}\nThe class is kept as it was (users, passwords, the learners' "
+            "jobs). HINT: see the hub's log, then try again ("
+            f"{portal_command('start', folder)}), or end the class ("
+            f"{portal_command('stop', folder)})"
+        ) from error
+    portal.outcome = "restarted"
+    portal.servers_kept = len(Hub.of(folder).servers_answering(names, 60))
+    return portal
+
+
+def restart(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Portal:
+    """Stop the hub of the portal in ``folder`` and start it again as ``start``
+    does after a crash: the learners' servers, their jobs and kernels keep running
+    (the hub leaves them, ``portal_hub.configure``), and the new hub takes them
+    back. For a change of the hub's code or a hub that misbehaves.
+
+    Returns:
+        The :class:`Portal`, ``outcome`` "restarted".
+
+    Raises:
+        PortalError: there is no portal in ``folder``, or its hub did not start.
+    """
+    folder = Path(folder).resolve()
+    read_settings(folder)  # a portal is there
+    # SIGTERM: the hub stops its proxy and leaves every server running.
+    end_hub(folder)
+    return _reattach(folder, None, None)
 
 
 def stop_command(folder: str | os.PathLike[str]) -> str:
     """The shell command that stops the portal in ``folder``, from any shell: this
     Python, run from the project root (where the package is found, whatever folder
     the shell is in and whether or not the package is installed)."""
+    return portal_command("stop", folder)
+
+
+def portal_command(action: str, folder: str | os.PathLike[str]) -> str:
+    """``python -m workshop portal ACTION --folder FOLDER`` as :func:`stop_command`
+    writes it, for any action."""
     return (
         f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m workshop "
-        f"portal stop --folder {shlex.quote(str(Path(folder).resolve()))}"
+        f"portal {action} --folder {shlex.quote(str(Path(folder).resolve()))}"
     )
 
 
@@ -328,135 +472,134 @@ def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-@dataclass
-class Stopped:
-    """What ``stop`` found: jobs it had to cancel, processes it had to kill (both
-    should be empty after a clean stop), and the users it removed."""
-
-    jobs_left: list[str]
-    killed: list[tuple[int, str, str]]
-    users_removed: list[str]
-
-
-def stop(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Stopped:
-    """Stop the portal in ``folder``: the hub (it stops every learner's server, which
-    cancels its job, and its proxy), then the cluster; then kill whatever a learner
-    still runs and remove the users ``start`` made.
-
-    Returns:
-        A :class:`Stopped` saying what had to be forced.
-    """
-    folder = Path(folder).resolve()
-    found = folder / "portal.json"
-    settings = json.loads(found.read_text()) if found.exists() else {}
-    conf = Path(settings.get("slurm_conf", folder / "slurm" / "slurm.conf"))
-    users = {"made": [], "names": []}
-    if (folder / "users.json").exists():
-        users = json.loads((folder / "users.json").read_text())
-    # The hub first: on SIGTERM it stops each server (batchspawner's scancel) and
-    # its proxy. Then whatever is left of them.
-    _end(_pid(folder / "run" / "hub.pid"), 60)
-    _end(_pid(folder / "run" / "proxy.pid"), 5)
-    jobs_left: list[str] = []
-    env = dict(os.environ, SLURM_CONF=str(conf))
-    if not settings.get("own_cluster", True):
-        # A cluster the portal did not start (start's slurm_conf): it keeps
-        # running; only the jobs of the portal's users are cancelled.
-        if users["names"]:
-            queue = ["squeue", "-h", "-o", "%A", "-u", ",".join(users["names"])]
-            jobs_left = _quiet(queue, env, 15).split()
-        if jobs_left:
-            _quiet(["scancel", *jobs_left], env, 15)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and _quiet(queue, env, 15):
-                time.sleep(0.3)
-    else:
-        if (folder / "slurm" / "run" / "slurmctld.pid").exists():
-            jobs_left = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
-        slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
-    killed = processes_of(users["names"])
-    for pid, _, _ in killed:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    removed = []
-    for name in users["made"]:
-        done = subprocess.run(["userdel", name], capture_output=True)
-        if done.returncode == 0:
-            removed.append(name)
-    for name in ("portal.json", "users.json", "run/hub.pid", "run/proxy.pid"):
-        (folder / name).unlink(missing_ok=True)
-    return Stopped(jobs_left, killed, removed)
-
-
-def status(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> str:
-    """One paragraph: is a portal running in ``folder``, where, and its jobs."""
-    folder = Path(folder).resolve()
-    if not (folder / "portal.json").exists():
-        return f"no portal in {folder} (start one: python -m workshop portal start)"
-    settings = json.loads((folder / "portal.json").read_text())
-    hub = _pid(folder / "run" / "hub.pid")
-    alive = hub is not None and is_alive(hub)
-    env = dict(os.environ, SLURM_CONF=settings["slurm_conf"])
-    queue = _quiet(["squeue", "-h", "-o", "%A %u %T %N"], env, 15)
-    lines = [
-        f"portal in {folder}: hub {'running' if alive else 'NOT running'} at "
-        f"http://127.0.0.1:{settings['port']}/",
-        f"passwords: {folder / 'secrets' / 'passwords.txt'} (root only)",
-        "jobs: " + (", ".join(queue.split("\n")).strip() or "none"),
-    ]
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ command line
+def _learners_count(text: str) -> int:
+    """An argparse ``type=``: 1 to 99 learners (their names have two digits)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 99:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a whole number from 1 to 99 (the learners' names have "
+            "two digits); e.g. --learners 6"
+        )
+    return value
+
+
+_learners_count.__name__ = "number of learners"  # what argparse names in errors
+
+
+def _portal_folder(text: str) -> str:
+    """An argparse ``type=``: a folder, or a path where one can be made."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text} is a file, not a folder; e.g. --folder .portal"
+        )
+    return text
+
+
+_portal_folder.__name__ = "folder"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m workshop portal``."""
     parser.add_argument(
         "action",
-        choices=("start", "stop", "status", "classroom"),
-        help="classroom: every learner at once runs notebook 02's "
-        "launch cells on the running portal; the counts",
+        choices=("start", "stop", "status", "restart", "classroom"),
+        help="start a class, or come back to it after its hub died; stop it "
+        "(everything of its learners goes); status: the hub and each learner's "
+        "jobs; restart: the hub only, the learners' servers keep running; "
+        "classroom: every learner at once runs notebook 02's launch cells on the "
+        "running portal",
     )
     parser.add_argument(
         "--folder",
+        type=_portal_folder,
         default=str(DEFAULT_FOLDER),
         help="where the portal lives (default: .portal in the project)",
     )
     parser.add_argument(
-        "--learners", type=int, default=6, help="learner accounts to make (default 6)"
+        "--learners",
+        type=_learners_count,
+        default=None,
+        help="learner accounts to make, 1 to 99 (default 6); used by start only "
+        "(make portal-stop passes the same PORTAL_ARGS to stop)",
+    )
+    parser.add_argument(
+        "--keep-homes",
+        metavar="DIR",
+        default=None,
+        help="stop only: move the learners' homes and their files in /tmp to "
+        "DIR/NAME/, owned by root, instead of removing them",
     )
 
 
+def _print_portal(portal: Portal) -> None:
+    if portal.outcome == "running":
+        print(
+            f"portal in {portal.folder} is running already (hub pid "
+            f"{portal.hub_pid}): nothing changed"
+        )
+    elif portal.outcome == "restarted":
+        print(
+            f"portal in {portal.folder}: hub restarted; {portal.servers_kept} "
+            "learners' servers kept"
+        )
+    port = portal.url.rsplit(":", 1)[1].strip("/")
+    print(
+        f"portal: {portal.url} (on 127.0.0.1 only; from another machine: "
+        f"ssh -L {port}:127.0.0.1:{port} THIS-MACHINE)"
+    )
+    print(f"learners: {', '.join(portal.learners)}; admin: {portal.instructor}")
+    print(f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)")
+    print(f"stop it: {stop_command(portal.folder)}")
+
+
+def _print_stopped(folder: Path, stopped: Stopped) -> None:
+    files = stopped.files
+    if files.archived:
+        where = ", ".join(str(p) for p in files.archived.values())
+        handed = f"{files.removed} of the learners' files and folders moved to {where}"
+    else:
+        handed = f"{files.removed} of the learners' files and folders removed"
+    print(
+        f"portal in {folder} stopped: {len(stopped.servers_stopped)} learners' "
+        f"servers stopped, {len(stopped.jobs_left)} jobs were still queued, "
+        f"{len(stopped.killed)} learner processes had to be killed, {handed}, "
+        f"{len(stopped.users_removed)} users removed"
+    )
+    for problem in stopped.problems:
+        print(f"  while stopping the servers: {problem}")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
-    """``python -m workshop portal ACTION``: exit status 0, or 1 with the reason."""
+    """``python -m workshop portal ACTION``: exit status 0, or 1 with the reason in
+    one line (``workshop portal: ...``)."""
+    folder = Path(args.folder).resolve()
     try:
+        if args.keep_homes is not None and args.action != "stop":
+            raise ValueError(
+                f"--keep-homes {args.keep_homes} is for stop only, not "
+                f"{args.action}: python -m workshop portal stop --keep-homes DIR"
+            )
+        if args.action != "start" and not (folder / "portal.json").exists():
+            raise no_portal(folder)
         if args.action == "start":
-            portal = start(args.folder, learners=args.learners)
-            print(
-                f"portal: {portal.url} (on 127.0.0.1 only; from another machine: "
-                f"ssh -L {portal.url.rsplit(':', 1)[1].strip('/')}:127.0.0.1:"
-                f"{portal.url.rsplit(':', 1)[1].strip('/')} THIS-MACHINE)"
-            )
-            print(f"learners: {', '.join(portal.learners)}; admin: {portal.instructor}")
-            print(
-                f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)"
-            )
-            print(f"stop it: {stop_command(portal.folder)}")
+            _print_portal(start(folder, learners=args.learners))
+        elif args.action == "restart":
+            _print_portal(restart(folder))
         elif args.action == "stop":
-            stopped = stop(args.folder)
-            print(
-                f"portal in {Path(args.folder).resolve()} stopped: "
-                f"{len(stopped.jobs_left)} jobs were still queued, "
-                f"{len(stopped.killed)} learner processes had to be killed, "
-                f"{len(stopped.users_removed)} users removed"
-            )
+            if args.keep_homes is not None:
+                check_archive(args.keep_homes, folder)  # before anything stops
+            _print_stopped(folder, stop(folder, args.keep_homes))
         elif args.action == "classroom":
-            if not (Path(args.folder) / "portal.json").exists():
-                raise PortalError(f"no portal runs in {args.folder}: make portal first")
-            result = classroom(args.folder)
+            result = classroom(folder)
             print(result.summary())
             return 1 if result.failures else 0
         else:
-            print(status(args.folder))
+            print(status(folder))
     except (PortalError, ValueError) as error:
         print(f"workshop portal: {error}", file=sys.stderr)
         return 1

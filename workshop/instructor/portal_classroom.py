@@ -120,6 +120,54 @@ class Hub:
         except json.JSONDecodeError:  # a page, not the API
             return code, text
 
+    def active(self) -> dict[str, dict[str, Any]]:
+        """The users whose server runs, starts, stops or is being checked (after a
+        restart of the hub): name -> the hub's model of the user.
+
+        Raises:
+            HubError: the hub answered with an error.
+            OSError: it did not answer.
+        """
+        # The hub's pages hold 50 users unless asked for more; a portal has 100 at
+        # most.
+        code, answer = self.call("GET", "hub/api/users?state=active&limit=200")
+        if code != 200 or not isinstance(answer, list):
+            raise HubError(f"listing the hub's active users: HTTP {code}: {answer}")
+        return {user["name"]: user for user in answer}
+
+    def servers_answering(self, names: list[str], timeout: float) -> list[str]:
+        """Those of ``names`` whose server answers through the proxy, once the hub
+        has checked every server it knows (after a restart it asks each job and
+        server whether it still runs, then routes the proxy to those that do), or
+        once ``timeout`` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        ready: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                active = self.active()
+            except (HubError, OSError):
+                time.sleep(0.5)  # not answering yet
+                continue
+            if not any(user.get("pending") for user in active.values()):
+                servers = {
+                    n: u.get("servers", {}).get("", {}) for n, u in active.items()
+                }
+                ready = [n for n in names if servers.get(n, {}).get("ready")]
+                break
+            time.sleep(0.5)
+        answering: list[str] = []
+        while ready and time.monotonic() < deadline:
+            for name in [n for n in ready if n not in answering]:
+                try:
+                    if self.call("GET", f"user/{name}/api/status")[0] == 200:
+                        answering.append(name)
+                except OSError:
+                    pass
+            if len(answering) == len(ready):
+                break
+            time.sleep(0.3)
+        return answering
+
     def start_server(self, user: str, timeout: float = 180) -> float:
         """Start ``user``'s server (a Slurm job) and wait until it answers; the
         seconds it took.
@@ -173,11 +221,21 @@ class Output:
 
 
 class Kernel:
-    """A kernel in ``user``'s server, and a websocket to it (use ``async with``)."""
+    """A kernel in ``user``'s server, and a websocket to it (use ``async with``):
+    a new one, shut down at the end of the block, or with ``kernel_id`` one that
+    runs already (as a browser tab opened again finds it), left running. ``keep``
+    chooses otherwise."""
 
-    def __init__(self, hub: Hub, user: str):
+    def __init__(
+        self,
+        hub: Hub,
+        user: str,
+        kernel_id: str | None = None,
+        keep: bool | None = None,
+    ):
         self.hub, self.user = hub, user
-        self.id: str | None = None
+        self.id = kernel_id
+        self.keep = kernel_id is not None if keep is None else keep
         self.session = uuid.uuid4().hex
         self._socket: Any = None
 
@@ -186,12 +244,20 @@ class Kernel:
         from tornado.websocket import websocket_connect
 
         base = f"user/{self.user}/api/kernels"
-        code, answer = await asyncio.to_thread(
-            self.hub.call, "POST", base, {"name": "python3"}
-        )
-        if code != 201:
-            raise HubError(f"starting a kernel for {self.user}: HTTP {code}: {answer}")
-        self.id = answer["id"]
+        if self.id is None:
+            code, answer = await asyncio.to_thread(
+                # In notebooks/, where a learner's notebook runs its kernel: the
+                # server's root is the copy above it (portal_hub.configure).
+                self.hub.call,
+                "POST",
+                base,
+                {"name": "python3", "path": "notebooks"},
+            )
+            if code != 201:
+                raise HubError(
+                    f"starting a kernel for {self.user}: HTTP {code}: {answer}"
+                )
+            self.id = answer["id"]
         url = self.hub.url.replace("http", "ws", 1) + f"{base}/{self.id}/channels"
         request = HTTPRequest(
             url,
@@ -204,7 +270,7 @@ class Kernel:
     async def __aexit__(self, *exc: object) -> None:
         if self._socket is not None:
             self._socket.close()
-        if self.id is not None:
+        if self.id is not None and not self.keep:
             await asyncio.to_thread(
                 self.hub.call, "DELETE", f"user/{self.user}/api/kernels/{self.id}"
             )
@@ -401,13 +467,17 @@ async def _scancel(hub: Hub, name: str, slurm_conf: str) -> str:
 
 
 def classroom(
-    folder: str | Path, learners: int | None = None, cells: dict[int, str] | None = None
+    folder: str | Path,
+    learners: int | None = None,
+    cells: dict[int, str] | None = None,
+    keep_servers: bool = False,
 ) -> Classroom:
     """Run a class on the portal in ``folder``: every learner (or the first
     ``learners``) at once starts a server, opens a kernel and runs ``cells`` of
     notebook 02 (default: its first launch cells); then one learner probes another's
     ranks, one learner's job is cancelled in the middle of a launch, and every
-    server is stopped. Failures are collected, not raised.
+    server is stopped (unless ``keep_servers``: then the others stay, for what
+    comes next, as the portal's tests do). Failures are collected, not raised.
 
     Returns:
         A :class:`Classroom`; ``failures`` is empty when every launch worked,
@@ -434,8 +504,12 @@ def classroom(
             scancel = await _scancel(hub, names[-1], conf)
             if "0 processes and 0 jobs left" not in scancel:
                 failures.append(f"scancel: {scancel}")
-        await asyncio.gather(*(asyncio.to_thread(hub.stop_server, n) for n in names))
-        processes, jobs = await asyncio.to_thread(_wait_until_gone, names, conf, 30)
+        if keep_servers:
+            processes = jobs = 0
+        else:
+            stops = (asyncio.to_thread(hub.stop_server, n) for n in names)
+            await asyncio.gather(*stops)
+            processes, jobs = await asyncio.to_thread(_wait_until_gone, names, conf, 30)
         if processes or jobs:
             failures.append(
                 f"after every server stopped: {processes} processes and "

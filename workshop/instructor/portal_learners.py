@@ -27,6 +27,11 @@ from pathlib import Path
 
 from .._procs import is_alive
 
+# The project (the notebooks a learner gets, the hub's configuration module) and
+# the script of the private Slurm cluster that start starts and stop stops.
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
+
 
 class PortalError(RuntimeError):
     """The portal could not start, or could not be stopped cleanly."""
@@ -161,7 +166,7 @@ def _environment_folders() -> list[Path]:
     return [
         Path(sys.prefix),
         Path(sysconfig.get_paths()["purelib"]).resolve(),
-        Path(__file__).resolve().parents[2],
+        ROOT,
     ]
 
 

@@ -32,7 +32,7 @@ from ..allocation import available_memory, cpu_limit, usable_cores
 from ..env import Rendezvous, choose_backend, visible_gpu_count
 from .output import RankOutput
 from .rank import Job, StackDumps
-from .session import LIVE, LaunchError, LaunchSession, RunResult
+from .session import LIVE, LaunchSession, RunResult
 from .start import START_METHODS, ForkServer, preload
 
 __all__ = ["launch"]
@@ -202,56 +202,22 @@ def launch(
         # has: every rank inherits that binding, so they all share those cores.
         header += f"\nlaunch: {narrow}"
     output = RankOutput(world_size, header, show)
-    for attempt in range(1, SETUP_ATTEMPTS + 1):
-        run, running, stopped = _attempt(
-            job, job_bytes, world_size, backend, method, timeout, output
-        )
-        if stopped is None or attempt == SETUP_ATTEMPTS:
-            break
-        failed = run.failure(stopped)
-        if not _failed_while_connecting(failed):
-            break
-        print(
-            f"launch: the ranks' {backend} connections failed while being set up "
-            f"({_first_line(failed)}); starting the ranks again "
-            f"(attempt {attempt + 1} of {SETUP_ATTEMPTS})",
-            file=sys.stderr,
-        )
+    run, running, stopped = _attempt(
+        job, job_bytes, world_size, backend, method, timeout, output
+    )
     if method == "fork" and gpus > 0:
         _warm_up_server()
     if running:
         raise run.timeout_error(running)
     if stopped is not None:
-        raise run.failure(stopped)
+        # Read only when a launch failed: a launch that works reads eight files.
+        from .setup_failure import failed_while_connecting, setup_failure
+
+        error = run.failure(stopped)
+        if failed_while_connecting(error):  # never started again: see that module
+            raise setup_failure(error, stopped, world_size)
+        raise error
     return run.result()
-
-
-# gloo's connectFullMesh, which links every pair of ranks, failed on a busy machine
-# with "Connection closed by peer" (1 of 18 launches of 4 ranks with 6 kernels
-# launching at once on 2 cores: a classroom on one node). The cause found: a rank
-# that left its group at once while a slower rank was still connecting, which
-# worker.leave_together now prevents (0 in 180 such launches since). A set-up failure
-# of another cause is still met by starting the ranks again, as torchrun's agent
-# restarts a failed group: nothing of the function has run then.
-SETUP_ATTEMPTS = 3
-
-
-def _failed_while_connecting(error: LaunchError) -> bool:
-    """True when every rank that raised did so while joining the process group,
-    losing a connection, and none crashed: a failure of the set-up alone."""
-    errors = error.errors
-    if not errors or set(error.failed_ranks) - set(errors):
-        return False
-    return all(
-        "init_process_group" in e.traceback
-        and ("connectFullMesh" in e.message or "Connection closed by peer" in e.message)
-        for e in errors.values()
-    )
-
-
-def _first_line(error: LaunchError) -> str:
-    message = next(iter(error.errors.values())).message
-    return message.split(" This is typically")[0].split("\n")[0][:160]
 
 
 def _attempt(

@@ -131,38 +131,37 @@ def _joined_keys(world_size: int) -> list[str]:
     return [JOINED_KEY.format(restart=restart, rank=r) for r in range(world_size)]
 
 
-def say_joined(store, rank: int, world_size: int) -> None:
-    """Tell the other ranks that this rank's ``init_process_group`` returned."""
-    if store is not None and world_size > 1:
-        store.set(_joined_keys(world_size)[rank], "1")
-
-
-def leave_when_all_joined(store, world_size: int, timeout: timedelta) -> None:
+def join_together(store, rank: int, world_size: int, timeout: timedelta) -> None:
     """Return once every rank's ``init_process_group`` has returned.
 
-    ``init_process_group`` is no barrier: it returns on a rank as soon as that rank's
-    own gloo connections are made, while a slower rank may still be making its own.
-    A rank that then leaves at once (a function with no collective, a hello-world)
-    closes its connections under the slower rank, whose set-up fails with gloo's
-    "Connection closed by peer" (pytorch/pytorch#61396): plain torch.distributed, 4
-    ranks that join and leave, six such launches at once on two cores, failed 7
-    times in 180. Once every rank has joined, every connection is made and a rank
-    may leave: one key each in the store they already share, no collective (no NCCL
+    ``init_process_group`` is no barrier (torch 2.1 turned its barrier off by
+    default, pytorch/pytorch#103033): it returns on a rank as soon as that rank's own
+    gloo connections are made, while a slower rank may still be making its own. A
+    rank that then leaves at once (a function with no collective, a hello-world), or
+    destroys its group itself, closes its connections under the slower rank, whose
+    set-up fails with gloo's "Connection closed by peer" (pytorch/pytorch#61396).
+    Measured with plain torch.distributed, six kernels launching 4 ranks at once on
+    two cores: 5 of 200 launches failed so; a function that only destroys its group,
+    19 of 120 (docs/benchmarks.md, "Many kernels launching at once"). So no rank
+    starts its function before every rank has joined: then every connection is made.
+    One key each in the store they already share, no collective (no NCCL
     communicator is made for it).
 
-    Not a wait for the others to finish: a rank that returned while the others
-    still call a collective with it leaves, and they fail at once with "Connection
-    closed by peer", which the launcher reports as that rank having returned early,
-    instead of every rank waiting for the launch's timeout.
+    A rank that returns while the others still call a collective with it then leaves
+    its group, and they fail at once with "Connection closed by peer", which the
+    launcher reports as that rank having returned early, instead of every rank
+    waiting for the launch's timeout.
 
     Args:
         store: the store the ranks met at (None: return at once).
-        world_size: how many ranks there are.
+        rank, world_size: this rank and how many there are.
         timeout: how long to wait for the others before raising.
     """
     if store is None or world_size < 2:
         return
-    store.wait(_joined_keys(world_size), timeout)
+    keys = _joined_keys(world_size)
+    store.set(keys[rank], "1")
+    store.wait(keys, timeout)
 
 
 def _default_store():
@@ -353,14 +352,11 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
         )
     # Kept now: a body that destroys the group itself also ends the default store.
     meeting = store if store is not None else _default_store()
-    say_joined(meeting, info.rank, info.world_size)
     try:
+        join_together(meeting, info.rank, info.world_size, wait)
         if backend == "nccl":
             _check_one_gpu_per_rank(info)
         yield info
-        # Only after a body that ended well: a rank that raised leaves at once, and
-        # its launcher (workshop.launch, torchrun, mpirun) stops the others.
-        leave_when_all_joined(meeting, info.world_size, wait)
     finally:
         # torch 2.4 can hang in destroy_process_group: freeing the gloo group joins
         # its worker threads while holding the GIL, and a worker that still holds the

@@ -1,0 +1,88 @@
+"""workshop.instructor.portal_status: the instructor's table of a portal's hub and
+learners' jobs, from a portal folder written here and squeue's answer given to it
+(test_portal.py reads it from a real portal)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workshop.instructor import portal_status
+from workshop.instructor.portal_learners import PortalError
+
+NAMES = ["learner01", "learner02", "learner03", "instructor"]
+JOBS = {
+    "learner01": [["17", "RUNNING", "1:58:12", "127.0.0.2", "jupyter-learner01"]],
+    "learner03": [
+        ["18", "RUNNING", "1-02:00:00", "127.0.0.3", "jupyter-learner03"],
+        ["19", "PENDING", "10:00", "(Priority)", "a-very-long-job-name-" * 4],
+    ],
+}
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    (tmp_path / "portal.json").write_text(
+        json.dumps({"port": 8123, "slurm_conf": "/nowhere/slurm.conf"})
+    )
+    (tmp_path / "users.json").write_text(json.dumps({"names": NAMES, "made": NAMES}))
+    monkeypatch.setattr(portal_status, "_jobs", lambda names, conf: (JOBS, None))
+    return tmp_path
+
+
+def test_each_learners_jobs_are_listed_in_88_columns(folder, monkeypatch):
+    monkeypatch.setattr(portal_status, "hub_pid", lambda folder: 4321)
+    lines = portal_status.status(folder).splitlines()
+    assert lines[1] == "  hub        running (pid 4321) at http://127.0.0.1:8123/"
+    assert all(len(line) <= 88 for line in lines), max(lines, key=len)
+    table = lines[lines.index("") + 1 :]
+    assert table[0].split() == [
+        "user", "job", "state", "time", "left", "node", "job", "name"
+    ]  # fmt: skip
+    assert table[1].split() == [
+        "learner01", "17", "RUNNING", "1:58:12", "127.0.0.2", "jupyter-learner01"
+    ]  # fmt: skip
+    assert table[2].split() == ["learner02", "-", "no", "job"]
+    assert table[3].split()[:5] == [
+        "learner03", "18", "RUNNING", "1-02:00:00", "127.0.0.3"
+    ]  # fmt: skip
+    # A pending job: the reason it waits where the node would be; a long name cut.
+    assert table[4].split()[:5] == ["learner03", "19", "PENDING", "10:00", "(Priority)"]
+    assert table[4].endswith("…") and len(table[4]) == 88
+    assert table[5].split() == ["instructor", "-", "no", "job"]
+    # The columns line up: each job id ends where the header's "job" does.
+    end = table[0].index("job") + len("job")
+    ids = ["17", "-", "18", "19", "-"]
+    ends = {line.index(j) + len(j) for line, j in zip(table[1:], ids, strict=True)}
+    assert ends == {end}
+
+
+def test_a_dead_hub_is_said_with_how_to_start_it_again(folder, monkeypatch):
+    monkeypatch.setattr(portal_status, "hub_pid", lambda folder: None)
+    text = portal_status.status(folder)
+    assert "  hub        NOT running (it answered at http://127.0.0.1:8123/)" in text
+    # The command, with a folder as long as pytest's, on two lines as a shell
+    # reads them: every line fits a projector.
+    assert (
+        f"python -m workshop portal start \\\n                 --folder {folder}\n"
+        in text
+    )
+    assert all(len(line) <= 88 for line in text.splitlines())
+    assert "  passwords  in secrets/passwords.txt there (root only)" in text
+
+
+def test_a_cluster_that_does_not_answer_is_said(folder, monkeypatch):
+    monkeypatch.setattr(
+        portal_status, "_jobs", lambda names, conf: ({}, "squeue failed: no cluster")
+    )
+    assert "  jobs: unknown, squeue failed: no cluster" in portal_status.status(folder)
+
+
+def test_a_folder_without_a_portal_is_an_error_naming_it(tmp_path):
+    with pytest.raises(
+        PortalError, match=rf"no portal in {tmp_path}: the folder holds"
+    ):
+        portal_status.status(tmp_path)
+    with pytest.raises(PortalError, match=r"the folder does not exist. HINT: start"):
+        portal_status.status(tmp_path / "none")

@@ -1,0 +1,463 @@
+"""The end of a class (``portal stop``), and what it hands to the next one: nothing.
+
+``stop`` stops every learner's server through the hub, then the hub, the jobs left
+and the cluster, and whatever a learner still runs; then it clears what the class
+leaves on the machine, and removes the users.
+
+Why the learners' files must go: ``userdel`` frees a learner's uid, and the next
+``useradd`` hands it to the next new user (the next portal's ``learner01``, or
+anyone). A file still owned by the old uid would be theirs: the old learner's
+notebooks, their compiled kernels in ``/tmp/torchinductor_NAME``, a stack-dump
+folder, a shared-memory segment. So before the users go, every file they own is
+found by uid (and by their own group), not by name: a file in ``/tmp`` need not
+carry its owner's name. It is looked for in the portal's folder (the homes are
+there), ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and removed, or, asked to keep it,
+moved to ``DIR/NAME/`` and given to root::
+
+    python -m workshop portal stop                        # removes it all
+    python -m workshop portal stop --keep-homes /root/class-2025-03   # archives it
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import grp
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._procs import is_alive
+from ..cluster import slurm_watchdog
+from ..cluster.slurm_watchdog import _quiet
+from .portal_classroom import Hub, HubError
+from .portal_learners import LOCAL_SLURM, PortalError, _end, _pid, processes_of
+from .portal_status import hub_pid
+
+# Where a learner's processes write outside their home: the temporary folders every
+# user may write, and POSIX shared memory (torch's tensors shared between processes).
+SCRATCH = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+
+
+@dataclass
+class HandedOver:
+    """What :func:`hand_over` did: how many files and folders (each counted once,
+    with all it holds) it removed or archived, and where each learner's archive is."""
+
+    removed: int = 0
+    archived: dict[str, Path] = field(default_factory=dict)
+
+
+def owners(names: list[str], homes: Path) -> dict[str, tuple[int, int | None]]:
+    """The uid of each of ``names`` whose home is in ``homes`` (a portal's users: a
+    user of that name living elsewhere is not the portal's), and the gid of their
+    own group (``useradd --user-group``'s, which ``userdel`` frees too), or None
+    where their group is a shared one."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for name in names:
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if Path(entry.pw_dir).parent != homes:
+            continue
+        try:
+            own = grp.getgrgid(entry.pw_gid).gr_name == name
+        except KeyError:
+            own = False
+        found[name] = (entry.pw_uid, entry.pw_gid if own else None)
+    return found
+
+
+def owned_files(
+    uids: dict[int, str],
+    gids: dict[int, str],
+    tops: list[Path],
+    skip: set[Path] = frozenset(),  # type: ignore[assignment]
+) -> list[tuple[Path, str]]:
+    """Every file or folder under ``tops`` owned by one of ``uids`` (or of group one
+    of ``gids``), with the name of its owner: the topmost only, since a learner's
+    folder goes with all it holds. Each top is searched on its own file system
+    (another one mounted inside is not entered), symbolic links are not followed,
+    and the folders in ``skip`` are left out. A top inside another (a portal in
+    /tmp) is searched once, on its own."""
+    found: list[tuple[Path, str]] = []
+    skip = set(skip) | set(tops)
+    for top in tops:
+        try:
+            device = top.lstat().st_dev
+        except OSError:
+            continue
+        pending = [top]
+        while pending:
+            folder = pending.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:  # gone meanwhile (other users' files come and go)
+                continue
+            for entry in entries:
+                path = Path(entry.path)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                owner = uids.get(info.st_uid) or gids.get(info.st_gid)
+                if owner is not None:
+                    found.append((path, owner))
+                elif (
+                    stat.S_ISDIR(info.st_mode)
+                    and info.st_dev == device
+                    and path not in skip
+                ):
+                    pending.append(path)
+    return found
+
+
+def _remove(path: Path) -> None:
+    # rmtree works through folder descriptors and never follows a link, so a learner's
+    # link planted in their folder cannot turn root's removal elsewhere.
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _archive_place(path: Path, name: str, archive: Path, portal: Path) -> Path:
+    """Where ``path`` goes in the learner's archive ``archive``: their home as
+    ``home``, another file of the portal's folder under ``portal/``, the rest under
+    its own absolute path (``tmp/torchinductor_NAME``, ``dev/shm/...``)."""
+    if path == portal / "home" / name:
+        return archive / "home"
+    if path.is_relative_to(portal):
+        return archive / "portal" / path.relative_to(portal)
+    return archive / path.relative_to("/")
+
+
+def _special(folder: str, names: list[str]) -> list[str]:
+    """The sockets, pipes and devices among ``names``: nothing to keep, and a copy
+    of a pipe would wait for a writer forever."""
+    keep = (stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK)
+    left_out = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            mode = os.lstat(os.path.join(folder, name)).st_mode
+            if not any(test(mode) for test in keep):
+                left_out.append(name)
+    return left_out
+
+
+def _move(path: Path, target: Path) -> None:
+    """Move ``path`` to ``target``: a rename on the same file system; elsewhere a
+    copy that keeps links as links and leaves sockets and pipes out, then the
+    original removed."""
+    try:
+        os.rename(path, target)
+        return
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    mode = path.lstat().st_mode
+    if stat.S_ISDIR(mode):
+        shutil.copytree(path, target, symlinks=True, ignore=_special)
+    elif stat.S_ISLNK(mode):
+        os.symlink(os.readlink(path), target)
+    elif stat.S_ISREG(mode):
+        shutil.copy2(path, target)
+    _remove(path)
+
+
+def _free_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``... where a learner of the same name was
+    archived there by an earlier class."""
+    candidate, number = base, 1
+    while candidate.exists():
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
+def _give_to_root(folder: Path) -> None:
+    """Make everything in ``folder`` root's, links included (``lchown``: a link is
+    never followed out of the archive). Changing the owner also clears set-user-ID
+    bits, so no program in the archive runs as anyone but root."""
+    os.lchown(folder, 0, 0)
+    for parent, dirs, files in os.walk(folder):
+        for item in dirs + files:
+            os.lchown(os.path.join(parent, item), 0, 0)
+
+
+def hand_over(
+    names: list[str],
+    portal: Path,
+    keep: Path | None = None,
+    scratch: tuple[Path, ...] = SCRATCH,
+) -> HandedOver:
+    """Remove every file the portal's users ``names`` own (see the module's
+    docstring), or with ``keep``, move it to ``keep/NAME/`` owned by root. Run it
+    once their processes have ended and before ``userdel``: the owners are found
+    by uid.
+
+    Args:
+        names: the portal's users; only those whose home is in ``portal/home``.
+        portal: the portal's folder.
+        keep: the archive folder (made, mode 0700, where missing), or None.
+        scratch: the shared folders searched besides ``portal``.
+
+    Returns:
+        A :class:`HandedOver`.
+
+    Raises:
+        OSError: a file could not be moved into ``keep`` (what was moved stays).
+
+    Example:
+        >>> done = hand_over(["learner01"], Path(".portal"), Path("/root/class"))
+        >>> done.archived                                  # doctest: +SKIP
+        {'learner01': PosixPath('/root/class/learner01')}
+    """
+    found = owners(names, portal / "home")
+    uids = {uid: name for name, (uid, _) in found.items()}
+    gids = {gid: name for name, (_, gid) in found.items() if gid is not None}
+    return sweep(uids, gids, portal, keep, scratch)
+
+
+def sweep(
+    uids: dict[int, str],
+    gids: dict[int, str],
+    portal: Path,
+    keep: Path | None = None,
+    scratch: tuple[Path, ...] = SCRATCH,
+) -> HandedOver:
+    """:func:`hand_over` for owners given by number: ``uids`` and ``gids`` map to
+    the name each archive is filed under.
+
+    Example:
+        >>> sweep({1234: "learner01"}, {}, Path(".portal"))   # doctest: +SKIP
+        HandedOver(removed=3, archived={})
+    """
+    skip = {keep.resolve()} if keep is not None else set()
+    files = owned_files(uids, gids, [portal, *scratch], skip)
+    done = HandedOver()
+    if keep is None:
+        for path, _ in files:
+            _remove(path)
+        done.removed = len(files)
+        return done
+    keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path, name in files:
+        if name not in done.archived:
+            done.archived[name] = _free_folder(keep / name)
+            done.archived[name].mkdir(mode=0o700)
+        target = _archive_place(path, name, done.archived[name], portal)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _move(path, target)
+    for archive in done.archived.values():
+        _give_to_root(archive)
+    done.removed = len(files)
+    return done
+
+
+# ------------------------------------------------------------------ the end of a class
+@dataclass
+class Stopped:
+    """What ``stop`` found and did: the learners whose server it stopped through the
+    hub; jobs it had to cancel and processes it had to kill (both should be empty
+    after a clean stop); the users it removed; what it did with their files; and
+    what went wrong on the way."""
+
+    jobs_left: list[str]
+    killed: list[tuple[int, str, str]]
+    users_removed: list[str]
+    servers_stopped: list[str] = field(default_factory=list)
+    files: HandedOver = field(default_factory=HandedOver)
+    problems: list[str] = field(default_factory=list)
+
+
+def stop(
+    folder: str | os.PathLike[str],
+    keep_homes: str | os.PathLike[str] | None = None,
+) -> Stopped:
+    """End the class in ``folder``: stop every learner's server through the hub's
+    REST API (the hub cancels its job), then the hub and its proxy, cancel the
+    jobs left and stop the cluster (one the portal started), kill whatever a
+    learner still runs, remove every file the learners owned (their homes, their
+    files in /tmp, /var/tmp and /dev/shm: :func:`hand_over`) or move it to
+    ``keep_homes``, remove the users ``start`` made, and the class's secrets (the
+    passwords, the hashes, the tokens) and the hub's database (it holds the
+    learners' tokens, which the next class's users of the same names would get).
+    What is not there is skipped: a folder without a portal stops nothing.
+
+    Args:
+        folder: the portal's folder.
+        keep_homes: a folder to archive the learners' files in, as
+            ``KEEP/NAME/home`` and ``KEEP/NAME/tmp/...``, owned by root; made
+            where missing.
+
+    Returns:
+        A :class:`Stopped` saying what was stopped and what had to be forced.
+
+    Raises:
+        ValueError: ``keep_homes`` cannot hold the archive (see
+            :func:`check_archive`); nothing was stopped.
+        PortalError: a file could not be archived; the users are kept.
+
+    Example:
+        >>> stop(".portal", keep_homes="/root/class-2025-03").servers_stopped
+        ... # doctest: +SKIP
+        ['learner01', 'learner02']
+    """
+    folder = Path(folder).resolve()
+    keep = None if keep_homes is None else check_archive(keep_homes, folder)
+    found = folder / "portal.json"
+    settings = json.loads(found.read_text()) if found.exists() else {}
+    conf = Path(settings.get("slurm_conf", folder / "slurm" / "slurm.conf"))
+    users = {"made": [], "names": []}
+    if (folder / "users.json").exists():
+        users = json.loads((folder / "users.json").read_text())
+    stopped = Stopped([], [], [])
+    # The servers first, through the hub: it cancels each job (batchspawner's
+    # scancel) and forgets the server. The hub itself leaves them running when it
+    # stops (portal_hub.configure), so that a restart keeps the class.
+    if hub_pid(folder) is not None:
+        stopped.servers_stopped, stopped.problems = _stop_servers(Hub.of(folder))
+    end_hub(folder)
+    _end(_pid(folder / "run" / "proxy.pid"), 5)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    if not settings.get("own_cluster", True):
+        # A cluster the portal did not start (start's slurm_conf): it keeps
+        # running; only the jobs of the portal's users are cancelled.
+        if users["names"]:
+            queue = ["squeue", "-h", "-o", "%A", "-u", ",".join(users["names"])]
+            stopped.jobs_left = _quiet(queue, env, 15).split()
+        if stopped.jobs_left:
+            _quiet(["scancel", *stopped.jobs_left], env, 15)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and _quiet(queue, env, 15):
+                time.sleep(0.3)
+    else:
+        if (folder / "slurm" / "run" / "slurmctld.pid").exists():
+            stopped.jobs_left = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
+        slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
+    stopped.killed = _kill_all_of(users["names"])
+    # Before userdel: the learners' files are found by their uids.
+    try:
+        stopped.files = hand_over(users["names"], folder, keep)
+    except OSError as error:
+        # The users stay, and with them their uids: nothing of theirs can go to
+        # another user; stop runs again once the archive's place is sorted out.
+        raise PortalError(
+            f"archiving the learners' files into {keep} failed: {error}; the users "
+            "and the rest of their files are kept. HINT: free space there, or give "
+            "another --keep-homes, and run stop again"
+        ) from error
+    for name in users["made"]:
+        done = subprocess.run(["userdel", name], capture_output=True)
+        if done.returncode == 0:
+            stopped.users_removed.append(name)
+    for name in ("portal.json", "users.json", "run/hub.pid", "run/proxy.pid"):
+        (folder / name).unlink(missing_ok=True)
+    (folder / "hub.sqlite").unlink(missing_ok=True)
+    if (folder / "secrets").is_dir():
+        for secret in (folder / "secrets").iterdir():
+            secret.unlink()
+    return stopped
+
+
+def check_archive(
+    keep_homes: str | os.PathLike[str], folder: str | os.PathLike[str]
+) -> Path:
+    """``keep_homes`` made absolute, where it can hold the learners' archive: a
+    folder, or a path to make one at, that root can write, outside the learners'
+    homes (a home cannot be moved into itself).
+
+    Raises:
+        ValueError: it cannot, naming the path and what is in the way.
+    """
+    keep = Path(keep_homes).resolve()
+    homes = Path(folder).resolve() / "home"
+    existing = next(p for p in (keep, *keep.parents) if p.exists())
+    why = None
+    if existing == keep and not keep.is_dir():
+        why = "it is a file, not a folder"
+    elif not existing.is_dir():
+        why = f"{existing} is a file, not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} cannot be written (a read-only file system?)"
+    elif keep.is_relative_to(homes):
+        why = f"it is inside the learners' homes ({homes}), which move into it"
+    if why:
+        raise ValueError(
+            f"--keep-homes {keep_homes}: {why}. Give a folder outside the portal's "
+            "homes that root can write, or a path to make one at, e.g. "
+            "--keep-homes /root/class-archive"
+        )
+    return keep
+
+
+def _stop_servers(hub: Hub) -> tuple[list[str], list[str]]:
+    """Stop every server the hub has, all at once; the users whose server stopped,
+    and what went wrong (the jobs left are cancelled after)."""
+    try:
+        names = sorted(hub.active())
+    except (HubError, OSError) as error:
+        return [], [f"the hub did not list its servers: {error}"]
+    if not names:
+        return [], []
+
+    def one(name: str) -> str | None:
+        try:
+            hub.stop_server(name)
+        except (HubError, OSError) as error:
+            return f"{name}: {error}"
+        return None
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        problems = list(pool.map(one, names))
+    stopped = [
+        name for name, problem in zip(names, problems, strict=True) if problem is None
+    ]
+    return stopped, [problem for problem in problems if problem]
+
+
+def end_hub(folder: Path, grace: float = 60) -> None:
+    """SIGTERM the hub of the portal in ``folder`` and wait until its clean-up is
+    done, then SIGKILL what is left of it. The hub ends its clean-up by removing
+    its pid file, after it has written its database; the interpreter then takes
+    3 to 5 s more to wind down on the 2-core machine, with nothing left to save."""
+    pid = hub_pid(folder)
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (folder / "run" / "hub.pid").exists():
+        if not is_alive(pid):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5  # its ports are free once it is gone
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _kill_all_of(names: list[str]) -> list[tuple[int, str, str]]:
+    """SIGKILL every process of ``names`` and wait (10 s at most) until they are
+    gone: ``userdel`` refuses a user who still runs something, and their files
+    are removed next."""
+    killed = processes_of(names)
+    for pid, _, _ in killed:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while killed and processes_of(names) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return killed

@@ -72,13 +72,25 @@ def test_the_gallery_writes_every_diagram_as_a_png_without_torch(gallery):
     assert sorted(Path(line).name for line in done.stdout.split()) == sorted(EXPECTED)
 
 
-def test_a_folder_that_cannot_be_made_is_explained(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["under a file", "a file"])
+def test_a_folder_that_cannot_be_made_is_one_line_before_drawing(
+    where, tmp_path, capsys
+):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    assert main([str(blocker / "gallery")]) == 2
+    outdir, why = {
+        "under a file": (blocker / "gallery", f"{blocker} is a file, not a folder"),
+        "a file": (blocker, "it is a file, not a folder"),
+    }[where]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(outdir)])
+    assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"error: cannot write the gallery to '{blocker / 'gallery'}'" in err
-    assert "HINT: pass a folder you can write to" in err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"python -m workshop.gallery: error: argument outdir: cannot write into "
+        f"{outdir}: {why}; e.g. python -m workshop.gallery /tmp/comm_diagrams"
+    )
 
 
 def test_the_example_is_consistent():

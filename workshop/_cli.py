@@ -1,17 +1,29 @@
-"""Argument types every command line of the workshop shares (``python -m workshop``
-and ``python -m workshop.bench``): a bad value is refused while the options are read,
-as argparse's one-line error that names the option, the value and an example, before
-any work starts and without a traceback."""
+"""Argument types every command line of the workshop shares (``python -m workshop``,
+``python -m workshop.bench``, ``python -m workshop.gallery``, the planner's job): a
+bad value is refused while the options are read, as argparse's one-line error that
+names the option, the value and an example, before any work starts and without a
+traceback."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["above_zero", "whole_number", "writable_file"]
+__all__ = [
+    "above_zero",
+    "names_from",
+    "read_with",
+    "whole_number",
+    "writable_file",
+    "writable_folder",
+    "zero_or_more",
+]
+
+T = TypeVar("T")
 
 
 def whole_number(least: int, example: str, why: str = "") -> Callable[[str], int]:
@@ -50,6 +62,29 @@ def whole_number(least: int, example: str, why: str = "") -> Callable[[str], int
     return parse
 
 
+def _number(least: float, above: bool, example: str) -> Callable[[str], float]:
+    """A finite number, above ``least`` (``above``) or ``least`` or more."""
+    allowed = f"above {least:g}" if above else f"{least:g} or more"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if math.isinf(value):  # above 0, but no count of seconds or bytes
+            raise argparse.ArgumentTypeError(
+                f"{text} is not a finite number {allowed}; e.g. {example}"
+            )
+        if not (value > least if above else value >= least):  # nan fails both
+            raise argparse.ArgumentTypeError(
+                f"{text} is not a number {allowed}; e.g. {example}"
+            )
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def above_zero(example: str) -> Callable[[str], float]:
     """An argparse ``type=``: a finite number above 0 (seconds, an interval).
 
@@ -58,26 +93,73 @@ def above_zero(example: str) -> Callable[[str], float]:
 
     Returns:
         A function of the option's text that returns the number or raises
-        ``argparse.ArgumentTypeError`` ("0 is not a number above 0; e.g. ...").
+        ``argparse.ArgumentTypeError`` ("0 is not a number above 0; e.g. ...";
+        "inf is not a finite number above 0; ...").
 
     Example:
         >>> parser.add_argument("--timeout", type=above_zero("--timeout 600"))
         ... # doctest: +SKIP
     """
+    return _number(0.0, True, example)
 
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (value > 0 and math.isfinite(value)):
+
+def zero_or_more(example: str) -> Callable[[str], float]:
+    """An argparse ``type=``: a finite number, 0 or more (where 0 means "none":
+    no minimum time, no latency).
+
+    Args:
+        example: a good use of the option, shown in the error, e.g.
+            "--min-time 1".
+
+    Returns:
+        A function of the option's text that returns the number or raises
+        ``argparse.ArgumentTypeError`` ("-1 is not a number 0 or more; e.g. ...").
+
+    Example:
+        >>> parser.add_argument("--min-time", type=zero_or_more("--min-time 1"))
+        ... # doctest: +SKIP
+    """
+    return _number(0.0, False, example)
+
+
+def names_from(allowed: Sequence[str], example: str) -> Callable[[str], list[str]]:
+    """An argparse ``type=``: one or more of ``allowed``, separated by commas.
+
+    Args:
+        allowed: the names the option knows.
+        example: a good use of the option, e.g. "--methods fork,server".
+
+    Returns:
+        A function of the option's text that returns the list of names or raises
+        ``argparse.ArgumentTypeError`` naming the names allowed.
+
+    Example:
+        >>> names_from(("fork", "spawn"), "--methods fork")("spawn, fork")
+        ['spawn', 'fork']
+    """
+
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        if not names or set(names) - set(allowed):
             raise argparse.ArgumentTypeError(
-                f"{text} is not a number above 0; e.g. {example}"
+                f"{text} is not a list of names from {', '.join(allowed)}; "
+                f"e.g. {example}"
             )
-        return value
+        return names
 
-    parse.__name__ = "number"
+    parse.__name__ = "list"
     return parse
+
+
+def _in_the_way(path: Path) -> str | None:
+    """Why nothing can be made at ``path`` (its nearest existing folder above it is
+    a file, or one you cannot write), or None."""
+    above = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not above.is_dir():
+        return f"{above} is a file, not a folder"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"the folder {above} cannot be written by you"
+    return None
 
 
 def writable_file(example: str) -> Callable[[str], str]:
@@ -101,7 +183,9 @@ def writable_file(example: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         path = Path(text)
         folder = path.parent
-        if path.is_dir():
+        if not text:
+            why = "no path was given"
+        elif path.is_dir():
             why = "it is a folder; name a file in it"
         elif not folder.exists():
             why = f"its folder {folder} does not exist; make it first"
@@ -111,7 +195,78 @@ def writable_file(example: str) -> Callable[[str], str]:
             why = f"the folder {folder} cannot be written by you"
         else:
             return text
-        raise argparse.ArgumentTypeError(f"cannot write {text}: {why}; e.g. {example}")
+        what = f"cannot write {text}: {why}" if text else why
+        raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
 
     parse.__name__ = "file"
+    return parse
+
+
+def writable_folder(example: str) -> Callable[[str], str]:
+    """An argparse ``type=`` for a folder the command will write into, made if it is
+    missing: it must be a folder, or be one that can be made where it is.
+
+    Args:
+        example: a good use of the option, shown in the error, e.g.
+            "/tmp/comm_diagrams".
+
+    Returns:
+        A function of the option's text that returns the text unchanged or raises
+        ``argparse.ArgumentTypeError`` naming what is in the way.
+
+    Example:
+        >>> parser.add_argument("outdir", type=writable_folder("/tmp/diagrams"))
+        ... # doctest: +SKIP
+    """
+
+    def parse(text: str) -> str:
+        path = Path(os.path.abspath(text)) if text else None
+        if path is None:
+            why = "no path was given"
+        elif path.exists() and not path.is_dir():
+            why = "it is a file, not a folder"
+        elif path.is_dir():
+            writable = os.access(path, os.W_OK | os.X_OK)
+            why = None if writable else "it cannot be written by you"
+        else:
+            why = _in_the_way(path)
+        if why is None:
+            return text
+        what = f"cannot write into {text}: {why}" if text else why
+        raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
+
+    parse.__name__ = "folder"
+    return parse
+
+
+def read_with(load: Callable[[str], T], what: str) -> Callable[[str], T]:
+    """An argparse ``type=`` for a file read at once, so that a missing or wrong
+    file is said before anything starts, not minutes later.
+
+    Args:
+        load: reads the file (its path, as given) and returns what the command
+            uses; raises ``OSError`` or ``ValueError`` with what is wrong and how to
+            make the right file.
+        what: what the file is, for the message, e.g. "a baseline".
+
+    Returns:
+        A function of the option's text that returns ``load(text)`` or raises
+        ``argparse.ArgumentTypeError``: "cannot use PATH as WHAT: why".
+
+    Example:
+        >>> parser.add_argument("--plan", type=read_with(read_plan, "the plan"))
+        ... # doctest: +SKIP
+    """
+
+    def parse(text: str) -> T:
+        try:
+            return load(text)
+        except (OSError, ValueError) as exc:
+            plain = isinstance(exc, OSError) and exc.filename and exc.strerror
+            why = exc.strerror if plain else str(exc)
+            raise argparse.ArgumentTypeError(
+                f"cannot use {text} as {what}: {why}"
+            ) from None
+
+    parse.__name__ = what
     return parse

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._cli import writable_folder
 from .comm.ring import ring_all_reduce_steps
 from .draw import (
     collective_diagram,
@@ -284,17 +285,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m workshop.gallery",
         description="Draw every communication diagram from example data, as PNG.",
     )
-    parser.add_argument("outdir", help="folder for the PNG files (made if missing)")
+    parser.add_argument(
+        "outdir",
+        type=writable_folder("python -m workshop.gallery /tmp/comm_diagrams"),
+        help="folder for the PNG files (made if missing)",
+    )
     args = parser.parse_args(argv)
     try:
         written = write_gallery(args.outdir)
-    except OSError as e:
-        print(
-            f"error: cannot write the gallery to {args.outdir!r}: {e.strerror or e}\n"
-            "HINT: pass a folder you can write to, e.g. /tmp/comm_diagrams",
-            file=sys.stderr,
-        )
-        return 2
+    except OSError as e:  # checked before drawing; a disk that fills up is not
+        parser.exit(2, f"{parser.prog}: error: cannot write into {args.outdir}: {e}\n")
     for path in written:
         print(path)
     return 0

@@ -162,6 +162,11 @@ def test_bad_sizes_and_options_say_what_to_change():
         check_sweep([4096], 1, -1, 0.0)
     with pytest.raises(ValueError, match=r"min_time=-1\.0: give 0 or more seconds"):
         check_sweep([4096], 1, 0, -1.0)
+    # Passed before, and every rank failed on it (OverflowError, issue 35).
+    with pytest.raises(ValueError, match=r"min_time=inf: give 0 or more seconds per "):
+        check_sweep([4096], 1, 0, float("inf"))
+    with pytest.raises(ValueError, match=r"min_time='1': give 0 or more seconds per "):
+        check_sweep([4096], 1, 0, "1")
     assert check_sweep([65536, 4096, 4096], 1, 0, 0.0) == [4096, 65536]
 
 
@@ -614,11 +619,17 @@ def test_cli_under_torchrun_joins_the_job_and_rank_0_reports(tmp_path):
             "max_size=1024 bytes (1 KiB) is "
             "smaller than min_size=4096 bytes (4 KiB); raise max_size",
         ),
-        (["--world-size", "1"], "argument --world-size: 1 is not a whole number, 2 or "
-         "more (an all-reduce needs 2 ranks); e.g. --world-size 2"),
+        (
+            ["--world-size", "1"],
+            "argument --world-size: 1 is not a whole number, 2 or "
+            "more (an all-reduce needs 2 ranks); e.g. --world-size 2",
+        ),
         (["--max-size", "3X"], "cannot read the size '3X'"),
-        (["--repeats", "0"], "argument --repeats: 0 is not a whole number, 1 or more "
-         "(each size is timed at least once); e.g. --repeats 20"),
+        (
+            ["--repeats", "0"],
+            "argument --repeats: 0 is not a whole number, 1 or more "
+            "(each size is timed at least once); e.g. --repeats 20",
+        ),
         (
             ["--reference-size", "0"],
             "argument --reference-size: a reference copy of 0 bytes is too small to "
@@ -664,9 +675,9 @@ def test_cli_checks_that_out_can_be_written_before_starting_ranks(
     assert _cli_without_a_launcher(monkeypatch, "--out", str(out)) == 2
     shown = capsys.readouterr()
     assert shown.err == (
-        f"error: --out {out}: cannot write files there ({tmp_path / 'file.txt'} is a "
-        "file, not a folder); checked before measuring. Pass a PREFIX in a folder "
-        "you can write, e.g. --out runs/ar\n"
+        f"python -m workshop.bench allreduce: error: --out {out}: cannot write files "
+        f"there ({tmp_path / 'file.txt'} is a file, not a folder); checked before "
+        "measuring. Pass a PREFIX in a folder you can write, e.g. --out runs/ar\n"
     )
     assert shown.out == ""  # no rank was started
 

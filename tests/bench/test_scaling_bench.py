@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import statistics
 from types import SimpleNamespace
@@ -100,6 +101,13 @@ def test_settings_are_checked_before_any_rank_starts():
         measure_scaling(alpha=1e-5)
     with pytest.raises(ValueError, match=r"need alpha >= 0 and beta > 0"):
         measure_scaling(alpha=1e-5, beta=0.0)
+    # Each of these ran, or failed inside every rank, before (issue 35).
+    with pytest.raises(ValueError, match=r"both finite numbers, got 0.0 and inf"):
+        measure_scaling(alpha=0.0, beta=math.inf)
+    with pytest.raises(ValueError, match=r"numbers, got '1e-5' and 1000000000\.0"):
+        measure_scaling(alpha="1e-5", beta=1e9)
+    with pytest.raises(ValueError, match=r"seed='x' must be a whole number, 0 or"):
+        measure_scaling(seed="x")
 
 
 def test_alpha_and_beta_from_the_allreduce_benchmarks_file(monkeypatch, tmp_path):
@@ -309,13 +317,16 @@ def test_cli_runs_end_to_end_with_alpha_and_beta_given(tmp_path):
 def test_cli_reports_a_bad_global_batch_without_starting_ranks():
     run = _bench("--world-sizes", "1,4", "--mode", "strong", "--global-batch", "6")
     assert run.returncode == 2
-    assert "python -m workshop.bench scaling: strong scaling splits the global " in (
+    assert "python -m workshop.bench scaling: error: strong scaling splits the " in (
         run.stderr
     )
     assert "6 does not divide by world size 4" in run.stderr
     bad = _bench("--world-sizes", "1,x")
     assert bad.returncode == 2
-    assert "'1,x' is not a list of rank counts; write them like 1,2,4" in bad.stderr
+    assert (
+        "argument --world-sizes: 1,x is not a list of rank counts, each 1 or more and "
+        "none twice; e.g. --world-sizes 1,2,4" in bad.stderr
+    )
 
 
 def _bench_here(monkeypatch, *args: str) -> int:
@@ -336,23 +347,22 @@ def _bench_here(monkeypatch, *args: str) -> int:
     ("args", "message"),
     [
         # Each of these was taken for "the default" (32) or passed over before.
-        (["--batch", "0"], "argument --batch: '0' is not a whole number of samples, "
-         "1 or more; pass, e.g., --batch 32, or leave the option out for its default"),
-        (["--image-size", "0"], "argument --image-size: '0' is not a whole number of "
-         "pixels, 1 or more; pass, e.g., --image-size 32"),
-        (["--global-batch", "0"], "argument --global-batch: '0' is not a whole "
-         "number of samples, 1 or more; pass, e.g., --global-batch 64"),
-        (["--steps", "0"], "argument --steps: '0' is not a whole number of steps, 1 "
-         "or more"),
-        (["--warmup", "-1"], "argument --warmup: '-1' is not a whole number of steps, "
-         "0 or more"),
-        (["--timeout", "0"], "argument --timeout: '0' is not a number of seconds "
-         "above 0; pass, e.g., --timeout 600"),
-        (["--baseline", "/missing"], "argument --baseline: cannot use '/missing' as a "
+        (["--batch", "0"], "argument --batch: 0 is not a whole number, 1 or more; "
+         "e.g. --batch 32"),
+        (["--image-size", "0"], "argument --image-size: 0 is not a whole number, 1 "
+         "or more; e.g. --image-size 32"),
+        (["--global-batch", "0"], "argument --global-batch: 0 is not a whole number, "
+         "1 or more; e.g. --global-batch 64"),
+        (["--steps", "0"], "argument --steps: 0 is not a whole number, 1 or more"),
+        (["--warmup", "-1"], "argument --warmup: -1 is not a whole number, 0 or more"),
+        (["--timeout", "0"], "argument --timeout: 0 is not a number above 0; e.g. "
+         "--timeout 600"),
+        (["--baseline", "/missing"], "argument --baseline: cannot use /missing as a "
          "baseline: no scaling results at '/missing'; write them with `python -m "
          "workshop.bench scaling --out PREFIX` (PREFIX.json)"),
-        (["--allreduce-json", "/missing"], "argument --allreduce-json: no file "
-         "'/missing' (looked from "),
+        (["--allreduce-json", "/missing"], "argument --allreduce-json: cannot use "
+         "/missing as the all-reduce fit: no all-reduce result at /missing; pass the "
+         ".json file"),
         (["--image-size", "2"], "image_size=2 is not a whole number of pixels, 4 or "
          "more, for model 'cnn' (its two 2x2 poolings need 4); pass, e.g., "
          "image_size=32"),
@@ -381,10 +391,10 @@ def test_cli_refuses_a_baseline_when_it_measures_every_world_size_itself(
     assert _bench_here(monkeypatch, "--baseline", str(baseline)) == 2
     shown = capsys.readouterr()
     assert (
-        "python -m workshop.bench scaling: --baseline compares a run that torchrun, "
-        "srun or mpirun started at one world size with an earlier run; this run "
-        "measures every world size itself and compares them with the smallest. "
-        "Leave --baseline out, or run under a launcher"
+        "python -m workshop.bench scaling: error: --baseline compares a run that "
+        "torchrun, srun or mpirun started at one world size with an earlier run; "
+        "this run measures every world size itself and compares them with the "
+        "smallest. Leave --baseline out, or run under a launcher"
     ) in shown.err
     assert "measuring" not in shown.out
 
@@ -398,8 +408,8 @@ def test_cli_checks_that_out_can_be_written_before_measuring(
     assert _bench_here(monkeypatch, "--world-sizes", "1", "--out", str(out)) == 2
     shown = capsys.readouterr()
     assert (
-        f"python -m workshop.bench scaling: --out {out}: cannot write files there "
-        f"({tmp_path / 'file.txt'} is a file, not a folder); checked before "
+        f"python -m workshop.bench scaling: error: --out {out}: cannot write files "
+        f"there ({tmp_path / 'file.txt'} is a file, not a folder); checked before "
         "measuring. Pass a PREFIX in a folder you can write, e.g. --out runs/out"
     ) in shown.err
     assert "measuring" not in shown.out
@@ -477,9 +487,9 @@ def test_cli_under_torchrun_measures_its_world_size_against_a_baseline(tmp_path,
     )
     assert done.returncode != 0
     assert (
-        "python -m workshop.bench scaling: the baseline cannot be compared with this "
-        "run: it measured weak scaling with batch_per_rank 8 against 4; pass a "
-        "baseline of the same model"
+        "python -m workshop.bench scaling: error: the baseline cannot be compared "
+        "with this run: it measured weak scaling with batch_per_rank 8 against 4; "
+        "pass a baseline of the same model"
     ) in done.stderr
     assert "DDP scaling" not in done.stdout  # refused before measuring anything
 

@@ -144,5 +144,10 @@ def test_an_unknown_phase_is_explained():
         draw_ring_grid(_steps(2), phase="scatter")
 
 
+def test_no_steps_is_explained():  # an IndexError before (issue 35)
+    with pytest.raises(ValueError, match=r"steps is empty; pass what ring_all_redu"):
+        draw_ring_grid([])
+
+
 def test_the_docstring_examples_run():
     assert doctest.testmod(workshop.draw.ring_diagram).failed == 0

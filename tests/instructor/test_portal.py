@@ -501,10 +501,20 @@ def test_a_class_survives_its_hub_killed_and_started_again(running, capsys):
     for name in names:
         row = next(line.split() for line in table.splitlines() if f" {name} " in line)
         assert row[2] == "RUNNING" and row[4] in ("127.0.0.2", "127.0.0.3"), row
+    checked = time.monotonic()
+    # On purpose: portal restart stops the hub (which leaves the servers) and starts
+    # it again the same way; a learner's kernel still holds its state.
+    old_hub = hub_pid(folder)
+    code, out, err = _cli(["restart", "--folder", str(folder)], capsys)
+    assert code == 0, err
+    assert f"hub restarted; {LEARNERS} learners' servers kept" in out, out
+    assert hub_pid(folder) not in (None, old_hub)
+    assert asyncio.run(state(names[0])) == f"the state of {names[0]}"
     print(
         f"{LEARNERS} servers and kernels ready in {ready - begun:.1f} s; hub killed "
         f"and started again in {restarted - ready:.1f} s; logins and kernels "
-        f"checked in {time.monotonic() - restarted:.1f} s"
+        f"checked in {checked - restarted:.1f} s; portal restart and a kernel "
+        f"checked in {time.monotonic() - checked:.1f} s"
     )
 
 

@@ -419,6 +419,9 @@ def test_bad_input_is_refused_with_what_to_do():
         best_layouts(B8, 0)
     with pytest.raises(ValueError, match="global_batch=-4"):
         best_layouts(B8, 8, global_batch=-4)
+    for top in (0, -1):  # an empty list, or all but the last, before (issue 35)
+        with pytest.raises(ValueError, match=rf"top={top} must be a whole number, 1"):
+            best_layouts(B8, 8, top=top)
 
 
 def test_the_docstring_examples_run():

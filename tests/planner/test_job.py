@@ -124,6 +124,11 @@ def test_writing_again_removes_an_earlier_runs_figures(tmp_path):
         ("tiny", Layout(pp=2, micro_batches=2, virtual_stages=2, dp=2,
                         precision="fp32"),
          CPU, r"layout\.virtual_stages=2 is planned but not built"),
+        # Issue 35: ranks_per_node=-1 was named, or every rank failed on the seed.
+        ("tiny", DP_TP, {"nodes": 2, "gpus_per_node": -1},
+         r"write_job: gpus_per_node=-1 must be 0 \(CPU ranks\) or more"),
+        ("tiny", DP_TP, {**CPU, "seed": "x"},
+         r"write_job: seed='x' must be a whole number, e\.g\. seed=0"),
     ],
 )  # fmt: skip
 def test_bad_input_is_refused_before_anything_is_written(
@@ -132,6 +137,13 @@ def test_bad_input_is_refused_before_anything_is_written(
     with pytest.raises(ValueError, match=match):
         write_job(model, layout, tmp_path / "job", **kwargs)
     assert not (tmp_path / "job").exists()
+
+
+def test_a_folder_that_cannot_be_made_is_named(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    folder = tmp_path / "a-file" / "job"  # FileExistsError or NotADirectoryError
+    with pytest.raises(ValueError, match=r"write_job: folder='.*/a-file/job' cannot"):
+        write_job("tiny", DP_TP, folder, **CPU)
 
 
 def test_the_table_reads_figures_that_match_the_estimate():

@@ -149,6 +149,15 @@ def test_an_nccl_group_computes_on_the_ranks_gpu():
     assert rank_device("nccl", info) == torch.device("cuda", 1)
     assert rank_device("gloo", info) == torch.device("cpu")
     assert rank_device() == torch.device("cpu")  # no group: the CPU
+    with pytest.raises(ValueError, match=r"backend='glo' is not a process group "):
+        rank_device("glo", info)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), "60", True])
+def test_process_group_refuses_a_timeout_that_is_no_number_of_seconds(timeout):
+    refused = pytest.raises(ValueError, match=r"timeout=.* must be a finite number")
+    with refused, process_group(timeout=timeout):
+        pass
 
 
 def test_two_ranks_on_one_gpu_are_named_with_the_fix():

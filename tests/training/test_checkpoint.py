@@ -163,6 +163,11 @@ def test_errors_say_what_was_wrong(tmp_path):
         TypeError, match=r"extra\['when'\] is of type object, .*plain data only"
     ):
         save_checkpoint(tmp_path / "c.pt", model, when=object())
+    # AttributeError ('NoneType' has no 'state_dict') and os.fspath's words before.
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got None"):
+        save_checkpoint(tmp_path / "c.pt", None)
+    with pytest.raises(TypeError, match=r"path must be a file name, got 5; e\.g\. "):
+        save_checkpoint(5, model)
 
 
 def _train(epochs: int, path: str, resume: bool) -> dict[str, torch.Tensor]:

@@ -178,6 +178,9 @@ def test_the_copy_is_named_after_the_seed_and_the_data_file(tmp_path, monkeypatc
         ),
         ({"size": 0}, r"size=0 must be a whole number of pixels, 1 or more"),
         ({"size": 16.0}, r"size=16.0 must be a whole number"),
+        # scikit-learn's "random_state parameter of train_test_split" before.
+        ({"seed": "x"}, r"seed='x' must be a whole number, 0 or more; e\.g\. seed=0"),
+        ({"seed": -1}, r"seed=-1 must be a whole number, 0 or more"),
     ],
 )
 def test_digits_rejects_bad_arguments(kwargs, message):
@@ -286,6 +289,24 @@ def test_make_loader_rejects_bad_combinations(kwargs, message):
     kwargs = {"batch_size": 2, "shuffle": False, **kwargs}
     with pytest.raises(ValueError, match=message):
         make_loader(data, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "kwargs", "error", "message"),
+    [
+        # Each was accepted, or failed in torch's words, before (issue 35).
+        (None, {}, TypeError, r"dataset must be a map-style dataset \(samples by "
+         r"index\), got NoneType; e\.g\. make_loader\(digits\(\), 64"),
+        ("data", {"shuffle": "yes"}, TypeError, r"shuffle must be True or False, "
+         r"got 'yes'"),
+        ("data", {"seed": "x"}, ValueError, r"seed='x' must be a whole number"),
+    ],
+)  # fmt: skip
+def test_make_loader_refuses_a_wrong_kind_of_argument(dataset, kwargs, error, message):
+    data = torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.arange(4))
+    kwargs = {"shuffle": False, **kwargs}
+    with pytest.raises(error, match=message):
+        make_loader(data if dataset == "data" else dataset, 2, **kwargs)
 
 
 def test_time_loader_counts_samples_and_stops_after_the_asked_batches():

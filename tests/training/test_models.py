@@ -7,7 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from workshop.training.models import RESNETS, SmallCNN, count_parameters, resnet
+from workshop.training.models import (
+    RESNETS,
+    SmallCNN,
+    count_parameters,
+    resnet,
+    smallest_image,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +57,31 @@ def test_resnet_unknown_name_lists_the_valid_ones():
     ):
         resnet("resnet19")
     assert RESNETS[0] == "resnet18"
+
+
+@pytest.mark.parametrize("model", [None, SmallCNN])  # the class, not a model
+def test_count_parameters_wants_a_model(model):
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module, got "):
+        count_parameters(model)
+
+
+@pytest.mark.parametrize(
+    ("name", "batch", "least"), [("smallcnn", 2, 4), ("smallcnn", 1, 8),
+                                 ("resnet18", 2, 1), ("resnet18", 1, 33)]
+)  # fmt: skip
+def test_smallest_image_is_the_smallest_that_trains(name, batch, least):
+    model = SmallCNN(in_channels=3) if name == "smallcnn" else resnet(name)
+    model.train()
+
+    def step(size: int) -> None:  # forward in train mode: BatchNorm's batch figures
+        with torch.no_grad():
+            model(torch.zeros(batch, 3, size, size))
+
+    assert smallest_image(name, batch) == least
+    step(least)
+    if least > 1:
+        with pytest.raises((RuntimeError, ValueError)):
+            step(least - 1)
 
 
 def test_count_parameters_counts_shared_ones_once_and_can_skip_frozen_ones():

@@ -119,9 +119,10 @@ def test_default_stream_is_stdout_at_the_time_of_printing(capsys):
     assert capsys.readouterr().out == "epoch 1/1  loss 1.000  accuracy 0.500\n"
 
 
-def test_a_negative_interval_is_refused():
-    with pytest.raises(ValueError, match=r"every=-1 must be seconds >= 0, or None"):
-        Progress(every=-1)
+@pytest.mark.parametrize("every", [-1, True, "10"])  # True was 1 s, "10" a TypeError
+def test_an_interval_that_is_no_number_of_seconds_is_refused(every):
+    with pytest.raises(ValueError, match=rf"every={every!r} must be seconds >= 0, or"):
+        Progress(every=every)
 
 
 def test_history_shows_no_times_unless_asked():

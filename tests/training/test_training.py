@@ -333,6 +333,8 @@ def test_evaluate_counts_right_answers_and_restores_the_mode():
     assert model.training
     with pytest.raises(ValueError, match=r"the loader yielded no samples"):
         evaluate(model, [], "cpu")
+    with pytest.raises(TypeError, match=r"loader must give batches of \(inputs, "):
+        evaluate(model, None, "cpu")  # "'NoneType' object is not iterable" before
 
 
 @pytest.mark.parametrize(
@@ -344,11 +346,47 @@ def test_evaluate_counts_right_answers_and_restores_the_mode():
         ({"epochs": 0}, r"epochs=0 must be a whole number, 1 or more"),
         ({"accumulate": 0}, r"accumulate=0 must be a whole number, 1 or more"),
         ({"lr": -0.1}, r"lr=-0.1 must be a positive learning rate"),
+        # Trained to NaN weights, or failed in torch's words, before (issue 35).
+        ({"lr": math.inf}, r"lr=inf must be a positive learning rate, a finite "),
+        ({"lr": "0.1"}, r"lr='0.1' must be a positive learning rate"),
+        ({"seed": "x"}, r"seed='x' must be a whole number, e\.g\. seed=0, or None"),
+        ({"device": "gpu0"}, r"device='gpu0' is not a device; pass 'cpu', 'cuda', "),
     ],
 )
 def test_train_rejects_bad_arguments(kwargs, message):
+    kwargs = {"device": "cpu", "progress": False, **kwargs}
     with pytest.raises(ValueError, match=message):
-        train(_mlp(), _train_loader(), device="cpu", progress=False, **kwargs)
+        train(_mlp(), _train_loader(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # "no" is true: channels-last was switched on by it.
+        ({"channels_last": "no"}, r"channels_last must be True or False, got 'no'"),
+        ({"progress": "yes"}, r"progress must be True, False or a Progress, got"),
+        ({"model": None}, r"model must be a torch.nn.Module, got NoneType; e\.g\. "),
+        ({"loader": None}, r"loader must give batches of \(inputs, targets\), got "),
+        # It failed only after the first epoch's training.
+        ({"eval_loader": 5}, r"eval_loader must give batches of \(inputs, targets"),
+    ],
+)
+def test_train_refuses_an_object_of_the_wrong_kind_before_a_step(kwargs, message):
+    args = {"model": _mlp(), "loader": _train_loader(), "progress": False} | kwargs
+    model, loader = args.pop("model"), args.pop("loader")
+    with pytest.raises(TypeError, match=message):
+        train(model, loader, device="cpu", **args)
+
+
+def test_train_step_wants_a_list_of_pairs_and_an_optimizer():
+    model = _mlp()
+    x, y = next(iter(_train_loader()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for wrong in ((x, y), x):  # the pair itself; a tensor ("ambiguous" before)
+        with pytest.raises(TypeError, match=r"for one batch pass \[\(inputs, "):
+            train_step(model, wrong, opt)
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim optim"):
+        train_step(model, [(x, y)], None)
 
 
 def test_an_empty_loader_is_an_error():

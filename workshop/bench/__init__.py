@@ -1,5 +1,6 @@
 """Benchmarks that print figures, from a cell or as ``python -m workshop.bench
-SUBCOMMAND`` (``launch``, ``train``, ``allreduce``, ``scaling``).
+SUBCOMMAND`` (``launch``, ``train``, ``allreduce``, ``scaling``,
+``concurrent``).
 
 - All-reduce (notebook 02): measure_allreduce sweeps message sizes and fits the ring
   model; load_allreduce reads a batch job's result; plot_allreduce draws it.

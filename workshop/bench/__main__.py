@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import allreduce_worker, launch_bench, scaling_bench
+from . import allreduce_worker, concurrent_launches, launch_bench, scaling_bench
 
 # Each command: its help, the function that adds its options, the one that runs it.
 COMMANDS = {
@@ -28,6 +28,11 @@ COMMANDS = {
         "weak and strong scaling of training across world sizes",
         scaling_bench.add_arguments,
         scaling_bench.main,
+    ),
+    "concurrent": (
+        "many kernels launching at once: failures and restarts per launch",
+        concurrent_launches.add_arguments,
+        concurrent_launches.main,
     ),
 }
 

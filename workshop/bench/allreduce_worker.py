@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._cli import above_zero, whole_number
+from .._cli import above_zero, whole_number, zero_or_more
 from ..allocation import available_memory
 from .allreduce_result import (
     DTYPE_BYTES,
@@ -128,8 +128,11 @@ def check_sweep(
         raise ValueError(f"repeats={repeats!r}: time each size at least once")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r}: give 0 or more untimed calls per size")
-    if not min_time >= 0:
-        raise ValueError(f"min_time={min_time!r}: give 0 or more seconds per size")
+    if not (isinstance(min_time, (int, float)) and 0 <= min_time < math.inf):
+        raise ValueError(
+            f"min_time={min_time!r}: give 0 or more seconds per size, a finite "
+            "number; e.g. min_time=1.0"
+        )
     return sorted(set(sizes))
 
 
@@ -435,6 +438,17 @@ def _size_arg(text: str, check: Callable[[int], int] = int) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _message_arg(text: str) -> int:
+    """--min-size, --max-size: bytes of whole float32 values, 4 or more."""
+    size = _size_arg(text)
+    if size < DTYPE_BYTES or size % DTYPE_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a whole number of float32 values: give a multiple of "
+            f"{DTYPE_BYTES} bytes, 4 or more; e.g. 4K or 64M"
+        )
+    return size
+
+
 def _reference_arg(text: str) -> int:
     return _size_arg(text, check_reference)
 
@@ -455,11 +469,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: NCCL with a GPU per rank, else gloo",
     )
     parser.add_argument(
-        "--min-size", type=_size_arg, default=4 * KiB, help="smallest message (4K)"
+        "--min-size", type=_message_arg, default=4 * KiB, help="smallest message (4K)"
     )
     parser.add_argument(
         "--max-size",
-        type=_size_arg,
+        type=_message_arg,
         default=64 * MiB,
         help="largest message, e.g. 64M or 1G (default 64M; sizes that do not fit "
         "in memory are skipped)",
@@ -478,7 +492,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--min-time",
-        type=float,
+        type=zero_or_more("--min-time 1"),
         default=1.0,
         help="seconds of timed calls per size: small sizes repeat more (1.0)",
     )
@@ -562,31 +576,21 @@ def main(args: argparse.Namespace) -> int:
         "min_time": args.min_time,
         "reference_bytes": args.reference_size,
     }
-    try:
-        sizes = message_sizes(args.min_size, args.max_size, args.factor)
-        check_sweep(sizes, args.repeats, args.warmup, args.min_time)
-        if args.world_size is not None and args.world_size < 2:
-            raise ValueError(
-                f"--world-size {args.world_size}: an all-reduce needs 2 ranks or "
-                "more; pass --world-size 2"
-            )
-        # Before minutes of measuring, not after; on every rank, so that all of
-        # them stop if rank 0 (the one that writes) would fail.
-        check_writable(args.out or "allreduce", "--out")
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # A ValueError here is python -m workshop.bench's one-line error (status 2).
+    sizes = message_sizes(args.min_size, args.max_size, args.factor)
+    check_sweep(sizes, args.repeats, args.warmup, args.min_time)
+    # Before minutes of measuring, not after; on every rank, so that all of them
+    # stop if rank 0 (the one that writes) would fail.
+    check_writable(args.out or "allreduce", "--out")
     info = rank_info()
     if info.launcher != "none":
         # One of torchrun's (srun's, mpirun's) ranks: join the job and run the same
         # function that workshop.launch runs on each rank.
         if info.world_size < 2:
-            print(
-                f"error: {info.launcher} started 1 rank, and an all-reduce needs 2 or "
-                "more; start 2 (torchrun --nproc-per-node 2, srun -n 2)",
-                file=sys.stderr,
+            raise ValueError(
+                f"{info.launcher} started 1 rank, and an all-reduce needs 2 or more; "
+                "start 2 (torchrun --nproc-per-node 2, srun -n 2)"
             )
-            return 2
         if args.world_size not in (None, info.world_size) and info.is_main:
             print(
                 f"note: {info.launcher} started {info.world_size} ranks; "
@@ -607,6 +611,6 @@ def main(args: argparse.Namespace) -> int:
             world_size, args.backend, sizes, timeout=args.timeout, **options
         )
     except (ValueError, LaunchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"python -m workshop.bench allreduce: error: {exc}", file=sys.stderr)
         return 1
     return 0 if _report(result, args, started) else 1

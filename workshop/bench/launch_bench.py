@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from .._cli import whole_number, writable_file
+from .._cli import names_from, whole_number, writable_file
 
 # The no-op torchrun runs: the same work a launch does around the lesson's function.
 _TORCHRUN_NOOP = """\
@@ -318,17 +318,6 @@ def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
 _PATHS = ("fork", "server", "spawn")
 
 
-def _methods_arg(text: str) -> list[str]:
-    """--methods: start paths, comma-separated, each one the launcher knows."""
-    methods = [m.strip() for m in text.split(",") if m.strip()]
-    if not methods or set(methods) - set(_PATHS):
-        raise argparse.ArgumentTypeError(
-            f"{text} is not a list of start paths from {', '.join(_PATHS)}; "
-            "e.g. --methods fork,server"
-        )
-    return methods
-
-
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench launch``."""
     ranks = whole_number(1, "--world-size 4")
@@ -353,7 +342,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--methods",
-        type=_methods_arg,
+        type=names_from(_PATHS, "--methods fork,server"),
         default="fork,server,spawn",
         help="start paths to time (default fork,server,spawn)",
     )
@@ -460,10 +449,14 @@ def launch_main(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ training steps
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench train``."""
+    from ..training.models import RESNETS
+
     parser.add_argument(
         "--model",
         default="resnet50",
-        help="smallcnn or a torchvision ResNet name (default resnet50)",
+        choices=("smallcnn", *RESNETS),
+        metavar="NAME",
+        help=f"smallcnn or {', '.join(RESNETS)} (default resnet50)",
     )
     parser.add_argument(
         "--batch-size",
@@ -542,12 +535,18 @@ def train_main(args: argparse.Namespace) -> int:
     import torch
 
     from ..env import visible_gpu_count
-    from ..training.models import SmallCNN, resnet
+    from ..training.models import SmallCNN, resnet, smallest_image
     from ..training.steps import resolve_device, train_step
 
     device = resolve_device()
     gpu = visible_gpu_count() > 0
     batch = args.batch_size or (256 if gpu else 8)
+    least = smallest_image(args.model, batch)
+    if args.image_size < least:  # before the model is built, not in its first step
+        raise ValueError(
+            f"--image-size {args.image_size} is too small for {args.model} in batches "
+            f"of {batch}: {least} or more; e.g. --image-size {max(least, 32)}"
+        )
     amp = None if args.amp == "none" or (args.amp == "fp16" and not gpu) else args.amp
     if args.model == "smallcnn":
         model, channels, classes = SmallCNN(), 1, 10

@@ -23,16 +23,16 @@ How a step is split into compute and communication, and why this way:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 from types import SimpleNamespace
 
+from .._cli import above_zero, read_with, whole_number, zero_or_more
 from ..env import RankInfo
+from ..training.models import RESNETS
 from .bench_output import check_writable, save_or_keep
 from .scaling_measure import (
+    CNN_NAMES,
     _fit_sizes,
     _gradient_bytes,
     check_divides,
@@ -50,55 +50,10 @@ __all__ = ["add_arguments", "main"]
 
 
 # ------------------------------------------------------------------ command line
-def _whole_arg(least: int, what: str, example: str) -> Callable[[str], int]:
-    """An argparse type: a whole number, ``least`` or more. Zero is refused, not
-    taken for "the default", so that what ran is what was asked for."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a whole number of {what}, {least} or more; pass, "
-                f"e.g., {example}, or leave the option out for its default"
-            )
-        return value
-
-    return parse
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of seconds above 0; pass, e.g., --timeout 600"
-        )
-    return value
-
-
-def _baseline_arg(text: str) -> ScalingResult:
-    """--baseline: read at once, so that a missing or wrong file is said before
-    anything is measured."""
-    try:
-        return load_scaling(text)
-    except (OSError, ValueError) as exc:
-        raise argparse.ArgumentTypeError(
-            f"cannot use {text!r} as a baseline: {exc}"
-        ) from None
-
-
-def _allreduce_json_arg(text: str) -> str:
-    if not (Path(text).is_file() or Path(f"{text}.json").is_file()):
-        raise argparse.ArgumentTypeError(
-            f"no file {text!r} (looked from {os.getcwd()}); pass the .json that "
-            "`python -m workshop.bench allreduce --out PREFIX` wrote, or --alpha "
-            "and --beta"
-        )
+def _allreduce_json(text: str) -> str:
+    """--allreduce-json: its alpha and beta read now, so that a missing or wrong
+    file is said before anything is measured; the path goes on to the run."""
+    given_alpha_beta(None, None, text)
     return text
 
 
@@ -107,9 +62,10 @@ def _world_sizes_arg(text: str) -> list[int]:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         sizes = []
-    if not sizes or min(sizes) < 1:
+    if not sizes or min(sizes) < 1 or len(set(sizes)) < len(sizes):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of rank counts; write them like 1,2,4"
+            f"{text} is not a list of rank counts, each 1 or more and none twice; "
+            "e.g. --world-sizes 1,2,4"
         )
     return sizes
 
@@ -126,53 +82,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--mode", choices=[*MODES, "both"], default="both")
     parser.add_argument(
-        "--model", default="cnn", help="cnn (SmallCNN) or a ResNet name, e.g. resnet18"
+        "--model",
+        default="cnn",
+        choices=(*CNN_NAMES, *RESNETS),
+        metavar="NAME",
+        help=f"cnn (SmallCNN) or {', '.join(RESNETS)} (default cnn)",
     )
-    samples = _whole_arg(1, "samples", "--batch 32")
     parser.add_argument(
         "--batch",
-        type=samples,
+        type=whole_number(1, "--batch 32"),
         help="samples per rank per step, weak scaling (default 32; 128 on GPUs)",
     )
     parser.add_argument(
         "--global-batch",
-        type=_whole_arg(1, "samples", "--global-batch 64"),
+        type=whole_number(1, "--global-batch 64"),
         help="samples per step over all ranks, strong scaling (default: --batch)",
     )
     parser.add_argument(
         "--image-size",
-        type=_whole_arg(1, "pixels", "--image-size 32"),
+        type=whole_number(1, "--image-size 32"),
         help="default 32 (cnn, 4 at least), 224 (ResNet)",
     )
     parser.add_argument(
         "--steps",
-        type=_whole_arg(1, "steps", "--steps 20"),
+        type=whole_number(1, "--steps 20"),
         default=20,
         help="timed steps of each kind",
     )
     parser.add_argument(
         "--warmup",
-        type=_whole_arg(0, "steps", "--warmup 5"),
+        type=whole_number(0, "--warmup 5"),
         default=5,
         help="untimed steps first",
     )
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
-    parser.add_argument("--alpha", type=float, help="seconds per ring step (+ --beta)")
-    parser.add_argument("--beta", type=float, help="bytes/s per link (+ --alpha)")
+    parser.add_argument(
+        "--alpha",
+        type=zero_or_more("--alpha 1e-5 --beta 1e9"),
+        help="seconds per ring step (+ --beta)",
+    )
+    parser.add_argument(
+        "--beta",
+        type=above_zero("--alpha 1e-5 --beta 1e9"),
+        help="bytes/s per link (+ --alpha)",
+    )
     parser.add_argument(
         "--allreduce-json",
         metavar="PATH",
-        type=_allreduce_json_arg,
+        type=read_with(_allreduce_json, "the all-reduce fit"),
         help="alpha and beta from this file",
     )
     parser.add_argument(
         "--baseline",
         metavar="PATH",
-        type=_baseline_arg,
+        type=read_with(load_scaling, "a baseline"),
         help="under torchrun: JSON of an earlier run (1 rank, say) to compare with",
     )
     parser.add_argument(
-        "--timeout", type=_seconds_arg, default=600.0, help="s per launch"
+        "--timeout",
+        type=above_zero("--timeout 600"),
+        default=600.0,
+        help="s per launch",
     )
     parser.add_argument("--out", metavar="PREFIX", help="write PREFIX.json and .csv")
     parser.add_argument(
@@ -255,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
 
     if args.plot and not args.out:
         print(
-            "python -m workshop.bench scaling: --plot writes PREFIX.png; "
+            "python -m workshop.bench scaling: error: --plot writes PREFIX.png; "
             "pass --out PREFIX too",
             file=sys.stderr,
         )
@@ -307,7 +277,7 @@ def main(args: argparse.Namespace) -> int:
                 verbose=True,
             )
     except (ValueError, OSError) as exc:
-        print(f"python -m workshop.bench scaling: {exc}", file=sys.stderr)
+        print(f"python -m workshop.bench scaling: error: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
         print(

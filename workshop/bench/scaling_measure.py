@@ -414,9 +414,14 @@ def given_alpha_beta(
             raise ValueError(
                 "pass alpha and beta, or an all-reduce JSON file, not both"
             )
-        if not (alpha >= 0 and beta > 0):
+        numbers = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            for v in (alpha, beta)
+        )
+        if not (numbers and 0 <= alpha < math.inf and 0 < beta < math.inf):
             raise ValueError(
-                f"need alpha >= 0 and beta > 0, got {alpha!r} and {beta!r}"
+                f"need alpha >= 0 and beta > 0, both finite numbers, got {alpha!r} and "
+                f"{beta!r}; e.g. alpha=1e-5, beta=1e9"
             )
         return (
             float(alpha),
@@ -512,6 +517,7 @@ def measure_scaling(
     sizes, modes = check_settings(
         world_sizes, mode, steps, warmup, batch, model, image_size
     )
+    _whole("seed", seed, 0)  # here, not in every rank's first line
     global_batch = batch if global_batch is None else global_batch
     if "strong" in modes:
         _whole("global_batch", global_batch, 1)

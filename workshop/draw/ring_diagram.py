@@ -191,7 +191,7 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
         The matplotlib Figure (one axes).
 
     Raises:
-        ValueError: an unknown ``phase``.
+        ValueError: no steps, or an unknown ``phase``.
 
     Example:
         >>> fig = draw_ring_grid(ring_all_reduce_steps([[1, 2], [3, 4]]))
@@ -202,6 +202,11 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
         raise ValueError(
             f"phase={phase!r} is not one of {', '.join(map(repr, _PHASES))}; "
             'e.g. draw_ring_grid(steps, phase="reduce-scatter")'
+        )
+    if not steps:
+        raise ValueError(
+            "steps is empty; pass what ring_all_reduce_steps returned, e.g. "
+            "draw_ring_grid(ring_all_reduce_steps([[1, 2], [3, 4]]))"
         )
     plt = _pyplot()
     from matplotlib.patches import Rectangle

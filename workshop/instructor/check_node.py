@@ -42,6 +42,7 @@ from typing import TextIO
 from .._cli import above_zero, whole_number, writable_file
 from .._procs import interrupted
 from ..env import visible_gpu_count
+from ..training.models import RESNETS, smallest_image
 from .check_results import SKIPPED, STEPS, CheckReport, CheckStep, TrainSettings
 from .check_steps import ROOT, STEP_FUNCTIONS, Context
 
@@ -275,7 +276,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--cpu-train", action="store_true", help="run it where no GPU is visible too"
     )
-    train.add_argument("--train-model", default="resnet50", metavar="NAME")
+    train.add_argument(
+        "--train-model",
+        default="resnet50",
+        choices=("smallcnn", *RESNETS),
+        metavar="NAME",
+        help=f"smallcnn or {', '.join(RESNETS)} (default resnet50)",
+    )
     for name, least, default, metavar in (
         ("batch-size", 1, None, "N"),
         ("image-size", 1, 224, "PX"),
@@ -295,6 +302,17 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Run :func:`check_node` with the parsed options; return its exit status."""
     fields = ("model", "batch_size", "image_size", "steps", "warmup")  # --train-*
     train = TrainSettings(**{name: getattr(args, f"train_{name}") for name in fields})
+    # The benchmark's own batch sizes, where none is given, are 8 and 256.
+    least = smallest_image(train.model, train.batch_size or 8)
+    if train.image_size < least:  # said now, not when the train step comes
+        batches = f" in batches of {train.batch_size}" if train.batch_size else ""
+        print(
+            f"python -m workshop check-node: error: --train-image-size "
+            f"{train.image_size} is too small for {train.model}{batches}: {least} or "
+            f"more; e.g. --train-image-size {max(least, 32)}",
+            file=sys.stderr,
+        )
+        return 2
     report = check_node(
         args.skip,
         quick=args.quick,

@@ -178,7 +178,8 @@ def _check_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise KernelSpecError(
             f"kernel name {name!r}: Jupyter accepts only ASCII letters, digits, '.', "
-            f"'_' and '-'. HINT: e.g. --name {re.sub(r'[^A-Za-z0-9._-]+', '-', name)}"
+            f"'_' and '-'. HINT: e.g. --name "
+            f"{re.sub(r'[^A-Za-z0-9._-]+', '-', name).strip('-') or DEFAULT_NAME}"
         )
     return name.lower()  # Jupyter folds kernel names to lower case
 
@@ -257,12 +258,28 @@ def probe(argv: list[str], env: Mapping[str, str], timeout: float, shown: str) -
                 f"{shown} did not answer within {timeout:.0f} s. HINT: a "
                 "slow module load or file system: try again with a longer --timeout"
             ) from e
+        except OSError as e:  # not a program (no #! line), or not yours to run
+            raise KernelSpecError(
+                f"cannot run {shown}: {e.strerror or e}. HINT: --python the Python "
+                "that has torch and the workshop, or --venv its folder"
+            ) from e
     if done.returncode != 0:
         said = "\n".join((done.stderr or done.stdout).strip().splitlines()[-12:])
         raise KernelSpecError(
-            f"{shown} failed (exit status {done.returncode}); it said:\n{said}"
+            f"{shown} failed (exit status {done.returncode}); it said:"
+            + (f"\n{said}" if said else " nothing")
         )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    try:
+        found = json.loads(last)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):  # a program that is not Python, e.g. /bin/true
+        raise KernelSpecError(
+            f"{shown} did not run Python's -c (it printed {last[:60]!r}). HINT: "
+            "--python the Python that has torch and the workshop, or --venv its folder"
+        )
+    return found
 
 
 def probe_with_shell_path(

@@ -536,12 +536,31 @@ def apply(python: SitePython, venv: Path) -> SitePython:
     return seen
 
 
+def _venv_arg(text: str) -> Path:
+    """--venv: a folder that is, or can be made, where it is (this file runs before
+    the package imports, so it does not use workshop._cli's types)."""
+    path = Path(os.path.abspath(text or "."))
+    above = next(p for p in (path, *path.parents) if p.exists())
+    if not text:
+        why = "no path was given"
+    elif above == path and not path.is_dir():
+        why = "it is a file, not a folder"
+    elif not above.is_dir():
+        why = f"{above} is a file, not a folder"
+    elif not os.access(above, os.W_OK | os.X_OK):
+        why = f"the folder {above} cannot be written by you"
+    else:
+        return Path(text)
+    what = f"cannot make {text}: {why}" if text else why
+    raise argparse.ArgumentTypeError(f"{what}; e.g. --venv .venv")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``site-env``'s options to ``parser``."""
     default = HERE / ".venv"
     parser.add_argument(
         "--venv",
-        type=Path,
+        type=_venv_arg,
         default=default,
         metavar="PATH",
         help=f"the virtual environment to make (default {_shown(default)})",
@@ -587,6 +606,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # python workshop/instructor/site_env.py [--apply]
-    _parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _parser = argparse.ArgumentParser(
+        prog="python workshop/instructor/site_env.py",
+        description=__doc__.split("\n\n")[0],
+    )
     add_arguments(_parser)
     sys.exit(run_from_args(_parser.parse_args()))

@@ -4,8 +4,8 @@ unsplit computation.
 - Tensor parallelism: TensorParallelMLP, check_tensor_parallel,
   column_parallel_demo, tensor_parallel_bytes.
 - A pipeline whose stages are ranks: run_pipeline, schedule_order, idle_fraction.
-- Sharded data parallelism: measure_zero_memory, check_zero_stage1,
-  measure_fsdp_memory.
+- Sharded data parallelism: measure_zero_memory, measure_fsdp_memory, and
+  check_sharded (ZeRO 1-3 and FSDP2 against the unsplit model).
 - The parameter server: parameter_server, async_parameter_server,
   allreduce_baseline, traffic_per_step, sharded_parameter_server, server_traffic.
 
@@ -19,7 +19,7 @@ _NAMES = {
     "allreduce_baseline": "param_server",
     "async_parameter_server": "param_server",
     "check_tensor_parallel": "tensor_check",
-    "check_zero_stage1": "sharded",
+    "check_sharded": "sharded",
     "column_parallel_demo": "tensor_check",
     "idle_fraction": "pipeline_schedules",
     "measure_fsdp_memory": "zero_memory",

@@ -1,6 +1,7 @@
 """Sharded data parallelism on real ranks: ZeRO stages 1, 2 and 3 written by hand,
 PyTorch's FSDP2 beside them, and the memory each rank really keeps, measured next to
-the formula of :mod:`workshop.parallel.zero_memory`.
+the formula of :mod:`workshop.parallel.zero_memory`; :func:`check_sharded` trains each
+of them beside PyTorch's DDP and compares the losses and the weights.
 
 Run in every rank, for example from a notebook cell::
 
@@ -48,15 +49,19 @@ from .zero_memory import (
     _cuda_start,
     _mlp,
     _need_group,
+    measure_fsdp_memory,
 )
 
-__all__ = ["check_zero_stage1", "measure_zero_memory"]
+__all__ = ["check_sharded", "measure_zero_memory"]
 
-# Hand-written stage 1 against torch's DDP: the same arithmetic, but the sums of
-# the gradients may be added up in another order (reduce-scatter against DDP's
-# bucketed all-reduce), a few float32 roundings (~1e-7). Adam divides by the root
-# of the squared gradient, which can grow such a rounding for a gradient near 0,
-# so the tolerance is a hundredth of one Adam step (lr), far below a real mistake.
+# A sharded run against DDP: the same arithmetic, but the gradients are summed in
+# another order (a reduce-scatter against DDP's bucketed all-reduce), so float32
+# rounds them differently, by about 1e-7. Measured on 2 to 4 ranks: final weights
+# apart by up to 6e-7, losses (about 1.0) by up to 1.2e-7. Adam divides by the root
+# of the squared gradient, which can grow such a rounding for a gradient near 0, so
+# the tolerance is a hundredth of one Adam step (lr = 1e-3). A real mistake is far
+# above it: gradients not summed over the ranks move the weights by 6e-3 and the
+# losses by 1e-3 in three steps.
 TOLERANCE = 1e-5
 
 
@@ -234,8 +239,9 @@ def measure_zero_memory(
         "full_grads"}: the largest full-size buffer of each that lived only within
         a step (0 where none did), "cuda": None on the CPU, else {"held", "peak"}
         bytes added on the GPU (torch.cuda), "gradient_reduce": the collective
-        used, "loss": this rank's last loss, "checksum": {"sum", "norm"} of the
-        final full parameters}``, and "final_parameters" when asked for.
+        used, "loss": this rank's last loss, "losses": its loss at every step,
+        "checksum": {"sum", "norm"} of the final full parameters}``, and
+        "final_parameters" when asked for.
 
     Raises:
         ValueError: an unknown stage, or a size below 1.
@@ -255,9 +261,7 @@ def measure_zero_memory(
     before = _cuda_start(device)
     reduce_scatter = bool(number) and _reduce_scatter_runs(device)
     zero = _ZeroRank(number, _mlp(width, depth, seed), device, reduce_scatter)
-    loss = 0.0
-    for step in range(steps):
-        loss = zero.step(*_batch(seed, step, width, device))
+    losses = [zero.step(*_batch(seed, step, width, device)) for step in range(steps)]
     measured = zero.held()
     cuda = _cuda_figures(device, before)
     final = zero.full_parameters()
@@ -274,7 +278,8 @@ def measure_zero_memory(
         "transient": dict(zero.transient),
         "cuda": cuda,
         "gradient_reduce": _reduce_name(number, reduce_scatter),
-        "loss": loss,
+        "loss": losses[-1],
+        "losses": losses,
         "checksum": _checksum(final),
     }
     if return_parameters:
@@ -282,62 +287,117 @@ def measure_zero_memory(
     return result
 
 
-def check_zero_stage1(
-    steps: int = 3, seed: int = 0, *, width: int = 256, depth: int = 4
+def check_sharded(
+    stage: int | str, steps: int = 3, seed: int = 0, *, width: int = 256, depth: int = 4
 ) -> dict[str, Any]:
-    """Hand-written ZeRO stage 1 against torch's DistributedDataParallel with full
-    Adam, from the same seed and data. Run in every rank.
+    """A sharded run against the unsplit model: PyTorch's DistributedDataParallel,
+    a whole copy of the model on every rank, with full Adam, from the same seed and
+    data. Run in every rank.
+
+    The sharded run is :func:`measure_zero_memory` (stages 0-3, written by hand) or
+    :func:`~workshop.parallel.zero_memory.measure_fsdp_memory` ("fsdp2"), so the
+    bytes it keeps come from the same run whose losses and weights are compared.
 
     Args:
+        stage: "ddp" (or 0), 1, 2 or 3, written by hand, or "fsdp2" for PyTorch's
+            ``fully_shard``.
         steps: training steps of each.
         seed: seed of the model and the data.
         width, depth: the MLP's size, as in :func:`measure_zero_memory`.
 
     Returns:
-        ``{"max_abs_diff": largest difference of a final parameter over all ranks,
-        "tolerance": TOLERANCE, "equal": max_abs_diff <= tolerance, "steps",
-        "world_size", "parameters": Ψ, "gradient_reduce": the collective used}``.
+        ``{"name": "ZeRO-1" | ... | "FSDP2", "available": False only where this
+        torch cannot run FSDP2 (then only "why", the reason, "steps", "world_size"
+        and "tolerance" follow), "why": "", "steps", "world_size", "parameters": Ψ,
+        "kept": bytes this rank keeps between steps (measured), "unsplit": 16 Ψ,
+        what DDP keeps by the formula,
+        "loss_diff": the largest difference of a step's loss, "max_abs_diff": of a
+        final parameter, both over all ranks and steps, "tolerance": TOLERANCE,
+        "losses_equal", "weights_equal", "equal": both within the tolerance,
+        "gradient_reduce": the collective the hand-written stages used}``.
 
     Raises:
-        ValueError: a size below 1.
+        ValueError: an unknown stage, or a size below 1.
         RuntimeError: called outside a process group.
 
     Example:
-        >>> r = launch(check_zero_stage1, world_size=2)            # doctest: +SKIP
-        >>> r.returns[0]["equal"]
-        True
+        >>> r = launch(check_sharded, 2, world_size=2)              # doctest: +SKIP
+        >>> r.returns[0]["equal"], r.returns[0]["kept"] < r.returns[0]["unsplit"]
+        (True, True)
     """
-    _check_sizes("check_zero_stage1", width=width, depth=depth, steps=steps, seed=seed)
-    _need_group("check_zero_stage1")
-    from torch.nn.parallel import DistributedDataParallel
+    fsdp = isinstance(stage, str) and stage.strip().lower() in ("fsdp", "fsdp2")
+    try:
+        number = 3 if fsdp else stage_number(stage)
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or 'fsdp2' for PyTorch's fully_shard") from exc
+    _check_sizes("check_sharded", width=width, depth=depth, steps=steps, seed=seed)
+    _need_group("check_sharded")
+    world_size = dist.get_world_size()
+    if fsdp:
+        run = measure_fsdp_memory(width, depth, steps, seed, return_parameters=True)
+        if not run["available"]:  # every rank alike: the same torch, the same call
+            return {
+                "name": "FSDP2",
+                "available": False,
+                "why": run["why"],
+                "steps": steps,
+                "world_size": world_size,
+                "tolerance": TOLERANCE,
+            }
+        name, reduce = "FSDP2", "reduce_scatter (FSDP2's own)"
+    else:
+        run = measure_zero_memory(
+            number, width, depth, steps, seed, return_parameters=True
+        )
+        name, reduce = run["name"], run["gradient_reduce"]
+    losses, weights = _unsplit_run(width, depth, steps, seed, rank_device())
+    diffs = torch.tensor(
+        [
+            max(abs(a - b) for a, b in zip(run["losses"], losses, strict=True)),
+            float((run["final_parameters"] - weights).abs().max()),
+        ],
+        device=rank_device(),
+    )
+    dist.all_reduce(diffs, op=dist.ReduceOp.MAX)
+    loss_diff, max_abs_diff = diffs.tolist()
+    return {
+        "name": name,
+        "available": True,
+        "why": "",
+        "steps": steps,
+        "world_size": world_size,
+        "parameters": run["parameters"],
+        "kept": run["measured"]["total"],
+        "unsplit": zero_bytes(run["parameters"], world_size, 0)["total"],
+        "loss_diff": loss_diff,
+        "max_abs_diff": max_abs_diff,
+        "tolerance": TOLERANCE,
+        "losses_equal": loss_diff <= TOLERANCE,
+        "weights_equal": max_abs_diff <= TOLERANCE,
+        "equal": loss_diff <= TOLERANCE and max_abs_diff <= TOLERANCE,
+        "gradient_reduce": reduce,
+    }
 
-    device = rank_device()
-    reduce_scatter = _reduce_scatter_runs(device)
-    zero = _ZeroRank(1, _mlp(width, depth, seed), device, reduce_scatter)
-    for step in range(steps):
-        zero.step(*_batch(seed, step, width, device))
-    ours = zero.full_parameters()
+
+def _unsplit_run(
+    width: int, depth: int, steps: int, seed: int, device: torch.device
+) -> tuple[list[float], torch.Tensor]:
+    """PyTorch's DDP with full Adam: this rank's loss at every step, and the final
+    parameters as one flat CPU vector."""
+    from torch.nn.parallel import DistributedDataParallel
 
     model = _mlp(width, depth, seed).to(device)
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
     optimizer = torch.optim.Adam(ddp.parameters(), lr=LR)
+    losses = []
     for step in range(steps):
         x, y = _batch(seed, step, width, device)
         optimizer.zero_grad()
-        nn.functional.mse_loss(ddp(x), y).backward()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
         optimizer.step()
-    theirs = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        losses.append(loss.item())
     del ddp, optimizer
-    diff = (ours - theirs).abs().max().reshape(1)
-    dist.all_reduce(diff, op=dist.ReduceOp.MAX)
-    return {
-        "max_abs_diff": float(diff),
-        "tolerance": TOLERANCE,
-        "equal": float(diff) <= TOLERANCE,
-        "steps": steps,
-        "world_size": dist.get_world_size(),
-        "parameters": zero.size,
-        "gradient_reduce": _reduce_name(1, reduce_scatter),
-    }
+    return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()

@@ -128,8 +128,9 @@ def measure_fsdp_memory(
         ``{"available": True, "why": "", "fully_shard": where it was found,
         "rank", "world_size", "device", "parameters": Ψ, "measured": {"params",
         "grads", "optimizer", "total"}, "formula": zero_bytes(Ψ, world_size, 3),
-        "cuda": None or {"held", "peak"}, "loss", "checksum": {"sum", "norm"}}``
-        (and "final_parameters" when asked for); or ``{"available": False, "why":
+        "cuda": None or {"held", "peak"}, "loss": this rank's last loss, "losses":
+        its loss at every step, "checksum": {"sum", "norm"}}`` (and
+        "final_parameters" when asked for); or ``{"available": False, "why":
         the reason or the real error, "rank", "world_size", "device"}`` where
         this torch has no ``fully_shard`` or it fails on this device and backend.
 
@@ -188,14 +189,14 @@ def _run_fsdp(
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    loss = 0.0
+    losses = []
     for step in range(steps):
         x, y = _batch(seed, step, width, device)
         optimizer.zero_grad()  # the last step's gradients stay, as they do in DDP
-        out = nn.functional.mse_loss(model(x), y)
-        out.backward()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
         optimizer.step()
-        loss = out.item()
+        losses.append(loss.item())
     state = [
         t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
     ]
@@ -216,6 +217,7 @@ def _run_fsdp(
         "measured": measured,
         "formula": zero_bytes(size, dist.get_world_size(), 3),
         "cuda": cuda,
-        "loss": loss,
+        "loss": losses[-1],
+        "losses": losses,
         "final": final,
     }

@@ -439,6 +439,7 @@ def best_layouts(
         gpus=gpus,
         global_batch=global_batch,
         max_micro_batch=max_micro_batch,
+        **({} if top is None else {"top": top}),  # top=0 or -1 would cut silently
     )
     Layout(precision=precision)  # checks the precision
     gpu, network = gpu_record(gpu), network_record(network)

@@ -113,13 +113,13 @@ def _check(
                 "parallelism and a one-chunk pipeline schedule; plan it with "
                 f"{name}={default!r}",
             )
-    check_counts("write_job", nodes=nodes, ranks_per_node=ranks_per_node)
     if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int):
         raise _refuse(
             "gpus_per_node", gpus_per_node, "must be a whole number, 0 or more"
         )
-    if gpus_per_node < 0:
+    if gpus_per_node < 0:  # before ranks_per_node, which it gives by default
         raise _refuse("gpus_per_node", gpus_per_node, "must be 0 (CPU ranks) or more")
+    check_counts("write_job", nodes=nodes, ranks_per_node=ranks_per_node)
     if gpus_per_node and ranks_per_node != gpus_per_node:
         raise _refuse(
             "ranks_per_node",
@@ -328,7 +328,8 @@ def write_job(
         ValueError: a module model, a layout the job cannot build or the model
             cannot take, nodes x ranks per node that is not the layout's world
             size, ranks per node other than the GPUs per node, a bad time, memory,
-            backend, or too few steps; each names the argument and what to do.
+            backend, seed, or too few steps, or a folder that cannot be made; each
+            names the argument and what to do.
 
     Example:
         >>> job = write_job("tiny", Layout(dp=2, tp=2, precision="fp32"),
@@ -359,8 +360,15 @@ def write_job(
         )
     cpus = ranks_per_node if cpus_per_task is None else cpus_per_task
     check_counts("write_job", cpus_per_task=cpus)
+    if isinstance(seed, bool) or not isinstance(seed, int):  # else every rank fails
+        raise _refuse("seed", seed, "must be a whole number, e.g. seed=0")
     where = Path(folder).resolve()
-    where.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, or a folder that is not yours
+        raise _refuse(
+            "folder", str(folder), f"cannot be made ({exc.strerror}); pick another"
+        ) from exc
     for old in where.glob("rank-*.json"):
         old.unlink()
     job = PlannedJob(

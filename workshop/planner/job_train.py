@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._cli import read_with, writable_folder
 from ..features import fsdp2_fully_shard
 from ..ranks.worker import process_group, rank_device
 from .fake_rank import tensor_parallel
@@ -272,14 +273,26 @@ def train_planned(
 def main(argv: list[str] | None = None) -> None:
     """``python -m workshop.planner.job_train --plan PLAN [--out DIR]``, in every
     rank that ``torchrun`` (or ``srun``) starts."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", required=True, help="the plan file write_job wrote")
+    parser = argparse.ArgumentParser(
+        prog="python -m workshop.planner.job_train",
+        description=__doc__.splitlines()[0],
+    )
+    # Both read and checked here, in every rank, before the process group starts.
     parser.add_argument(
-        "--out", default=None, help="where each rank's JSON goes (default: beside it)"
+        "--plan",
+        required=True,
+        type=read_with(lambda path: (path, read_plan(path)), "the plan"),
+        help="the plan file write_job wrote",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        type=writable_folder("--out runs/job"),
+        help="where each rank's JSON goes (default: beside the plan)",
     )
     args = parser.parse_args(argv)
-    plan = read_plan(args.plan)
-    out = Path(args.out) if args.out else Path(args.plan).parent
+    path, plan = args.plan
+    out = Path(args.out) if args.out else Path(path).parent
     with process_group(plan.get("backend", "auto")) as info:
         found = train_planned(plan, out, info.node_rank)
         if info.rank == 0:

@@ -11,6 +11,7 @@ and a rank started by ``torchrun``, ``srun`` or ``mpirun``::
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -226,12 +227,19 @@ def rank_device(backend: str | None = None, info: RankInfo | None = None):
         device(type='cpu')
     """
     import torch
+    import torch.distributed as dist
 
     if backend is None:
-        import torch.distributed as dist
-
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    if backend_name(backend) == "nccl":
+    name = backend_name(backend)
+    # Every backend this torch knows (the planner's "fake" too); a typo is refused.
+    if name not in dist.Backend.backend_list or name == "undefined":
+        raise ValueError(
+            f"backend={backend!r} is not a process group backend; give 'nccl', "
+            "'gloo' or 'mpi' (or what dist.get_backend() returns), or None to read "
+            "it from the process group"
+        )
+    if name == "nccl":
         info = info or rank_info()
         return torch.device("cuda", info.local_rank)
     return torch.device("cpu")
@@ -308,6 +316,16 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     import torch
     import torch.distributed as dist
 
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ValueError(
+            f"timeout={timeout!r} must be a finite number of seconds above 0 that a "
+            "collective may wait, e.g. timeout=600"
+        )
     info = rank_info()
     backend = choose_backend(backend, info.local_world_size)
     _configure_threads(info)

@@ -146,7 +146,8 @@ def save_checkpoint(
         TypeError: a value (in ``extra``, the model's or the optimizer's state)
             that :func:`load_checkpoint` could not read back, e.g. a numpy array
             or a namedtuple; the message names where it is
-            (``extra['history'][3]``) and its type. Raised on every rank.
+            (``extra['history'][3]``) and its type. Raised on every rank. Also a
+            ``model`` that is not a module, or a ``path`` that is not a path.
         OSError: the file could not be written (a parent of ``path`` is a file,
             ``path`` is a folder, the folder is read-only or not yours, the disk
             or quota is full); the message names ``path``, the cause and a fix,
@@ -155,6 +156,13 @@ def save_checkpoint(
     Example:
         >>> save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=3)  # doctest: +SKIP
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file name, got {path!r}; e.g. 'ckpt.pt'")
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}; e.g. "
+            "save_checkpoint('ckpt.pt', model, optimizer)"
+        )
     path = Path(path)
     # Every rank checks (cheap: references, no copies), so that a value that cannot
     # be saved stops all ranks with the same error instead of rank 0 alone while

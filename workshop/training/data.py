@@ -153,7 +153,8 @@ def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset
         (N, 1, size, size), labels int64 in 0..9.
 
     Raises:
-        ValueError: an unknown split, or a size that is not a whole number >= 1.
+        ValueError: an unknown split, a size that is not a whole number >= 1, or a
+            seed that is not one >= 0.
 
     Example:
         >>> train = digits("train")
@@ -166,6 +167,10 @@ def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset
         raise ValueError(
             f"size={size!r} must be a whole number of pixels, 1 or more; pass "
             "size=16 (or size=8 for the original images)"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(
+            f"seed={seed!r} must be a whole number, 0 or more; e.g. seed=0"
         )
     x_train, x_test, y_train, y_test = _digits_arrays(seed)
 

@@ -49,7 +49,10 @@ def make_loader(
 
     Raises:
         ValueError: ``batch_size`` below 1, ``num_workers`` below 0,
-            ``persistent_workers`` without workers, or ``shuffle`` with a sampler.
+            ``persistent_workers`` without workers, ``shuffle`` with a sampler, or
+            a seed that is not a whole number.
+        TypeError: a dataset that is not map-style (None, a generator), or a
+            ``shuffle`` or ``drop_last`` that is not True or False.
 
     Example:
         >>> from workshop.training.data import digits
@@ -67,6 +70,16 @@ def make_loader(
             f"batch_size={batch_size!r} must be a whole number, 1 or more; "
             "pass batch_size=64, for example"
         )
+    if not hasattr(dataset, "__getitem__"):  # None, a generator, an iterable
+        raise TypeError(
+            "dataset must be a map-style dataset (samples by index), got "
+            f"{type(dataset).__name__}; e.g. make_loader(digits(), 64, shuffle=True)"
+        )
+    for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed!r} must be a whole number, e.g. seed=0")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int):
         raise ValueError(f"num_workers={num_workers!r} must be a whole number")
     if num_workers < 0:

@@ -57,6 +57,23 @@ def _positive(name: str, value: Any) -> None:
         raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
 
 
+def _check_objects(model: Any, loader: Any, eval_loader: Any) -> None:
+    """Refuse, before a step, a model or loader of the wrong kind (a loader given
+    for the model, None for a loader), which would fail deep inside torch or only
+    after the first epoch."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}; e.g. "
+            "train(SmallCNN(), loader)"
+        )
+    for name, value in (("loader", loader), ("eval_loader", eval_loader)):
+        if not isinstance(value, Iterable) and (name == "loader" or value is not None):
+            raise TypeError(
+                f"{name} must give batches of (inputs, targets), got "
+                f"{type(value).__name__}; e.g. make_loader(digits(), 64, shuffle=True)"
+            )
+
+
 def _optimizer(name: str, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
     if name not in OPTIMIZERS:
         raise ValueError(
@@ -64,8 +81,14 @@ def _optimizer(name: str, model: nn.Module, lr: float | None) -> torch.optim.Opt
             + ", ".join(repr(n) for n in OPTIMIZERS)
         )
     lr = OPTIMIZERS[name] if lr is None else lr
-    if not lr > 0:
-        raise ValueError(f"lr={lr!r} must be a positive learning rate, e.g. 0.05")
+    if (
+        isinstance(lr, bool)
+        or not isinstance(lr, (int, float))
+        or not 0 < lr < math.inf
+    ):
+        raise ValueError(
+            f"lr={lr!r} must be a positive learning rate, a finite number; e.g. 0.05"
+        )
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     return torch.optim.Adam(model.parameters(), lr=lr)
@@ -163,6 +186,8 @@ def train(
         ValueError: a bad argument (unknown ``amp``, ``optimizer``, ``schedule``;
             "fp16" on a CPU; counts below 1) or a loader that yields nothing; the
             message says what to pass.
+        TypeError: a model, loader or switch of the wrong kind (None for a loader,
+            "no" for False).
 
     Example:
         >>> torch.manual_seed(0)                                    # doctest: +SKIP
@@ -172,10 +197,17 @@ def train(
         ...                 shuffle=False))                         # doctest: +SKIP
         >>> print(history.table())                                  # doctest: +SKIP
     """
+    _check_objects(model, loader, eval_loader)
     _positive("epochs", epochs)
     _positive("accumulate", accumulate)
     if max_steps is not None:
         _positive("max_steps", max_steps)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed={seed!r} must be a whole number, e.g. seed=0, or None")
+    if not isinstance(channels_last, bool):
+        raise TypeError(f"channels_last must be True or False, got {channels_last!r}")
+    if not isinstance(progress, (bool, Progress)):
+        raise TypeError(f"progress must be True, False or a Progress, got {progress!r}")
     device = resolve_device(device)
     check_amp(amp, device)
     check_bf16_gpu(amp, device)

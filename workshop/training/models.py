@@ -19,6 +19,7 @@ __all__ = [
     "module_tensor_sizes",
     "resnet",
     "saved_tensor_bytes",
+    "smallest_image",
 ]
 
 #: The ResNets :func:`resnet` builds.
@@ -132,6 +133,29 @@ def resnet(name: str = "resnet18", num_classes: int = 1000, in_channels: int = 3
     return model
 
 
+def smallest_image(name: str, batch: int) -> int:
+    """The smallest image side, in pixels, that a model trains on in batches of
+    ``batch``: SmallCNN's two 2x2 poolings need 4 pixels, and BatchNorm in training
+    needs two values per channel, which a batch of 1 has only where the last stage
+    (a quarter of the side in SmallCNN, 1/32 in a ResNet) keeps more than 1 pixel.
+
+    Args:
+        name: "smallcnn" (or "cnn") or one of :data:`RESNETS`.
+        batch: samples per step.
+
+    Returns:
+        The side in pixels: 4 (SmallCNN) or 1 (a ResNet) in batches of 2 or more;
+        8 or 33 in batches of 1.
+
+    Example:
+        >>> smallest_image("resnet50", 1), smallest_image("smallcnn", 32)
+        (33, 4)
+    """
+    if name in RESNETS:
+        return 1 if batch > 1 else 33
+    return 4 if batch > 1 else 8
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameters (numbers to learn) in ``model``.
 
@@ -145,10 +169,18 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     Returns:
         The total number of elements of the parameters.
 
+    Raises:
+        TypeError: ``model`` is not a module (a class, None, a state dict).
+
     Example:
         >>> count_parameters(torch.nn.Linear(10, 2))
         22
     """
+    if not isinstance(model, nn.Module):  # SmallCNN, not SmallCNN()'s class
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {model!r:.60}; e.g. "
+            "count_parameters(SmallCNN())"
+        )
     return sum(
         p.numel() for p in model.parameters() if p.requires_grad or not trainable_only
     )

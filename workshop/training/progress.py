@@ -44,7 +44,7 @@ class Progress:
         clock: seconds, for tests; ``time.monotonic`` by default.
 
     Raises:
-        ValueError: ``every`` is negative.
+        ValueError: ``every`` is negative, or not a number (a string, True).
 
     Example:
         >>> progress = Progress(every=None, show_speed=False)
@@ -62,7 +62,8 @@ class Progress:
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if every is not None and not every >= 0:
+        number = isinstance(every, (int, float)) and not isinstance(every, bool)
+        if every is not None and not (number and every >= 0):
             raise ValueError(
                 f"every={every!r} must be seconds >= 0, or None for epoch-end lines "
                 "only; pass every=10, for example"

@@ -65,7 +65,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
         A ``torch.device``.
 
     Raises:
-        ValueError: a CUDA device was asked for where no GPU is visible.
+        ValueError: not a device, or a CUDA device where no GPU is visible.
 
     Example:
         >>> resolve_device("cpu")
@@ -74,7 +74,13 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     import torch.distributed as dist
 
     if device is not None:
-        chosen = torch.device(device)
+        try:
+            chosen = torch.device(device)
+        except (RuntimeError, TypeError):  # torch lists twenty device types
+            raise ValueError(
+                f"device={device!r} is not a device; pass 'cpu', 'cuda', 'cuda:1', "
+                "or None to pick what is there"
+            ) from None
         if chosen.type == "cuda" and visible_gpu_count() == 0:
             raise ValueError(
                 f"device={str(chosen)!r} but no CUDA GPU is visible here; pass "
@@ -165,6 +171,8 @@ def train_step(
 
     Raises:
         ValueError: no micro-batches, an unknown ``amp``, or "fp16" without scaler.
+        TypeError: micro-batches that are not (inputs, targets) pairs, or an
+            optimizer that is not one.
 
     Example:
         >>> model = SmallCNN()                                      # doctest: +SKIP
@@ -172,8 +180,20 @@ def train_step(
         >>> for batch in loader:                                    # doctest: +SKIP
         ...     train_step(model, [batch], opt)
     """
+    if isinstance(micro_batches, torch.Tensor) or not all(
+        isinstance(pair, (tuple, list)) and len(pair) == 2 for pair in micro_batches
+    ):  # (inputs, targets) itself, without the list around it, for one
+        raise TypeError(
+            "micro_batches must be a list of (inputs, targets) pairs; for one batch "
+            "pass [(inputs, targets)]"
+        )
     if not micro_batches:
         raise ValueError("micro_batches is empty; pass a list of (inputs, targets)")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim optimizer, got {optimizer!r}; e.g. "
+            "torch.optim.SGD(model.parameters(), lr=0.05)"
+        )
     device = next(model.parameters()).device
     check_amp(amp, device)
     if amp == "fp16" and scaler is None:
@@ -249,12 +269,19 @@ def evaluate(
 
     Raises:
         ValueError: the loader yielded no samples.
+        TypeError: a loader that gives no batches (None, a number).
 
     Example:
         >>> test = make_loader(digits("test"), 256, shuffle=False)  # doctest: +SKIP
         >>> evaluate(model, test)                                   # doctest: +SKIP
         0.9861
     """
+    if not isinstance(loader, Iterable):
+        raise TypeError(
+            f"loader must give batches of (inputs, targets), got "
+            f"{type(loader).__name__}; e.g. make_loader(digits('test'), 256, "
+            "shuffle=False)"
+        )
     device = resolve_device(device)
     model.to(device)
     was_training = model.training

@@ -1,0 +1,149 @@
+"""``python -m workshop.bench concurrent``: kernels that launch at the same moment.
+
+A tiny run (2 kernel processes x 2 launches of 2 ranks) must count what ran, in the
+printed table and in the JSON alike, with no failure and nothing on stderr; and every
+bad option is one line, before any kernel starts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workshop.bench import __main__ as bench
+
+TINY = ["--kernels", "2", "--launches", "4", "--world-size", "2"]
+
+
+def _table(out: str, variant: str) -> dict[str, list[int]]:
+    """The rows of ``variant`` in the printed table: job -> [launches, failed]."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith(variant + "  "):
+            words = line[len(variant) :].split()
+            job = " ".join(words[:-4])
+            rows[job] = [int(w) for w in words[-4:-2]]
+    return rows
+
+
+@pytest.fixture
+def quick_kernels(monkeypatch):
+    # The kernels inherit this: the jobs need nothing that preload imports, and
+    # skipping it saves each kernel seconds of CPU on a busy machine.
+    monkeypatch.setenv("WORKSHOP_PRELOAD", "0")
+
+
+def test_a_tiny_run_counts_what_ran(tmp_path, capsys, quick_kernels):
+    path = tmp_path / "concurrent.json"
+    assert bench.main(["concurrent", *TINY, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    want = {"no collective": [2, 0], "collectives": [2, 0], "all": [4, 0]}
+    assert _table(out, "workshop.launch") == want
+    assert "2 kernels at once, 4 launches of 2 ranks each" in out
+    assert "goal, 0 failures and nothing on stderr: 0 failures, 0 lines: met" in out
+    report = json.loads(path.read_text())
+    rows = {r["job"]: [r["launches"], r["failed"]] for r in report["rows"]}
+    assert rows == want
+    (round_,) = report["rounds"]
+    assert round_["kernels"] == 2 and round_["world_size"] == 2
+    assert round_["start_method"] == "auto"
+    records = round_["records"]
+    assert len(records) == 4
+    assert all(r["error"] is None for r in records)
+    assert (
+        sorted(r["job"] for r in records) == ["collectives"] * 2 + ["no collective"] * 2
+    )
+    assert round_["failures"] == {} and round_["stderr_lines"] == []
+    assert round_["wall_seconds"] > 0
+    assert set(round_["load"]) == {"before", "max", "after"}
+
+
+def test_a_tiny_plain_run_whose_ranks_leave_once_all_joined(capsys, quick_kernels):
+    assert bench.main(["concurrent", *TINY, "--plain", "--barriers", "joined"]) == 0
+    out = capsys.readouterr().out
+    assert _table(out, "plain, all joined") == {
+        "no collective": [2, 0],
+        "collectives": [2, 0],
+        "all": [4, 0],
+    }
+
+
+# (command line after "concurrent", the error line after "PROG: error: ")
+REFUSED = [
+    ("--kernels 0", "argument --kernels: 0 is not a whole number, 1 or more; e.g. "
+     "--kernels 6"),
+    ("--launches x", "argument --launches: x is not a whole number, 1 or more; e.g. "
+     "--launches 200"),
+    ("--world-size 1", "argument --world-size: 1 is not a whole number, 2 or more "
+     "(ranks that connect need 2); e.g. --world-size 4"),
+    ("--timeout 0", "argument --timeout: 0 is not a number above 0; e.g. "
+     "--timeout 120"),
+    ("--barriers none,later", "argument --barriers: none,later is not a list of "
+     "names from none, joined, leave, init; e.g. --barriers none,leave"),
+]  # fmt: skip
+
+# Values each option allows but that do not go together: one line, exit code 2.
+CLASHES = [
+    ("--kernels 6 --launches 3", "--launches 3 is fewer than --kernels 6: each "
+     "kernel makes one launch at least; pass --launches 6 or more"),
+    ("--barriers leave", "--barriers chooses how plain ranks leave and needs "
+     "--plain; e.g. --plain --barriers none,leave"),
+    ("--plain --start-method spawn", "--start-method spawn is for workshop.launch; "
+     "--plain always forks its ranks from the kernel. Leave --start-method out"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "message"), REFUSED)
+def test_a_bad_option_is_one_line(line, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["concurrent", *line.split()])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"python -m workshop.bench concurrent: error: {message}"
+    )
+
+
+def test_an_unknown_start_method_is_one_line(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["concurrent", "--start-method", "forkserver"])
+    # argparse words the list of choices its own way in each Python release.
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "python -m workshop.bench concurrent: error: argument --start-method: "
+            "invalid choice: 'forkserver' (choose from "
+        )
+    )
+
+
+@pytest.mark.parametrize(("line", "message"), CLASHES)
+def test_options_that_do_not_go_together_are_one_line(line, message, capsys):
+    assert bench.main(["concurrent", *line.split()]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before any kernel started
+    assert captured.err == f"python -m workshop.bench concurrent: error: {message}\n"
+
+
+def test_more_ranks_at_once_than_the_machine_takes_is_refused(capsys):
+    assert bench.main(["concurrent", "--kernels", "1000", "--launches", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "python -m workshop.bench concurrent: error: --kernels 1000 x --world-size "
+        "4 = 4000 ranks at once is more than this machine can run ("
+    )
+    assert err.endswith("; pass fewer kernels or a smaller --world-size\n")
+
+
+def test_a_json_path_that_cannot_be_written_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["concurrent", "--json", str(tmp_path / "missing" / "c.json")])
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("does not exist; make it first; e.g. --json concurrent.json")
+    )

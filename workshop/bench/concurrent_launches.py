@@ -1,0 +1,443 @@
+"""A classroom on one node: many notebook kernels launching ranks at the same moment
+(``python -m workshop.bench concurrent``).
+
+    python -m workshop.bench concurrent                  # 6 kernels, 200 launches
+    python -m workshop.bench concurrent --plain          # plain torch.distributed
+
+Each "kernel" is a Python process of its own that imports ``workshop``, as a notebook
+kernel has, and waits; then all are told to go at once, and each makes its share of
+the launches, one after the other, with the start method a notebook gets by default.
+Launches alternate between two short jobs of a notebook: a function that calls no
+collective and returns at once (the cell whose ranks once failed to connect, issue
+35) and one that calls an all-reduce and a broadcast. Counted: launches, failures
+(with their first line) and the lines the kernels printed on stderr, where the
+launcher writes its notices. ``workshop.launch`` starts the ranks once: a process
+group that fails to connect is a failure here, never hidden by a restart.
+
+``--plain`` runs the same jobs with plain ``torch.distributed`` and no workshop code
+in the ranks (:mod:`workshop.bench.plain_launch`), with each of the ways to leave a
+group that it compares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._cli import above_zero, names_from, whole_number, writable_file
+from .plain_launch import BARRIERS, JOBS, expected, first_line, plain_launch
+
+__all__ = ["Round", "measure"]
+
+# The plain variants run by default: the cause, and two ways to avoid it.
+DEFAULT_BARRIERS = ["none", "joined", "leave"]
+# workshop.launch's start methods ("auto": what a notebook gets).
+START_METHODS = ("auto", "fork", "server", "spawn")
+
+
+# -- one launch, in a kernel
+def workshop_launch(job: str, world_size: int, method: str, timeout: float) -> dict:
+    """One ``workshop.launch`` of ``job``: its error's first line, or None."""
+    from ..ranks.launcher import launch
+
+    record: dict[str, Any] = {"job": job, "error": None}
+    try:
+        run = launch(
+            JOBS[job],
+            world_size=world_size,
+            backend="gloo",
+            start_method=method,
+            timeout=timeout,
+            show="none",
+        )
+    except Exception as exc:  # counted, not raised: the other launches go on
+        record["error"] = first_line(exc)
+        return record
+    if run.returns != expected(job, world_size):
+        record["error"] = f"wrong returns: {run.returns!r}"
+    return record
+
+
+# -- one kernel: its own process, told to go at the same moment as the others
+def run_kernel(spec_text: str) -> None:
+    """The body of one kernel process (see :func:`measure`): get ready, say so on
+    stdout, wait for "go" on stdin, launch, and write the records to ``spec.out``."""
+    spec = json.loads(spec_text)
+    print("ready", flush=True)
+    os.dup2(2, 1)  # from now on, whatever is printed goes to the kernel's log
+    if sys.stdin.readline().strip() != "go":
+        return
+    names = list(JOBS)
+    records = []
+    for i in range(spec["launches"]):
+        # Kernels start on different jobs, so both kinds run at every moment.
+        job = names[(spec["kernel"] + i) % len(names)]
+        t0 = time.perf_counter()
+        if spec["barrier"] is None:
+            record = workshop_launch(
+                job, spec["world_size"], spec["method"], spec["timeout"]
+            )
+        else:
+            record = plain_launch(
+                job, spec["world_size"], spec["barrier"], spec["timeout"]
+            )
+        record["seconds"] = time.perf_counter() - t0
+        records.append(record)
+    Path(spec["out"]).write_text(json.dumps(records))
+
+
+@dataclass
+class Round:
+    """K kernels launching at once, and what came of every launch.
+
+    Attributes:
+        variant: "workshop.launch", or a plain variant of ``BARRIERS``.
+        kernels, world_size, start_method: how it ran.
+        records: one dict per launch: job, error (None, or its first line),
+            seconds.
+        wall_seconds: from "go" until the last kernel ended.
+        load: the 1-minute load average before the kernels started, the highest
+            seen while they ran, and after.
+        stderr_lines: lines the kernels printed on stderr (the launcher's notices).
+    """
+
+    variant: str
+    kernels: int
+    world_size: int
+    start_method: str
+    records: list[dict] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    load: dict[str, float] = field(default_factory=dict)
+    stderr_lines: list[str] = field(default_factory=list)
+
+    def rows(self) -> list[dict]:
+        """Per job and for all: launches, failed, median and max seconds."""
+        rows = []
+        for job in [*JOBS, "all"]:
+            mine = [r for r in self.records if job in ("all", r["job"])]
+            seconds = [r["seconds"] for r in mine] or [0.0]
+            rows.append(
+                {
+                    "variant": self.variant,
+                    "job": job,
+                    "launches": len(mine),
+                    "failed": sum(r["error"] is not None for r in mine),
+                    "median_s": statistics.median(seconds),
+                    "max_s": max(seconds),
+                }
+            )
+        return rows
+
+    def failures(self) -> Counter:
+        """The failures' first lines (ports made alike) and how often each came."""
+        return Counter(
+            re.sub(r"\]:\d+", "]:PORT", r["error"]) for r in self.records if r["error"]
+        )
+
+
+def _root() -> str:
+    """The folder that holds this package, so that a kernel imports this one."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Stop every kernel still running and its ranks (TERM, 2 s, KILL)."""
+    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 10.0)):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# Seconds a kernel may take to import workshop and torch on a busy machine.
+READY_TIMEOUT = 300.0
+
+
+def measure(
+    kernels: int,
+    launches: int,
+    world_size: int = 4,
+    start_method: str = "auto",
+    timeout: float = 120.0,
+    barrier: str | None = None,
+) -> Round:
+    """Start ``kernels`` kernel processes, tell them to go at once, and collect
+    what came of ``launches`` launches between them (see the module's docstring).
+
+    Args:
+        kernels: kernel processes launching at the same time.
+        launches: launches in all, shared out as evenly as can be.
+        world_size: ranks per launch.
+        start_method: ``launch``'s start_method (plain launches always fork).
+        timeout: seconds one launch may take.
+        barrier: None for ``workshop.launch``; else a plain launch, and how its
+            ranks leave: one of ``plain_launch.BARRIERS`` ("none", "joined",
+            "leave", "init").
+
+    Returns:
+        A :class:`Round` with one record per launch.
+
+    Raises:
+        RuntimeError: a kernel did not get ready, crashed, or ran out of time;
+            the message holds the end of its log.
+
+    Example:
+        >>> measure(2, 4, world_size=2).rows()[-1]["failed"]   # doctest: +SKIP
+        0
+    """
+    variant = "workshop.launch" if barrier is None else BARRIERS[barrier]
+    method = start_method if barrier is None else "fork"
+    result = Round(variant, kernels, world_size, method)
+    # What the kernel has imported before the first launch, as a notebook has.
+    imported = "workshop" if barrier is None else "torch.distributed"
+    shares = [launches // kernels + (k < launches % kernels) for k in range(kernels)]
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory(prefix="workshop-concurrent-") as tmp:
+        logs = [Path(tmp, f"kernel{k}.log") for k in range(kernels)]
+        outs = [Path(tmp, f"kernel{k}.json") for k in range(kernels)]
+        result.load["before"] = os.getloadavg()[0]
+        try:
+            for k in range(kernels):
+                spec = dict(kernel=k, launches=shares[k], world_size=world_size)
+                spec.update(method=method, timeout=timeout, barrier=barrier)
+                spec["out"] = str(outs[k])
+                code = (
+                    f"import {imported}\n"
+                    "from workshop.bench.concurrent_launches import run_kernel\n"
+                    f"run_kernel({json.dumps(spec)!r})\n"
+                )
+                with open(logs[k], "w") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-c", code],
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE,
+                            stderr=log,
+                            cwd=_root(),
+                            start_new_session=True,
+                            text=True,
+                        )
+                    )
+            for k, proc in enumerate(procs):
+                ready = select.select([proc.stdout], [], [], READY_TIMEOUT)[0]
+                if not ready or proc.stdout.readline().strip() != "ready":
+                    raise RuntimeError(
+                        f"kernel {k} did not get ready within {READY_TIMEOUT:g} s "
+                        f"(importing workshop and torch); its log:\n"
+                        + _log_tail(logs[k])
+                    )
+            t0 = time.perf_counter()
+            for proc in procs:  # all at once
+                proc.stdin.write("go\n")
+                proc.stdin.close()
+            deadline = time.monotonic() + max(shares) * (timeout + 30.0) + 60.0
+            top = 0.0
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the kernels were still launching after "
+                        f"{time.perf_counter() - t0:.0f} s; stopped them"
+                    )
+                top = max(top, os.getloadavg()[0])
+                time.sleep(0.5)
+            result.wall_seconds = time.perf_counter() - t0
+            result.load.update(max=top, after=os.getloadavg()[0])
+        finally:
+            _stop(procs)
+            for proc in procs:
+                proc.stdout.close()
+        for k, proc in enumerate(procs):
+            if proc.returncode != 0 or not outs[k].exists():
+                raise RuntimeError(
+                    f"kernel {k} ended with code {proc.returncode} before it wrote "
+                    f"its records; its log:\n{_log_tail(logs[k])}"
+                )
+            result.records += json.loads(outs[k].read_text())
+            result.stderr_lines += logs[k].read_text(errors="replace").splitlines()
+    return result
+
+
+# -- the command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``python -m workshop.bench concurrent``."""
+    parser.add_argument(
+        "--kernels",
+        type=whole_number(1, "--kernels 6"),
+        default=6,
+        help="kernel processes launching at once (default 6)",
+    )
+    parser.add_argument(
+        "--launches",
+        type=whole_number(1, "--launches 200"),
+        default=200,
+        help="launches in all, shared between the kernels (default 200)",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=whole_number(2, "--world-size 4", "ranks that connect need 2"),
+        default=4,
+        help="ranks per launch (default 4)",
+    )
+    parser.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="auto",
+        help="workshop.launch's start_method (default auto, as in a notebook)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=above_zero("--timeout 120"),
+        default=120.0,
+        help="seconds one launch may take (default 120)",
+    )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain torch.distributed instead of workshop.launch",
+    )
+    parser.add_argument(
+        "--barriers",
+        type=names_from(tuple(BARRIERS), "--barriers none,leave"),
+        default=None,
+        help="with --plain: how ranks leave, from none, joined, leave, init "
+        "(default none,joined,leave)",
+    )
+    parser.add_argument(
+        "--json",
+        type=writable_file("--json concurrent.json"),
+        metavar="PATH",
+        help="also write the figures and every launch as JSON",
+    )
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options that do not go together, before any kernel starts.
+
+    Raises:
+        ValueError: naming the options, their values and what to pass.
+    """
+    from ..ranks.launcher import capacity
+
+    if args.launches < args.kernels:
+        raise ValueError(
+            f"--launches {args.launches} is fewer than --kernels {args.kernels}: "
+            f"each kernel makes one launch at least; pass --launches {args.kernels} "
+            "or more"
+        )
+    if args.barriers is not None and not args.plain:
+        raise ValueError(
+            "--barriers chooses how plain ranks leave and needs --plain; e.g. "
+            "--plain --barriers none,leave"
+        )
+    if args.plain and args.start_method not in ("auto", "fork"):
+        raise ValueError(
+            f"--start-method {args.start_method} is for workshop.launch; --plain "
+            "always forks its ranks from the kernel. Leave --start-method out"
+        )
+    ranks = args.kernels * args.world_size
+    fit, why = min(capacity("fork"))
+    if ranks > fit:
+        raise ValueError(
+            f"--kernels {args.kernels} x --world-size {args.world_size} = {ranks} "
+            f"ranks at once is more than this machine can run ({why}, which fits "
+            f"{fit}); pass fewer kernels or a smaller --world-size"
+        )
+
+
+def print_rounds(rounds: list[Round]) -> None:
+    """The table of every round, its wall time and load, and its failures."""
+    print(
+        f"\n{'variant':<24}{'job':<15}{'launches':>9}{'failed':>8}"
+        f"{'median s':>10}{'max s':>8}"
+    )
+    for round_ in rounds:
+        for row in round_.rows():
+            print(
+                f"{row['variant']:<24}{row['job']:<15}{row['launches']:>9}"
+                f"{row['failed']:>8}{row['median_s']:>10.3f}"
+                f"{row['max_s']:>8.3f}"
+            )
+    for round_ in rounds:
+        load = round_.load
+        print(
+            f"\n{round_.variant}: wall time {round_.wall_seconds:.1f} s; load average "
+            f"(1 min) {load['before']:.1f} before, {load['max']:.1f} at most, "
+            f"{load['after']:.1f} after; {len(round_.stderr_lines)} lines on the "
+            "kernels' stderr"
+        )
+        for line, count in round_.failures().most_common():
+            print(f"  failed {count}x: {line}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``python -m workshop.bench concurrent``: 1 where a workshop.launch
+    failed or the kernels printed on stderr (the goal is neither), else 0."""
+    import torch
+
+    from ..allocation import usable_cores
+
+    check_options(args)
+    barriers = [None] if not args.plain else (args.barriers or DEFAULT_BARRIERS)
+    method = "fork" if args.plain else args.start_method
+    print(
+        f"concurrent launches: {args.kernels} kernels at once, {args.launches} "
+        f"launches of {args.world_size} ranks each (gloo, start_method={method}), "
+        f"{usable_cores()} cores, torch {torch.__version__}",
+        flush=True,
+    )
+    rounds = [
+        measure(
+            args.kernels,
+            args.launches,
+            args.world_size,
+            args.start_method,
+            args.timeout,
+            barrier,
+        )
+        for barrier in barriers
+    ]
+    print_rounds(rounds)
+    if args.json:
+        report = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "cores": usable_cores(),
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "rows": [row for r in rounds for row in r.rows()],
+            "rounds": [asdict(r) | {"failures": dict(r.failures())} for r in rounds],
+        }
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nwrote {args.json}")
+    if not args.plain:
+        failed = rounds[0].rows()[-1]["failed"]
+        said = len(rounds[0].stderr_lines)
+        met = failed == 0 and said == 0
+        print(
+            f"goal, 0 failures and nothing on stderr: {failed} failures, {said} "
+            f"lines: {'met' if met else 'NOT met'}"
+        )
+        return 0 if met else 1
+    return 0

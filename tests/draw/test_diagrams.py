@@ -296,3 +296,15 @@ def test_a_long_schedule_keeps_its_colours_and_drops_labels_that_do_not_fit():
     assert len(ax.patches) == 2 * 4 * 16  # every cell still drawn
     assert len(ax.texts) == 0  # 38 steps: "F15" at 12 points is wider than a cell
     assert ax.get_title().endswith(f"= {bubble_fraction(4, 16):.0%}")
+
+
+@pytest.mark.parametrize(
+    "draw, match",
+    [
+        (lambda: draw_timeline(None, "t"), "events is None; pass what pipeline_"),
+        (lambda: draw_data_parallel_step(None), "record is None; pass what data_"),
+    ],
+)
+def test_nothing_to_draw_says_what_to_pass(draw, match):
+    with pytest.raises(TypeError, match=match):
+        draw()

@@ -100,3 +100,11 @@ def test_quota_commands_run_what_exists_and_name_what_is_missing(monkeypatch, ca
     assert ran == [("nosuchquota-cmd -s", False), ("echo learner", True)]
     assert "$ nosuchquota-cmd -s\n  not on this machine\n" in out
     assert "$ echo $USER\n  learner\n" in out
+
+
+def test_a_file_given_as_the_folder_is_refused_before_anything_is_written(tmp_path):
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"notes.txt' is a file, not a folder"):
+        write_aged_files(plain, {"old.log": 90})
+    assert plain.read_text() == "not a folder"

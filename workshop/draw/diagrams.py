@@ -89,6 +89,11 @@ def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
         1
     """
     plt = _pyplot()
+    if record is None:
+        raise TypeError(
+            "record is None; pass what data_parallel_step returned (a StepRecord) or "
+            "a dict with its events, devices, chunk_sizes and parallel"
+        )
     events = [_event(e) for e in _field(record, "events")]
     if not events:
         raise ValueError("the record has no events; pass what data_parallel_step made")
@@ -162,6 +167,11 @@ def draw_timeline(
         ['0']
     """
     plt = _pyplot()
+    if events is None:
+        raise TypeError(
+            "events is None; pass what pipeline_forward_backward made (a Timeline) or "
+            "a list of events with device, phase, start, end and micro_batch"
+        )
     if not isinstance(events, Sequence | Mapping) and hasattr(events, "events"):
         lanes = lanes if lanes is not None else list(events.devices)
         events = events.events

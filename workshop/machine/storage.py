@@ -78,8 +78,8 @@ def write_aged_files(
         The files written, in the order given.
 
     Raises:
-        ValueError: a negative or non-numeric age or size, or a name that is absolute
-            or climbs out of ``folder`` with "..".
+        ValueError: a negative or non-numeric age or size, a ``folder`` that is a
+            file, or a name that is absolute or climbs out of ``folder`` with "..".
 
     Example:
         >>> write_aged_files(tmp, {"old.log": 90, "new.log": 1})  # doctest: +SKIP
@@ -91,6 +91,11 @@ def write_aged_files(
         )
     now = time.time() if now is None else now
     root = Path(folder)
+    if root.exists() and not root.is_dir():
+        raise ValueError(
+            f"folder={str(root)!r} is a file, not a folder; give a folder to write "
+            "the files in (made if missing), e.g. a new one under $TMPDIR"
+        )
     written = []
     for name, age in ages_days.items():
         _check_days(age, f"the age of {name!r}")

@@ -217,6 +217,13 @@ CASES: list[tuple[str, str, Callable[[], Figure]]] = [
          workshop.sources.document_table("estimator-v100-batch8192"),
          workshop.bench.load_scaling(RESULTS / "scaling-gloo-cnn.json"),
          title="MNIST on 1 to 8 V100s (SHARCNET, doc 004) beside SmallCNN")),
+    ("api_times", "plot_api_times",
+     lambda: workshop.lessons.plot_api_times(
+         workshop.sources.document_table("gpu-p100-v100-apis"),
+         title="MNIST on one GPU, per API (SHARCNET, doc 004)")),
+    ("api_times_one_gpu", "plot_api_times",
+     lambda: workshop.lessons.plot_api_times(
+         workshop.sources.document_table("gpu-p100-apis"))),
     ("scaling_projected", "plot_scaling",
      lambda: workshop.bench.plot_scaling(
          _scaling_projection(),

@@ -33,6 +33,28 @@ def resume_off_by_one(path, model, optimizer):
     return load_checkpoint(path, model, optimizer)["epoch"]  # repeats an epoch
 
 
+def local_rank(argv, environ):
+    """The notebook's solution to 03.local_rank."""
+    if "LOCAL_RANK" in environ:
+        return int(environ["LOCAL_RANK"])
+    for word in argv:
+        if word.startswith(("--local-rank=", "--local_rank=")):
+            return int(word.split("=", 1)[1])
+    return 0
+
+
+def hybrid(nodes, cores_per_node, gpus_per_node):
+    """The notebook's solution to 03.hybrid."""
+    pe = cores_per_node // gpus_per_node
+    return nodes * gpus_per_node, gpus_per_node, pe
+
+
+def efficiency(points, is_time):
+    """The notebook's solution to 03.efficiency."""
+    n0, v0 = points[0]
+    return [(v0 / v if is_time else v / v0) / (n / n0) for n, v in points]
+
+
 def row_parallel(x_part, weight_part, bias):
     """The notebook's solution to 04.row_split."""
     import torch.distributed as dist
@@ -59,6 +81,9 @@ RIGHT = {
     "02.bytes": lambda p, b, n: 2 * (n - 1) / n * p * b,
     "02.resume": resume,
     "03.placement": lambda rank, per_node: (rank // per_node, rank % per_node),
+    "03.local_rank": local_rank,
+    "03.hybrid": hybrid,
+    "03.efficiency": efficiency,
     "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + 2 * (n - 1) / n * s / b,
     "04.row_split": row_parallel,
     "04.server_bytes": lambda workers, b: 2 * workers * b,
@@ -73,6 +98,14 @@ WRONG = {
     "02.bytes": lambda p, b, n: p * b,  # forgets that a ring sends 2(N-1)/N of it
     "02.resume": resume_off_by_one,
     "03.placement": lambda rank, per_node: (rank % per_node, rank // per_node),
+    # torchrun only: misses the argument torch.distributed.launch adds
+    "03.local_rank": lambda argv, environ: int(environ.get("LOCAL_RANK", 0)),
+    # the slides' 16 cores a rank copied, whatever the node
+    "03.hybrid": lambda nodes, cores, gpus: (nodes * cores // 16, cores // 16, 16),
+    # divides by the count, not by count / first count
+    "03.efficiency": lambda points, is_time: [
+        (points[0][1] / v if is_time else v / points[0][1]) / n for n, v in points
+    ],
     "03.ring_time": lambda s, n, a, b: 2 * (n - 1) * a + s / b,  # all of it, per step
     "04.row_split": row_parallel_bias_per_rank,
     "04.server_bytes": lambda workers, b: workers * b,  # forgets the pull
@@ -123,6 +156,9 @@ WHY_WRONG = {
     "02.bytes": "ring_bytes(25557032, 4, 8) returned 102228128; it should be 178899224",
     "02.ring": "on 2 ranks, rank 0 returned [",
     "03.placement": "placement(3, 4) returned (3, 0); it should be (0, 3).",
+    "03.local_rank": "local_rank(['--local-rank=1', '--epochs', '1'], {}) returned 0;",
+    "03.hybrid": "hybrid(1, 2, 2) returned (0, 0, 16); it should be (2, 2, 1).",
+    "03.efficiency": "efficiency([(2, 322.93), (4, 629.01), (64, 9318.2)], False)",
     "03.ring_time": "ring_time(100000000, 16, 5e-06, 12500000000) returned 0.00815; it",
     "04.row_split": "on 2 ranks, rank 0's output is off by up to",
     "04.server_bytes": "server_bytes(8, 4000000) returned 32000000; it should be 6",

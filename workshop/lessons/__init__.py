@@ -7,7 +7,7 @@ and its like hold the helpers of one notebook's lessons.
 - One node, many devices (notebook 01): lesson_devices, data_parallel_step,
   torch_data_parallel, TwoStageModel, pipeline_forward_backward, pipeline_schedule,
   bubble_fraction, check_split.
-- Many nodes (notebook 03): compare_global_batch.
+- Many nodes (notebook 03): compare_global_batch, plot_api_times.
 - A rank that hangs (notebook 05): flight_record, summarize_error.
 
 Imports every wing below it but ``cluster``, ``bench`` and ``machine``.
@@ -24,6 +24,7 @@ _NAMES = {
     "lesson_devices": "notebook01_devices",
     "pipeline_forward_backward": "notebook01_pipeline",
     "pipeline_schedule": "notebook01_pipeline",
+    "plot_api_times": "notebook03_tables",
     "summarize_error": "notebook05_stuck",
     "torch_data_parallel": "notebook01_devices",
     "TwoStageModel": "notebook01_pipeline",

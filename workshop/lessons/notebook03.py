@@ -1,10 +1,15 @@
 """Notebook 03 (many nodes): its exercises, checked with
 ``workshop.check("03.placement", answer)``, and the questions of its closing quiz,
 shown by ``workshop.quiz("03")``.
+
+The exercises, in the notebook's order: where a rank runs (03 §3), the local rank
+under either launcher (03 §4), the ranks and threads of a hybrid MPI job (03 §6),
+efficiency from measured figures (03 §7) and the ring model (03 §8).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..comm.costmodel import ring_all_reduce_time
@@ -25,6 +30,94 @@ def _placement_function(answer: Any) -> bool | str:
     )
 
 
+def _local_rank_expected(argv: list[str], environ: dict[str, str]) -> int:
+    if "LOCAL_RANK" in environ:  # torchrun, and torch.distributed.launch --use-env
+        return int(environ["LOCAL_RANK"])
+    for word in argv:  # torch.distributed.launch: --local-rank=N (before 2.0: _)
+        if word.startswith(("--local-rank=", "--local_rank=")):
+            return int(word.split("=", 1)[1])
+    return 0  # one process, started by plain python
+
+
+def _local_rank_function(answer: Any) -> bool | str:
+    cases = [
+        ([], {"LOCAL_RANK": "3"}),
+        (["--local-rank=1", "--epochs", "1"], {}),
+        (["--epochs", "2", "--local_rank=2"], {}),
+        (["--epochs", "2"], {}),
+        (["--local-rank=1"], {"LOCAL_RANK": "1"}),
+        (["--local-rank=11"], {}),
+        (["--checkpoint", "run.pt"], {"LOCAL_RANK": "0", "RANK": "6"}),
+    ]
+    return first_wrong_case(
+        answer,
+        "local_rank",
+        cases,
+        _local_rank_expected,
+        lambda got, want: type(got) is int and got == want,
+    )
+
+
+def _hybrid_expected(
+    nodes: int, cores_per_node: int, gpus_per_node: int
+) -> tuple[int, int, int]:
+    # One rank per GPU, each bound to an equal share of its node's cores.
+    return nodes * gpus_per_node, gpus_per_node, cores_per_node // gpus_per_node
+
+
+def _hybrid_function(answer: Any) -> bool | str:
+    cases = [
+        (4, 32, 2),  # Graham's P100 nodes [doc 004]: the slides' 16 cores per rank
+        (1, 2, 2),  # this machine's 2 cores, 2 ranks
+        (2, 28, 8),  # Graham's V100 nodes: 3.5 cores per GPU, so 3 (4 left idle)
+        (3, 48, 4),
+        (1, 16, 1),
+    ]
+    return first_wrong_case(
+        answer,
+        "hybrid",
+        cases,
+        _hybrid_expected,
+        lambda got, want: (
+            isinstance(got, (tuple, list))
+            and all(type(g) is int for g in got)
+            and tuple(got) == want
+        ),
+    )
+
+
+def _efficiency_expected(points: list[tuple[int, float]], is_time: bool) -> list[float]:
+    (n0, v0) = points[0]
+    speedups = [v0 / v if is_time else v / v0 for _, v in points]
+    # Rounded, so that a wrong answer is shown beside four digits, not sixteen.
+    return [round(s / (n / n0), 4) for s, (n, _) in zip(speedups, points, strict=True)]
+
+
+def _efficiency_function(answer: Any) -> bool | str:
+    cases = [
+        ([(1, 100.0), (2, 150.0)], False),
+        ([(1, 60.0), (4, 20.0)], True),
+        # W. Guan's Horovod table (images/s from 2 GPUs on) and MNIST on V100s
+        # (seconds), both of doc 004, and this workshop's SmallCNN (samples/s).
+        ([(2, 322.93), (4, 629.01), (64, 9318.2)], False),
+        ([(1, 2791.0), (2, 1246.0), (8, 714.0)], True),
+        ([(1, 1208.0), (2, 1192.0)], False),
+        ([(8, 1000.0)], False),
+    ]
+
+    def same(got: Any, want: list[float]) -> bool:
+        return (
+            isinstance(got, (list, tuple))
+            and len(got) == len(want)
+            and all(isinstance(g, (int, float)) for g in got)
+            and all(
+                math.isclose(g, w, abs_tol=1e-4) for g, w in zip(got, want, strict=True)
+            )
+        )
+
+    return first_wrong_case(answer, "efficiency", cases, _efficiency_expected, same)
+
+
 def _ring_time_function(answer: Any) -> bool | str:
     cases = [
         (100e6, 2, 5e-6, 12.5e9),
@@ -42,6 +135,30 @@ EXERCISES: dict[str, Exercise] = {
         "when a launcher fills each node before the next, as torchrun and srun do",
         _placement_function,
         "rank = node_rank * ranks_per_node + local_rank: divide, and keep the rest",
+    ),
+    "03.local_rank": Exercise(
+        "a function local_rank(argv, environ) giving the local rank as an int: "
+        "LOCAL_RANK from environ where it is set (torchrun), else N of a "
+        "--local-rank=N or --local_rank=N in argv (torch.distributed.launch), else 0",
+        _local_rank_function,
+        "look in environ first; then for a word of argv that starts with "
+        "'--local-rank=' or '--local_rank=', and take int() of what follows the '='",
+    ),
+    "03.hybrid": Exercise(
+        "a function hybrid(nodes, cores_per_node, gpus_per_node) giving (np, "
+        "ranks_per_node, pe) for mpirun -np np --map-by ppr:ranks_per_node:node:PE=pe: "
+        "one rank per GPU, each bound to an equal share of its node's whole cores",
+        _hybrid_function,
+        "a rank per GPU on every node; cores per rank = cores_per_node // "
+        "gpus_per_node (whole cores: // leaves the rest idle)",
+    ),
+    "03.efficiency": Exercise(
+        "a function efficiency(points, is_time) giving, for measured (count, value) "
+        "pairs, the efficiency of each against the first: speed-up / (count / first "
+        "count), the speed-up a ratio of rates, or of times (is_time) the other way up",
+        _efficiency_function,
+        "speed-up = value / first value for a rate, first value / value for a "
+        "time; then divide by count / first count, not by count",
     ),
     "03.ring_time": Exercise(
         "a function ring_time(size, world_size, alpha, beta) giving the seconds of a "

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .compiled import check_compile, compile_model, graphs_compiled
 from .progress import History, Progress
 from .steps import (
     check_amp,
@@ -140,6 +141,7 @@ def train(
     max_steps: int | None = None,
     progress: bool | Progress = True,
     seed: int | None = None,
+    compile: bool | str = False,
 ) -> History:
     """Train a classifier with cross-entropy loss; the same loop on one device and
     on every rank of a DDP job.
@@ -178,6 +180,12 @@ def train(
         seed: if given, ``torch.manual_seed(seed)`` first, for dropout and random
             augmentations. The model's initial weights are drawn before ``train``:
             seed those yourself; the shuffling is seeded by ``make_loader``.
+        compile: True trains the model through ``torch.compile`` (inductor), or a
+            backend's name ("aot_eager" traces and splits the graph but generates no
+            code); wrap a DDP model before. The History then says which steps
+            compiled (the first, and a recompilation when a batch's shape changed)
+            and their time, apart from the steady state
+            (:meth:`~workshop.training.progress.History.compile_summary`).
 
     Returns:
         A :class:`workshop.training.progress.History`.
@@ -208,6 +216,7 @@ def train(
         raise TypeError(f"channels_last must be True or False, got {channels_last!r}")
     if not isinstance(progress, (bool, Progress)):
         raise TypeError(f"progress must be True, False or a Progress, got {progress!r}")
+    backend = check_compile(compile)
     device = resolve_device(device)
     check_amp(amp, device)
     check_bf16_gpu(amp, device)
@@ -217,6 +226,8 @@ def train(
     if channels_last:
         model.to(memory_format=torch.channels_last)
     opt = _optimizer(optimizer, model, lr)
+    # The compiled module shares the model's parameters; the optimizer steps them.
+    stepped = compile_model(model, backend)
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
     if isinstance(progress, Progress):
         reporter = progress
@@ -247,9 +258,18 @@ def train(
                 param_group["lr"] = base_lr * _lr_factor(
                     schedule, history.steps, planned
                 )
+            graphs = graphs_compiled() if backend else 0
+            began = time.perf_counter()
             result = train_step(
-                model, group, opt, amp=amp, scaler=scaler, channels_last=channels_last
+                stepped, group, opt, amp=amp, scaler=scaler, channels_last=channels_last
             )
+            if backend and graphs_compiled() > graphs:
+                # This step compiled: its time is the warm-up's, not the steady
+                # state's (its compute is a small part of it).
+                history.compiled_steps.append(history.steps + 1)
+                history.graphs += graphs_compiled() - graphs
+                history.warmup_seconds += time.perf_counter() - began
+                history.warmup_samples += result.samples
             loss_sum += result.loss_sum
             correct += result.correct
             samples += result.samples

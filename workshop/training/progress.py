@@ -191,6 +191,12 @@ class History:
         samples_per_second: training samples per second of the epoch.
         seconds: the epoch's training time (evaluation not included).
         steps: optimizer steps taken in all.
+        compiled_steps: under ``train(compile=...)``, the steps (counted from 1)
+            during which ``torch.compile`` compiled a graph: the first, and each
+            recompilation.
+        graphs: graphs compiled during those steps (one per DDP bucket).
+        warmup_seconds: the time of those steps, compiling included.
+        warmup_samples: the samples those steps trained on.
     """
 
     loss: list[float] = field(default_factory=list)
@@ -199,6 +205,35 @@ class History:
     samples_per_second: list[float] = field(default_factory=list, compare=False)
     seconds: list[float] = field(default_factory=list, compare=False)
     steps: int = 0
+    compiled_steps: list[int] = field(default_factory=list, compare=False)
+    graphs: int = field(default=0, compare=False)
+    warmup_seconds: float = field(default=0.0, compare=False)
+    warmup_samples: int = field(default=0, compare=False)
+
+    @property
+    def steady_samples_per_second(self) -> float | None:
+        """Samples per second over every epoch, leaving out the steps that compiled
+        (None when no time is left once they are out)."""
+        seconds = sum(self.seconds) - self.warmup_seconds
+        if not self.seconds or seconds <= 0:
+            return None
+        pairs = zip(self.samples_per_second, self.seconds, strict=True)
+        samples = sum(rate * spent for rate, spent in pairs)
+        return (samples - self.warmup_samples) / seconds
+
+    def compile_summary(self) -> str:
+        """One line on what compiling cost: the steps that compiled, the graphs, the
+        warm-up time and the steady state's rate; "not compiled" otherwise."""
+        if not self.compiled_steps:
+            return "not compiled"
+        steady = self.steady_samples_per_second
+        rate = f"{steady:,.0f} samples/s" if steady is not None else "no steady state"
+        steps = ", ".join(map(str, self.compiled_steps))
+        return (
+            f"compiled {self.graphs} graph{'s' if self.graphs != 1 else ''} in "
+            f"step{'s' if len(self.compiled_steps) != 1 else ''} {steps} "
+            f"({self.warmup_seconds:.1f} s); steady state {rate}"
+        )
 
     @property
     def epochs(self) -> int:

@@ -1,0 +1,151 @@
+"""train(compile=...): the model trained through torch.compile learns what the eager
+model learns, and the History keeps the steps that compiled (the first, and the one
+whose batch changed shape) apart from the steady state; under DDP the graph is cut
+at the gradient buckets. "aot_eager" traces and splits as inductor does without
+generating code, which keeps these tests cheap; one test compiles with inductor."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+import workshop
+from workshop.training.compiled import check_compile, graphs_compiled
+
+# 1,437 training digits in batches of 100: 14 full batches, then one of 37.
+BATCH = 100
+
+# Training here, in the test's process (not a rank's): these run after the others.
+in_process = pytest.mark.backward_in_process
+
+
+def _loader():
+    return workshop.make_loader(workshop.digits(), BATCH, shuffle=True)
+
+
+def _run(compile_with, epochs=1, max_steps=None):
+    torch.manual_seed(0)
+    model = workshop.SmallCNN()
+    history = workshop.train(
+        model, _loader(), epochs=epochs, max_steps=max_steps, progress=False,
+        compile=compile_with, device="cpu",
+    )  # fmt: skip
+    return model, history
+
+
+@in_process
+def test_the_compiled_model_learns_what_the_eager_one_learns():
+    eager_model, eager = _run(False)
+    model, compiled = _run("aot_eager")
+    # The same operations, traced: the same numbers within float32's rounding.
+    assert compiled.loss == pytest.approx(eager.loss, rel=1e-4)
+    for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert eager.compiled_steps == [] and eager.compile_summary() == "not compiled"
+
+
+@in_process
+def test_the_first_step_and_the_smaller_last_batch_compile_and_are_kept_apart():
+    _, history = _run("aot_eager", epochs=2)
+    # Step 1 compiles; step 15, the first batch of 37, compiles once more with its
+    # batch dimension left symbolic; epoch 2 (steps 16 to 30) compiles nothing.
+    assert history.compiled_steps == [1, 15]
+    assert history.graphs == 2
+    assert history.warmup_samples == BATCH + 37
+    assert 0 < history.warmup_seconds < sum(history.seconds)
+    steady = history.steady_samples_per_second
+    assert steady is not None and steady > 0
+    summary = history.compile_summary()
+    assert summary.startswith("compiled 2 graphs in steps 1, 15 (")
+    assert summary.endswith(f"s); steady state {steady:,.0f} samples/s")
+
+
+@pytest.mark.parametrize(
+    "value, error, match",
+    [
+        (1, TypeError, r"compile must be True, False or a torch.compile backend's "),
+        ("inductr", ValueError, r"compile='inductr' is not a torch.compile backend "
+                                r"here; give True \(inductor\) or one of .*aot_eager"),
+    ],
+)  # fmt: skip
+def test_a_bad_compile_value_is_refused_before_training(value, error, match):
+    with pytest.raises(error, match=match):
+        workshop.train(workshop.SmallCNN(), _loader(), compile=value, progress=False)
+    assert check_compile(True) == "inductor" and check_compile(False) is None
+
+
+class _MLP(nn.Module):
+    # A class of this file, not nn.Sequential: under DDP, Dynamo starts a new frame
+    # at the wrapped module's forward, and it compiles no frame of torch's own files.
+    def __init__(self, width: int):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [nn.Linear(256, width), nn.Linear(width, width), nn.Linear(width, width)]
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def _mlp(width: int) -> nn.Module:
+    return _MLP(width)
+
+
+def _ddp_compiled(bucket_cap_mb: float):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(_mlp(512), bucket_cap_mb=bucket_cap_mb)
+    data = workshop.digits()
+    sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
+    loader = torch.utils.data.DataLoader(data, batch_size=64, sampler=sampler)
+    before = graphs_compiled()
+    history = workshop.train(
+        model, loader, max_steps=3, progress=False, compile="aot_eager", device="cpu"
+    )
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, weights)
+    same = all(torch.equal(gathered[0], w) for w in gathered)
+    return history.graphs, graphs_compiled() - before, history.loss, same
+
+
+def test_under_ddp_the_graph_is_cut_at_the_gradient_buckets():
+    # 2.6 MB of gradients. Buckets of 25 MB (DDP's default; its first bucket holds
+    # 1 MB): two buckets. Buckets of 1 MB (the least torch takes under compile): more
+    # buckets, and the graph is cut at each, so that each bucket's all-reduce starts
+    # while the backward pass goes on.
+    whole = workshop.launch(_ddp_compiled, 25.0, world_size=2, show="none")
+    cut = workshop.launch(_ddp_compiled, 1.0, world_size=2, show="none")
+    for run in (whole, cut):
+        graphs, counted, _, same = run.returns[0]
+        assert graphs == counted and same  # every rank holds the same weights
+        assert run.returns[0][2] == run.returns[1][2]  # the job's loss, on both
+    assert cut.returns[0][0] > whole.returns[0][0] > 1
+
+
+def _no_compiler() -> str | None:
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return "inductor needs a C++ compiler on a CPU; none is on PATH"
+    return None
+
+
+@pytest.mark.skipif(_no_compiler() is not None, reason=str(_no_compiler()))
+@in_process
+def test_inductor_compiles_the_loop_on_this_machine():
+    # A small model, so that generating its kernels takes seconds, not minutes.
+    torch.manual_seed(0)
+    model = _mlp(32)
+    history = workshop.train(
+        model, _loader(), max_steps=3, progress=False, compile=True, device="cpu"
+    )
+    assert history.compiled_steps == [1] and history.graphs == 1
+    assert history.steps == 3

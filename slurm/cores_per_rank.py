@@ -8,6 +8,7 @@ one variable that mpirun exported to it (-x), then exits.
 
 import os
 import socket
+import sys
 
 from workshop.env import rank_info
 
@@ -15,11 +16,15 @@ from workshop.env import rank_info
 def main() -> None:
     info = rank_info()  # from OMPI_COMM_WORLD_RANK and friends under mpirun
     cores = sorted(os.sched_getaffinity(0))  # what the binding left this process
-    print(
+    line = (
         f"rank {info.rank} of {info.world_size} (host {socket.gethostname()}): "
-        f"{len(cores)} core(s) {cores}, NCCL_DEBUG={os.environ.get('NCCL_DEBUG')}",
-        flush=True,
+        f"{len(cores)} core(s) {cores}, NCCL_DEBUG={os.environ.get('NCCL_DEBUG')}\n"
     )
+    # One write, newline included: print() writes the text and its newline apart
+    # when Python runs unbuffered, and mpirun, forwarding both ranks' output as it
+    # comes, once joined rank 1's text to rank 0's line.
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

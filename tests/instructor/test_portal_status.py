@@ -5,10 +5,14 @@ learners' jobs, from a portal folder written here and squeue's answer given to i
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from workshop.instructor import portal_status
+from workshop.instructor.portal import MAX_FOLDER
 from workshop.instructor.portal_learners import PortalError
 
 NAMES = ["learner01", "learner02", "learner03", "instructor"]
@@ -22,13 +26,19 @@ JOBS = {
 
 
 @pytest.fixture
-def folder(tmp_path, monkeypatch):
-    (tmp_path / "portal.json").write_text(
+def folder(monkeypatch):
+    # As long a folder as a portal may have (portal.MAX_FOLDER, for Slurm's sockets):
+    # pytest's own, under a pytest-xdist worker, can be longer than any portal's.
+    base = Path(tempfile.mkdtemp(prefix="wps-", dir="/tmp"))
+    where = base / ("f" * (MAX_FOLDER - len(str(base)) - 1))
+    where.mkdir()
+    (where / "portal.json").write_text(
         json.dumps({"port": 8123, "slurm_conf": "/nowhere/slurm.conf"})
     )
-    (tmp_path / "users.json").write_text(json.dumps({"names": NAMES, "made": NAMES}))
+    (where / "users.json").write_text(json.dumps({"names": NAMES, "made": NAMES}))
     monkeypatch.setattr(portal_status, "_jobs", lambda names, conf: (JOBS, None))
-    return tmp_path
+    yield where
+    shutil.rmtree(base)
 
 
 def test_each_learners_jobs_are_listed_in_88_columns(folder, monkeypatch):
@@ -62,7 +72,7 @@ def test_a_dead_hub_is_said_with_how_to_start_it_again(folder, monkeypatch):
     monkeypatch.setattr(portal_status, "hub_pid", lambda folder: None)
     text = portal_status.status(folder)
     assert "  hub        NOT running (it answered at http://127.0.0.1:8123/)" in text
-    # The command, with a folder as long as pytest's, on two lines as a shell
+    # The command, with the longest folder a portal may have, on two lines as a shell
     # reads them: every line fits a projector.
     assert (
         f"python -m workshop portal start \\\n                 --folder {folder}\n"

@@ -233,8 +233,7 @@ def test_no_news_prompt_covers_the_page(lab):
     # workshop's (scripts/lab-settings, which make lab and the portal pass) do. The
     # question comes a moment after the page is ready: looked for over 5 s. The
     # answer is the schema's default, which the workshop's settings override.
-    page = lab.page
-    page.open_notebook("notebooks/01_single_node_multi_gpu.ipynb")
+    page = lab.page  # JupyterLab, loaded (no notebook needs opening for this)
     fetch = page.js_await(
         "app.serviceManager.settings"
         ".fetch('@jupyterlab/apputils-extension:notification')"

@@ -149,3 +149,16 @@ def test_inductor_compiles_the_loop_on_this_machine():
     )
     assert history.compiled_steps == [1] and history.graphs == 1
     assert history.steps == 3
+
+
+def test_without_a_cpp_compiler_compile_true_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-cxx")
+    with pytest.raises(RuntimeError, match=r"compile=True: inductor cannot compile for "
+                       r"the CPU here: CXX=no-such-cxx is not a program on the PATH; "
+                       r"module load gcc"):  # fmt: skip
+        workshop.train(workshop.SmallCNN(), _loader(), compile=True, device="cpu")
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", "/nowhere")
+    from workshop.training.compiled import missing_compiler
+
+    assert "g++ is not on the PATH" in missing_compiler()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import allreduce_worker, concurrent_launches, launch_bench, scaling_bench
+from . import (
+    allreduce_worker,
+    concurrent_launches,
+    launch_bench,
+    scaling_bench,
+    train_bench,
+)
 
 # Each command: its help, the function that adds its options, the one that runs it.
 COMMANDS = {
@@ -16,8 +22,8 @@ COMMANDS = {
     ),
     "train": (
         "training samples per second on one device",
-        launch_bench.add_train_arguments,
-        launch_bench.train_main,
+        train_bench.add_train_arguments,
+        train_bench.train_main,
     ),
     "allreduce": (
         "all-reduce time, algbw, busbw per size; alpha-beta fit",

@@ -5,7 +5,7 @@
     make check-node CHECK_ARGS=--quick    # the same, with .venv's python if any
 
 Run it in the environment the class will use (on a cluster: the site's torch module
-plus ``pip install -e ".[lab,test]"``). Six steps, each timed, each PASS, FAILED, or
+plus ``pip install -e ".[lab,test]"``). Seven steps, each timed, each PASS, FAILED, or
 SKIPPED with the reason:
 
 1. ``doctor``: the doctor's table (:mod:`workshop.machine.doctor`).
@@ -15,10 +15,13 @@ SKIPPED with the reason:
    fork path; the path each took and its seconds.
 4. ``nccl``: an all-reduce of a CUDA tensor on every visible GPU, its sum checked,
    and the bus bandwidth of a 256 MiB all-reduce.
-5. ``train``: ResNet-50 samples/s (bf16, channels_last) with the workshop's
+5. ``compile``: ``torch.compile`` of a tiny model with inductor, in a fresh process:
+   whether it works, its warm-up (the first call against the second), or the
+   missing compiler named (``check_compile.py``).
+6. ``train``: ResNet-50 samples/s (bf16, channels_last) with the workshop's
    ``train_step`` and with a plain PyTorch loop (``python -m workshop.bench train
    [--bare]``).
-6. ``notebooks``: every notebook executed into a temporary folder.
+7. ``notebooks``: every notebook executed into a temporary folder.
 
 Then a verdict that fits one screen: READY, or each problem with its fix. This
 module holds the verdict and the command line; the steps and their probes are in
@@ -103,7 +106,7 @@ def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
 
     Returns:
         The verdict, lines joined by newlines: at most ``width`` columns and, with
-        six steps, at most 25 lines even when every step failed.
+        seven steps, at most 27 lines even when every step failed.
 
     Example:
         >>> steps = [CheckStep("doctor", "PASS", 1.0, "torch 2.6")]

@@ -11,7 +11,7 @@ __all__ = ["STEPS", "CheckReport", "CheckStep", "TrainSettings"]
 
 PASS, FAILED, SKIPPED = "PASS", "FAILED", "SKIPPED"
 #: The steps, in the order they run; the names ``--skip`` takes.
-STEPS = ("doctor", "gpu-tests", "launch", "nccl", "train", "notebooks")
+STEPS = ("doctor", "gpu-tests", "launch", "nccl", "compile", "train", "notebooks")
 
 
 @dataclass

@@ -10,6 +10,7 @@ spoil nothing. Each probe prints one line, ``workshop-check-answer: {JSON}``::
     python -m workshop.instructor.check_steps after-backward 2  # world size
     python -m workshop.instructor.check_steps nccl 268435456 900  # bytes, timeout
     python -m workshop.instructor.check_steps notebook IN.ipynb OUT.ipynb 900
+    python -m workshop.instructor.check_steps compile  # a tiny model, inductor
 
 An answer with "error" says what went wrong in one line; the whole error is on stderr.
 Every command runs under the keeper of :func:`workshop.cluster.commands.run_command`:
@@ -32,6 +33,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, TextIO
 
+from .check_compile import probe_compile
 from .check_results import FAILED, PASS, SKIPPED, CheckStep, TrainSettings
 
 START_PATHS = ("fork", "server", "spawn")
@@ -278,6 +280,26 @@ def step_nccl(ctx: Context) -> CheckStep:
     return CheckStep("nccl", PASS, summary=summary, figures=answer)
 
 
+def step_compile(ctx: Context) -> CheckStep:
+    """torch.compile of a tiny model with inductor in a fresh process: whether it
+    works here, its warm-up, or the missing compiler named (``check_compile.py``)."""
+    answer = _probe(ctx.timeout, "compile")
+    if "error" in answer and "ok" not in answer:  # the probe itself died
+        ctx.say(f"FAILED: {answer['error']}\n{answer['log']}")
+        fix = "see the whole error: python -m workshop.instructor.check_steps compile"
+        return _failed("compile", f"the probe {answer['error']}", fix, answer)
+    if not answer["ok"]:
+        ctx.say(f"{answer['missing']}\n({answer['error']})")
+        return _failed("compile", answer["missing"], answer["fix"], answer)
+    first, second = answer["first_seconds"], answer["second_seconds"]
+    summary = (
+        f"inductor on {answer['device']}: warm-up {first:.1f} s (first call), then "
+        f"{second * 1e3:.1f} ms"
+    )
+    ctx.say(summary)
+    return CheckStep("compile", PASS, summary=summary, figures=answer)
+
+
 def step_train(ctx: Context) -> CheckStep:
     """``python -m workshop.bench train``, with and without ``--bare``."""
     if ctx.gpus == 0 and not ctx.cpu_train:
@@ -354,6 +376,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Context], CheckStep]] = {
     "gpu-tests": step_gpu_tests,
     "launch": step_launch,
     "nccl": step_nccl,
+    "compile": step_compile,
     "train": step_train,
     "notebooks": step_notebooks,
 }
@@ -506,6 +529,7 @@ _PROBES: dict[str, Callable[..., dict[str, Any]]] = {
     "after-backward": _probe_after_backward,
     "nccl": _probe_nccl,
     "notebook": _probe_notebook,
+    "compile": probe_compile,
 }
 
 

@@ -6,7 +6,8 @@ and its like hold the helpers of one notebook's lessons.
 
 - One node, many devices (notebook 01): lesson_devices, data_parallel_step,
   torch_data_parallel, TwoStageModel, pipeline_forward_backward, pipeline_schedule,
-  bubble_fraction, check_split.
+  bubble_fraction, check_split; the compiled path: break_even, compile_break_even,
+  and ddp_compiled_graphs (notebook 02).
 - Many nodes (notebook 03): compare_global_batch, plot_api_times.
 - A rank that hangs (notebook 05): flight_record, summarize_error.
 
@@ -16,10 +17,13 @@ Imports every wing below it but ``cluster``, ``bench`` and ``machine``.
 from .._exports import offer
 
 _NAMES = {
+    "break_even": "notebook01_compiled",
     "bubble_fraction": "notebook01_pipeline",
     "check_split": "notebook01_split",
+    "compile_break_even": "notebook01_compiled",
     "compare_global_batch": "notebook03_batches",
     "data_parallel_step": "notebook01_devices",
+    "ddp_compiled_graphs": "notebook01_compiled",
     "flight_record": "notebook05_stuck",
     "lesson_devices": "notebook01_devices",
     "pipeline_forward_backward": "notebook01_pipeline",

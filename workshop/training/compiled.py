@@ -17,11 +17,13 @@ steady state.
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 from torch import nn
 
-__all__ = ["check_compile", "compile_model", "graphs_compiled"]
+__all__ = ["check_compile", "compile_model", "graphs_compiled", "missing_compiler"]
 
 
 def _backends() -> list[str]:
@@ -60,6 +62,25 @@ def check_compile(value: Any) -> str | None:
 
 # Graphs handed to a backend in this process: the count the loop reads per step.
 _GRAPHS = [0]
+
+
+def missing_compiler() -> str | None:
+    """Why inductor cannot compile for a CPU here, or None: it writes C++ and builds
+    it with ``$CXX``, else ``g++`` (torch._inductor.config.cpp.cxx), which must be on
+    the PATH. (A GPU's kernels need Triton's toolchain instead: the node check,
+    ``python -m workshop check``, tries it.)"""
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler):
+        return None
+    where = (
+        f"CXX={compiler} is not a program on the PATH"
+        if "CXX" in os.environ
+        else ("g++ is not on the PATH")
+    )
+    return (
+        f"inductor cannot compile for the CPU here: {where}; module load gcc (on a "
+        "cluster) or apt-get install g++, or set CXX to a C++ compiler"
+    )
 
 
 def compile_model(model: nn.Module, backend: str | None) -> nn.Module:

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compiled import check_compile, compile_model, graphs_compiled
+from .compiled import (
+    check_compile,
+    compile_model,
+    graphs_compiled,
+    missing_compiler,
+)
 from .progress import History, Progress
 from .steps import (
     check_amp,
@@ -218,6 +223,8 @@ def train(
         raise TypeError(f"progress must be True, False or a Progress, got {progress!r}")
     backend = check_compile(compile)
     device = resolve_device(device)
+    if backend == "inductor" and device.type == "cpu" and missing_compiler():
+        raise RuntimeError(f"compile=True: {missing_compiler()}")
     check_amp(amp, device)
     check_bf16_gpu(amp, device)
     if seed is not None:

@@ -1,0 +1,103 @@
+"""The node check's ``compile`` step, its probe and its reading of a failure: does
+``torch.compile`` work here, and how long is its warm-up?
+
+The probe (run in a process of its own by ``check_steps.py``) compiles a tiny model
+with inductor on the device a class will use and times its first call (tracing and
+code generation) against its second. Inductor writes C++ on a CPU, so it needs a
+C++ compiler (``$CXX``, else ``g++`` on the PATH); on a GPU it writes Triton kernels,
+which Triton builds with a C compiler and the CUDA toolchain's ``ptxas``. A missing
+one is the common failure on a fresh node, and inductor's own error is long: this
+module turns it into one line naming the program and what to do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["explain_compile_error", "probe_compile"]
+
+_MODULE_HINT = "module load gcc (on a cluster) or apt-get install g++ (on your own)"
+
+
+def explain_compile_error(error: str, cxx: str | None = None) -> tuple[str, str]:
+    """What a failed ``torch.compile`` says, as (what is missing, what to do).
+
+    Args:
+        error: the exception's text (its type's name and message).
+        cxx: the C++ compiler inductor was told to use (``$CXX``), if any.
+
+    Returns:
+        One line naming the missing program, and one concrete fix; for an error
+        not recognised, its first line and how to see the whole of it.
+
+    Example:
+        >>> explain_compile_error("InvalidCxxCompiler: No working C++ compiler")[0]
+        'no C++ compiler for inductor: g++ is not on the PATH'
+    """
+    text = error.lower()
+    if "invalidcxxcompiler" in text or "no working c++ compiler" in text:
+        where = f"CXX={cxx} does not run" if cxx else "g++ is not on the PATH"
+        fix = f"{_MODULE_HINT}, or set CXX to a C++ compiler that runs"
+        return f"no C++ compiler for inductor: {where}", fix
+    if "ptxas" in text:
+        return (
+            "Triton could not run ptxas, the CUDA toolchain's assembler",
+            "module load cuda (a toolkit matching the driver), or set "
+            "TRITON_PTXAS_PATH to a working ptxas",
+        )
+    if "failed to find c compiler" in text or "no c compiler" in text:
+        return "no C compiler for Triton's launcher (cc, gcc)", _MODULE_HINT
+    if "triton" in text and ("no module" in text or "cannot find" in text):
+        return (
+            "Triton is not installed: inductor cannot write GPU kernels",
+            "pip install triton (the version your torch names)",
+        )
+    first = error.strip().splitlines()[0] if error.strip() else "no message"
+    return (
+        f"torch.compile failed: {first[:200]}",
+        "see the whole error: python -m workshop.instructor.check_steps compile",
+    )
+
+
+def probe_compile() -> dict[str, Any]:
+    """Compile a tiny model with inductor on this process's device and time it.
+
+    Returns:
+        {"device", "first_seconds" (tracing, code generation and the call),
+        "second_seconds", "ok": True}; or {"ok": False, "error": its type and
+        first line, "missing", "fix"} from :func:`explain_compile_error`.
+    """
+    import os
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    ).to(device)
+    x = torch.randn(8, 16, device=device)
+    compiled = torch.compile(model, backend="inductor")
+    times = []
+    try:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            compiled(x).sum().item()  # .item(): the device's work done
+            times.append(time.perf_counter() - t0)
+    except Exception as exc:  # inductor's errors come wrapped: read their text
+        error = f"{type(exc).__name__}: {exc}"
+        missing, fix = explain_compile_error(error, os.environ.get("CXX"))
+        first = error.strip().splitlines()[0][:300]
+        return {
+            "ok": False,
+            "device": device,
+            "error": first,
+            "missing": missing,
+            "fix": fix,
+        }
+    return {
+        "ok": True,
+        "device": device,
+        "first_seconds": times[0],
+        "second_seconds": times[1],
+    }

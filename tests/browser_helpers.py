@@ -389,6 +389,55 @@ class Page:
             "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
         )
 
+    def news_toasts(self, until: float) -> list[str]:
+        """JupyterLab's "Would you like to receive official Jupyter news?" toast, or
+        any toast, seen over the page up to the clock's ``until``; [] if none. The
+        workshop's lab settings (scripts/lab-settings, which make lab and the portal
+        pass) answer the question; they become the defaults of the plugin's schema,
+        as the server sends it, and the answer is checked first."""
+        answer = self.js_await(
+            "app.serviceManager.settings"
+            ".fetch('@jupyterlab/apputils-extension:notification')"
+            ".then(s => s.schema.properties.fetchNews.default)"
+        )
+        assert answer == "false", f"fetchNews defaults to {answer!r}"
+        while True:
+            toasts = self.js(
+                "return [...document.querySelectorAll('.Toastify__toast')]"
+                ".map(t => t.innerText);"
+            )
+            if toasts or time.monotonic() > until:
+                return toasts
+            time.sleep(0.5)
+
+    def open_glossary_link(self, shot: str) -> str:
+        """Click the open notebook's first link to ../docs/glossary.md, wait for the
+        glossary to open in a tab (it opens only where the server's root holds docs/
+        beside notebooks/), screenshot it as ``shot``, close it and show the notebook
+        again; return the link's href as JupyterLab resolved it."""
+        href = self.js(
+            """const a = [...panel().node.querySelectorAll('.jp-RenderedMarkdown a')]
+              .find(a => (a.getAttribute('href') || '').includes('glossary.md'));
+            if (!a) return null;
+            a.scrollIntoView(); a.click();
+            return a.getAttribute('href');"""
+        )
+        assert href, "the notebook shows no link to the glossary"
+        wait_until(
+            f"{href} to open in a tab",
+            lambda: (
+                self.js(
+                    "const w = app.shell.currentWidget;"
+                    "return w && w.context ? w.context.path : null;"
+                )
+                == "docs/glossary.md"
+            ),
+            timeout=30,
+        )
+        self.screenshot(shot)
+        self.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
+        return href
+
     def screenshot(self, name: str) -> Path:
         """Save what the page shows as ``shots/name.png``; print and return the path."""
         path = self.shots / f"{name}.png"

@@ -230,25 +230,9 @@ def _look_at(page: Page, notebook: str) -> dict:
 def test_no_news_prompt_covers_the_page(lab):
     # JupyterLab asks "Would you like to receive official Jupyter news?" in a toast
     # over the bottom-right corner of every page unless its settings answer it; the
-    # workshop's (scripts/lab-settings, which make lab and the portal pass) do. The
-    # question comes a moment after the page is ready: looked for over 5 s. The
-    # answer is the schema's default, which the workshop's settings override.
-    page = lab.page  # JupyterLab, loaded (no notebook needs opening for this)
-    fetch = page.js_await(
-        "app.serviceManager.settings"
-        ".fetch('@jupyterlab/apputils-extension:notification')"
-        ".then(s => (s.settings || {}).fetchNews"
-        " ?? s.schema.properties.fetchNews.default)"
-    )
-    assert fetch == "false"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        toasts = page.js(
-            "return [...document.querySelectorAll('.Toastify__toast')]"
-            ".map(t => t.innerText);"
-        )
-        assert not toasts, toasts
-        time.sleep(0.5)
+    # workshop's do. The question comes a moment after the page is ready: looked for
+    # over 5 s, on the loaded lab (no notebook needs opening for it).
+    assert lab.page.news_toasts(until=time.monotonic() + 5) == []
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS)
@@ -353,28 +337,7 @@ def test_a_glossary_link_opens_the_glossary(nb02):
     # The notebooks link to ../docs/glossary.md, which opens only where the server's
     # root holds docs/ beside notebooks/ (make lab serves the project, the portal a
     # learner's copy of it): clicked, it opens in a tab of its own.
-    page = nb02.page
-    href = page.js(
-        """const a = [...panel().node.querySelectorAll('.jp-RenderedMarkdown a')]
-          .find(a => (a.getAttribute('href') || '').includes('glossary.md'));
-        if (!a) return null;
-        a.scrollIntoView(); a.click();
-        return a.getAttribute('href');"""
-    )
-    assert href, "notebook 02 has no rendered link to the glossary"
-    wait_until(
-        "the glossary opens in a tab",
-        lambda: (
-            page.js(
-                "const w = app.shell.currentWidget;"
-                "return w && w.context ? w.context.path : null;"
-            )
-            == "docs/glossary.md"
-        ),
-        timeout=30,
-    )
-    page.screenshot("02-glossary-link")
-    page.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
+    nb02.page.open_glossary_link("02-glossary-link")
 
 
 def test_rank_output_appears_while_the_cell_runs(nb02, tmp_path):

@@ -355,56 +355,6 @@ def _shot(learner: Learner, name: str, index: int | None = None) -> Path:
     return path
 
 
-def _no_news_prompt(page: Page, shown: float) -> None:
-    """JupyterLab's "Would you like to receive official Jupyter news?" toast is not
-    over the corner of the page: the portal's servers answer it with the workshop's
-    lab settings. It comes a moment after the page is ready: looked for until 5 s
-    after JupyterLab was ``shown`` (long past, once a notebook's kernel is up)."""
-    # The overrides become the defaults of the plugin's schema, as the server sends it.
-    fetch = page.js_await(
-        "app.serviceManager.settings"
-        ".fetch('@jupyterlab/apputils-extension:notification')"
-        ".then(s => s.schema.properties.fetchNews.default)"
-    )
-    assert fetch == "false"
-    while True:
-        toasts = page.js(
-            "return [...document.querySelectorAll('.Toastify__toast')]"
-            ".map(t => t.innerText);"
-        )
-        assert not toasts, toasts
-        if time.monotonic() > shown + 5:
-            break
-        time.sleep(0.5)
-
-
-def _a_glossary_link_opens(page: Page) -> None:
-    """A link of notebook 02 to ../docs/glossary.md (its href as JupyterLab resolved
-    it), clicked, opens the glossary of the learner's copy in a tab; the notebook is
-    shown again after."""
-    href = page.js(
-        """const a = [...panel().node.querySelectorAll('.jp-RenderedMarkdown a')]
-          .find(a => (a.getAttribute('href') || '').includes('docs/glossary.md'));
-        if (!a) return null;
-        a.scrollIntoView(); a.click();
-        return a.getAttribute('href');"""
-    )
-    assert href, "notebook 02 shows no link to the glossary"
-    wait_until(
-        f"{href} to open in a tab",
-        lambda: (
-            page.js(
-                "const w = app.shell.currentWidget;"
-                "return w && w.context ? w.context.path : null;"
-            )
-            == "docs/glossary.md"
-        ),
-        timeout=30,
-    )
-    page.screenshot("portal-glossary-link")
-    page.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
-
-
 def test_login_lands_in_jupyterlab_in_a_slurm_job(lab):
     """The login ends in JupyterLab, served from a running Slurm job of the learner
     on a node of the portal's cluster, and the notebook's kernel is in that job."""
@@ -420,8 +370,11 @@ def test_login_lands_in_jupyterlab_in_a_slurm_job(lab):
     assert kernels == {job["id"]}, f"kernels in jobs {kernels}, the server's: {job}"
     assert lab.page.js("return panel().context.path;") == NB02
     print(f"{name}'s server: job {job['id']} on {job['node']}")
-    _no_news_prompt(lab.page, lab.shown)
-    _a_glossary_link_opens(lab.page)
+    # No news toast over the corner, looked for until 5 s after JupyterLab was shown
+    # (long past, once a notebook's kernel is up); and a glossary link of notebook 02
+    # opens the glossary of the learner's copy.
+    assert lab.page.news_toasts(until=lab.shown + 5) == []
+    lab.page.open_glossary_link("portal-glossary-link")
     for what, seconds in lab.seconds.items():
         print(f"{what}: {seconds:.1f} s")
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import workshop
+from workshop.lessons.notebook01_compiled import WideMLP
 from workshop.training.compiled import check_compile, graphs_compiled
 
 # 1,437 training digits in batches of 100: 14 full batches, then one of 37.
@@ -77,25 +78,10 @@ def test_a_bad_compile_value_is_refused_before_training(value, error, match):
     assert check_compile(True) == "inductor" and check_compile(False) is None
 
 
-class _MLP(nn.Module):
-    # A class of this file, not nn.Sequential: under DDP, Dynamo starts a new frame
-    # at the wrapped module's forward, and it compiles no frame of torch's own files.
-    def __init__(self, width: int):
-        super().__init__()
-        self.layers = nn.ModuleList(
-            [nn.Linear(256, width), nn.Linear(width, width), nn.Linear(width, width)]
-        )
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.flatten(1)
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return self.head(x)
-
-
 def _mlp(width: int) -> nn.Module:
-    return _MLP(width)
+    # Notebook 02's model for the same lesson: a class of the workshop's, since under
+    # DDP Dynamo compiles no frame of torch's own files (nn.Sequential's forward).
+    return WideMLP(width)
 
 
 def _ddp_compiled(bucket_cap_mb: float):

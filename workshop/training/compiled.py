@@ -60,10 +60,6 @@ def check_compile(value: Any) -> str | None:
     return value
 
 
-# Graphs handed to a backend in this process: the count the loop reads per step.
-_GRAPHS = [0]
-
-
 def missing_compiler() -> str | None:
     """Why inductor cannot compile for a CPU here, or None: it writes C++ and builds
     it with ``$CXX``, else ``g++`` (torch._inductor.config.cpp.cxx), which must be on
@@ -72,15 +68,18 @@ def missing_compiler() -> str | None:
     compiler = os.environ.get("CXX") or "g++"
     if shutil.which(compiler):
         return None
-    where = (
-        f"CXX={compiler} is not a program on the PATH"
-        if "CXX" in os.environ
-        else ("g++ is not on the PATH")
-    )
+    if os.environ.get("CXX"):
+        where = f"CXX={compiler} is not a program on the PATH"
+    else:
+        where = "g++ is not on the PATH"
     return (
         f"inductor cannot compile for the CPU here: {where}; module load gcc (on a "
         "cluster) or apt-get install g++, or set CXX to a C++ compiler"
     )
+
+
+# Graphs handed to a backend in this process: the count the loop reads per step.
+_GRAPHS = [0]
 
 
 def compile_model(model: nn.Module, backend: str | None) -> nn.Module:

@@ -214,6 +214,19 @@ def _step(
     )
 
 
+def _settings(args: argparse.Namespace, setup: _Setup) -> dict:
+    """What a run measured, as its JSON file starts: model, device, batch and so on."""
+    return {
+        "model": args.model,
+        "device": _device_name(setup),
+        "batch_size": setup.batch,
+        "image_size": args.image_size,
+        "amp": setup.amp,
+        "channels_last": args.channels_last,
+        "steps": args.steps,
+    }
+
+
 def _device_name(setup: _Setup) -> str:
     import torch
 
@@ -264,13 +277,7 @@ def train_main(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(
                 {
-                    "model": args.model,
-                    "device": _device_name(setup),
-                    "batch_size": setup.batch,
-                    "image_size": args.image_size,
-                    "amp": setup.amp,
-                    "channels_last": args.channels_last,
-                    "steps": args.steps,
+                    **_settings(args, setup),
                     "loop": "bare" if args.bare else "workshop",
                     "seconds": seconds,
                     "samples_per_second": rate,
@@ -360,13 +367,7 @@ def compiled_main(args: argparse.Namespace, setup: _Setup) -> int:
     _print_compiled(args, setup, rows)
     if args.json:
         report = {
-            "model": args.model,
-            "device": _device_name(setup),
-            "batch_size": setup.batch,
-            "image_size": args.image_size,
-            "amp": setup.amp,
-            "channels_last": args.channels_last,
-            "steps": args.steps,
+            **_settings(args, setup),
             "loops": [asdict(r) | {"warmup_seconds": r.warmup_seconds} for r in rows],
             "ratio": rows[1].samples_per_second / rows[2].samples_per_second,
             "torch": torch.__version__,

@@ -27,7 +27,7 @@ DRY_RUN ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup environment lab test test-notebooks test-cpus test-site lint \
-	wheelhouse clean check-node portal portal-stop
+	wheelhouse clean check-node portal portal-stop record record-table
 
 help:
 	@echo "make lab    set up .venv, then open the workshop in JupyterLab"
@@ -42,6 +42,10 @@ help:
 	@echo "make test-site  the suite as on a GPU node: torch 2.11 on Python 3.12, the"
 	@echo "            wheelhouse installed with pip --target, no system packages"
 	@echo "            (in .site/; scripts/test_site.sh)"
+	@echo "make record  record the notebooks' stored outputs: each run whole in one"
+	@echo "            fresh kernel on a quiet machine (NOTEBOOK=01 or a path: one;"
+	@echo "            RECORD_ARGS=--busy-ok: write when busy, marked; scripts/record.py)"
+	@echo "make record-table  docs/notebooks.md's table of times, from the recordings"
 	@echo "make lint   ruff check"
 	@echo "make check-node  the instructor's check of a GPU node, the day before class"
 	@echo "            (extra options: CHECK_ARGS=\"--quick --json check.json\")"
@@ -104,7 +108,7 @@ PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=20 $(XDIST) $(NBVAL) 
 	--junitxml=test-artifacts/junit.xml tests/ $(NOTEBOOKS)/ $(PYTEST_ARGS)
 
 # Every rank the suite starts (spawn, torchrun, srun, mpirun), every kernel and every
-# `python -m workshop` is a fresh Python that imports the package (146 modules). Where
+# `python -m workshop` is a fresh Python that imports the package (about 160 modules). Where
 # PYTHONDONTWRITEBYTECODE is set, as on the machines CI runs on, each compiled them
 # again: about 0.3 s of CPU a start. Compiled once here, they only read the bytecode
 # (a checkout that cannot be written loses only that).
@@ -138,6 +142,22 @@ test-notebooks: environment
 # CPU_BUSY=1: scripts/test_cpus.sh says).
 test-cpus: environment
 	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_cpus.sh
+
+# Each notebook executed top to bottom in one fresh kernel of the Python make test
+# uses, with its environment, and written back with what it ran on, only if the
+# machine was quiet before and during the run (scripts/record.py says what that
+# means). NOTEBOOK=01 (a number, a name or a path) records one; RECORD_ARGS=--busy-ok
+# writes on a busy machine too, marking the notebook busy. It then rewrites the
+# table of docs/notebooks.md, which make record-table alone rewrites from the
+# notebooks' metadata.
+NOTEBOOK ?=
+RECORD_ARGS ?=
+record: environment
+	@$(COMPILE); $(WAIT_POLICY); \
+		$(RUN_PYTHON) scripts/record.py $(NOTEBOOK) $(RECORD_ARGS)
+
+record-table: environment
+	$(RUN_PYTHON) scripts/record.py --table --update-docs
 
 # The node check runs in whatever environment the class will use: .venv's python
 # where there is one, else python3 (on a cluster: the site's torch module plus

@@ -22,6 +22,8 @@
 #   project/  a copy of this checkout's files (git ls-files, without .venv): there
 #             `make test` finds no .venv and python3 complete, and sets nothing up
 #   farm/     links to the system's programs but those above, for hiding them
+#   real/     where the system's folders are mounted for the farm's links, with
+#             links to /usr's other folders (gcc finds its cc1plus through them)
 #   home/, out/  the test user's home; the log and junit XML of the run
 # Then `make test` runs in project/ with PATH=venv/bin:<system folders>,
 # PYTHONPATH=project:target, JUPYTER_PATH and JUPYTERLAB_DIR in target. Run as root
@@ -232,23 +234,38 @@ HINT: run it in a clone: git clone ... && cd ... && make test-site"
 
 # farm/NAME/: a link to every program of the system folder NAME names
 # (usr-bin: /usr/bin) but the hidden ones. "mounted": the links go through
-# real/NAME/, where the folder itself is mounted in the namespace (the farm is
-# mounted over it); "direct": they point into the folder, for PATH.
+# real/usr/bin and so on, where each folder itself is mounted in the namespace (the
+# farm is mounted over it); "direct": they point into the folder, for PATH.
+#
+# real/ stands for / as a node has it: beside real/usr/bin are links to /usr's
+# other folders (lib, libexec, include, share, ...), and so for /usr/local. A
+# program that finds its own files from where it really is finds them: gcc resolves
+# its links to real/usr/bin/x86_64-linux-gnu-g++-12 and looks for its back end
+# (cc1plus) in ../lib/gcc and its headers in ../include. Without these links g++ ran
+# but could not compile ("g++: fatal error: cannot execute 'cc1plus'"), and neither
+# could torch.compile's inductor, where a node with gcc can.
 make_farm() {
-    local how="$1" dir name program
-    rm -rf "$SITE/farm"
+    local how="$1" dir name program entry
+    rm -rf "$SITE/farm" "$SITE/real"
     for dir in "${SYSTEM_DIRS[@]}"; do
         name="${dir#/}"
         name="${name//\//-}"
-        mkdir -p "$SITE/farm/$name" "$SITE/real/$name"
+        mkdir -p "$SITE/farm/$name" "$SITE/real$dir"
         [[ -d "$dir" ]] || continue
         local through="$dir"
-        [[ "$how" == mounted ]] && through="$SITE/real/$name"
+        [[ "$how" == mounted ]] && through="$SITE/real$dir"
         for program in "$dir"/*; do
             [[ -e "$program" || -L "$program" ]] || continue
             program="${program##*/}"
             [[ "$program" =~ $HIDDEN ]] && continue
             ln -s "$through/$program" "$SITE/farm/$name/$program"
+        done
+    done
+    [[ "$how" == mounted ]] || return 0
+    for dir in /usr /usr/local; do
+        for entry in "$dir"/*; do
+            [[ -e "$entry" && ! -e "$SITE/real$entry" ]] || continue
+            ln -s "$entry" "$SITE/real$entry"
         done
     done
 }
@@ -327,13 +344,14 @@ run_suite() {
     local rc=0
     case "$ISOLATION" in
         namespaces | mount)
-            # Each system folder is mounted at real/NAME, then the farm over it.
+            # Each system folder is mounted at real/usr/bin and so on, then the farm
+            # over it.
             local hide="" dir name
             for dir in "${SYSTEM_DIRS[@]}"; do
                 [[ -d "$dir" ]] || continue
                 name="${dir#/}"
                 name="${name//\//-}"
-                hide+="mount --bind $dir $SITE/real/$name"$'\n'
+                hide+="mount --bind $dir $SITE/real$dir"$'\n'
                 hide+="mount --bind $SITE/farm/$name $dir"$'\n'
             done
             local net=()

@@ -1,7 +1,7 @@
 """What the prose claims about the notebooks' stored outputs, checked against them.
 
 The prose is README.md, every Markdown file under docs/ and every markdown cell of
-the notebooks. Four kinds of claim are checked:
+the notebooks. These kinds of claim are checked:
 
 1. **A figure linked to a cell.** A figure quoted from a stored output is written as
    a link whose title names the cell by its id, so a reader can find it and this
@@ -9,7 +9,9 @@ the notebooks. Four kinds of claim are checked:
 
        [x10.2](../notebooks/01_single_node_multi_gpu.ipynb "cell 5f1c2a9e")
 
-   Every number of the link text must be in the cell's output. After a colon the
+   Every number of the link text must be in the cell's output; a link text without
+   a number points at the cell instead of quoting it, and the cell must exist. After
+   a colon the
    title may name the figure meant, by the text printed just before it (``…``
    stands for any text on the same line; the last occurrence counts)::
 
@@ -37,6 +39,22 @@ the notebooks. Four kinds of claim are checked:
    figure that an output no longer holds, or never held, is reported. In a doc
    section that shows the command writing a file of docs/results/, the figures are
    looked for in what the workshop prints for that file, at the precision written.
+5. **Jobs a notebook submits** (:func:`wrong_job_counts`): "six that run", "submits
+   15 more", "three 2-node jobs in 03 §6", "six held ones", "the hello job on 2
+   nodes", against the jobs the code cells submit (:func:`submissions` states the
+   counting rule), in the notebooks and sections the sentence names.
+6. **Exercises of named sections**: "05 §1, §3 and §5 with their four exercises"
+   counts the exercises of those sections (2 above counts a notebook's).
+7. **Lines of a named file and files of a folder** (:func:`wrong_file_counts`,
+   :func:`unlisted_files`): "a four-line script, `slurm/local_rank.py`", "the seven
+   batch scripts in `slurm/`", and a table introduced as the scripts of a folder
+   lists every one of them.
+8. **Pointers** (:func:`broken_pointers`): "see the top of this file" (the top holds
+   the figures the sentence quotes; a script's top is its opening comment), a
+   notebook's "§N" or "section N" (a heading numbered N exists), "the next cell" or
+   "the cell before" (that neighbour is a code cell, and draws or prints where the
+   sentence says so), and a notebook's links to docs' files and headings (docs' own
+   links and "03 §6" are tests/test_docs.py's).
 """
 
 from __future__ import annotations
@@ -109,7 +127,12 @@ WORDS = [
     "nineteen",
     "twenty",
 ]
-_COUNT_NUM = rf"(?:{'|'.join(WORDS)}|[1-9]\d*)"
+# Tens from thirty on, alone or with a unit after a hyphen ("thirty-four").
+TENS = ["thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_COUNT_NUM = (
+    rf"(?:(?:twenty|{'|'.join(TENS)})-(?:{'|'.join(WORDS[:9])})"
+    rf"|{'|'.join(TENS)}|{'|'.join(WORDS)}|[1-9]\d*)"
+)
 COUNT = re.compile(
     rf"\b(?P<n>{_COUNT_NUM})(?:\s+to\s+(?P<m>{_COUNT_NUM}))?\s+(?:[a-z-]+\s+)?"
     r"(?P<noun>questions|exercises|answers)\b",
@@ -300,7 +323,7 @@ def _claim_problems(link: Link, output: str, training: bool) -> list[str]:
     if not bounds and not ranges:
         numbers = NUMBER.findall(text)
         if not numbers:
-            return ["the link text quotes no number"]
+            return []  # a pointer to the cell ("its history table"): it must exist
         if link.label is None:
             problems += [
                 f"its stored output lacks {n}" for n in numbers if not holds(output, n)
@@ -464,8 +487,15 @@ def wrong_counts(doc: Path | Prose, known: dict[str, dict[str, int]]) -> list[st
                 # A range is the fewest to the most; a number, one notebook's count
                 # or, about none, all of them together.
                 right = [min(per), max(per)] if len(said) == 2 else [sum(per)]
+                whose = f"notebook {about}" if about else "all the notebooks"
+                # In a doc, "05 §1, §3 and §5 with their four exercises": those
+                # sections' exercises, where the list ends just before the count.
+                sections = _sections_just_before(sentence, m.start(), about)
+                if kind == "exercises" and sections and not prose.notebook:
+                    where = exercise_sections().get(about, {}).values()
+                    right = [sum(1 for s in where if s in sections)]
+                    whose = f"{about} §{' §'.join(sorted(sections, key=int))}"
                 if said != right:
-                    whose = f"notebook {about}" if about else "all the notebooks"
                     problems.append(
                         f"{prose.name}:{first}: {m.group(0)!r} but {whose} "
                         f"{'has' if about else 'have'} {' to '.join(map(str, right))} "
@@ -474,8 +504,42 @@ def wrong_counts(doc: Path | Prose, known: dict[str, dict[str, int]]) -> list[st
     return problems
 
 
+def exercise_sections(folder: Path | None = None) -> dict[str, dict[str, str]]:
+    """``{notebook: {exercise: the number of the section ("## 6. ...") it is in}}``."""
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted((folder or NOTEBOOKS).glob("[0-9][0-9]_*.ipynb")):
+        section, names = "", found.setdefault(path.name[:2], {})
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                heading = re.findall(r"^#{1,3}\s+(\d+)\.\s", source, re.M)
+                section = heading[-1] if heading else section
+            elif cell["cell_type"] == "code":
+                for name in re.findall(r'workshop\.check\("(\d\d\.\w+)"', source):
+                    names.setdefault(name, section)
+    return found
+
+
+def _sections_just_before(sentence: str, start: int, notebook: str | None) -> set[str]:
+    """The sections of ``notebook`` in a list of references that ends at most a few
+    words before ``start`` ("05 §1, §3 and §5 with their four exercises")."""
+    for _, g_end, scope in _ref_groups(sentence[:start]):
+        if len(sentence[g_end:start]) <= 15 and len(scope.parts) == 1:
+            nb, sections = scope.parts[0]
+            if nb == notebook and sections:
+                return set(sections)
+    return set()
+
+
 def _number(word: str) -> int:
-    return int(word) if word.isdigit() else WORDS.index(word.lower()) + 1
+    """The value of a count written in digits or in words ("12", "twelve",
+    "thirty-four")."""
+    word = word.lower()
+    if word.isdigit():
+        return int(word)
+    tens, _, unit = word.partition("-")
+    value = 30 + 10 * TENS.index(tens) if tens in TENS else WORDS.index(tens) + 1
+    return value + (WORDS.index(unit) + 1 if unit else 0)
 
 
 # Figures of the prose that no stored output holds, or holds by coincidence, with
@@ -732,4 +796,726 @@ def unlinked_figures(
                         f"{prose.name}:{number}: {shown!r} is in the stored "
                         f"output of notebook {where[0]}: link it to that cell"
                     )
+    return problems
+
+
+# ------------------------------------------------------ what a text points at
+# Where a count or a pointer names notebooks and sections: "Notebook 03", "03 §6",
+# "03 §6, 03 §7 and 05 §4", "03 §6 and §7", "02 §8 to §11", "in 03", "05's"; in a
+# notebook's own text also "§6", "section 6", "sections 1 to 4" (or with an en dash).
+_REF_TOKEN = re.compile(
+    r"\b[Nn]otebooks?\s+(?P<named>0[1-5])\b(?:,?\s*(?:§\s?|section\s+)(?P<nsec>\d+))?"
+    r"|(?<![\w.,:/-])(?P<nb>0[1-5])(?![\w.:/-]|,\d)(?:'s)?(?:\s*§\s?(?P<sec>\d+))?"
+    r"|§\s?(?P<bare>\d+)"
+    r"|\b[Ss]ections?\s+(?P<word>\d+)"
+)
+# What joins the references of one list: "03 §6, 03 §7 and 05 §4", "§1\u20134".
+_REF_JOIN = re.compile(r"\s*(?:,\s*and|,|and|to|\u2013|-)\s*")
+# Where a sentence names a group after a count: "three 2-node jobs in 03 §6".
+_REF_AFTER = re.compile(r"\s*(?:in|of|from)\s+$")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Notebooks, or sections of one, that a phrase is about: ``{"03": {"6", "7"},
+    "05": set()}``; an empty set is the whole notebook."""
+
+    parts: tuple[tuple[str, frozenset[str]], ...]
+
+    def holds(self, notebook: str, section: str) -> bool:
+        return any(
+            nb == notebook and (not sections or section in sections)
+            for nb, sections in self.parts
+        )
+
+    def __str__(self) -> str:
+        return ", ".join(
+            f"{nb} §{' §'.join(sorted(s, key=int))}" if s else f"notebook {nb}"
+            for nb, s in self.parts
+        )
+
+
+def _ref_groups(text: str, notebook: str | None = None):
+    """(start, end, Scope) of each list of notebook references in ``text``; a bare
+    "§6" or "section 6" belongs to the notebook named before it in the list, or, in
+    a notebook's own text, to that notebook."""
+    groups: list[list] = []  # [start, end, {nb: set}, last notebook]
+    for m in _REF_TOKEN.finditer(text):
+        nb = m["named"] or m["nb"]
+        section = m["nsec"] or m["sec"] or m["bare"] or m["word"]
+        joined = (
+            groups and _REF_JOIN.fullmatch(text[groups[-1][1] : m.start()])
+        ) or None
+        if not joined:
+            groups.append([m.start(), m.end(), {}, notebook, None])
+        group = groups[-1]
+        group[1] = m.end()
+        nb = nb or group[3]
+        if nb is None:
+            continue  # "§6" in a doc, with no notebook before it: test_docs.py's
+        group[3] = nb
+        sections = group[2].setdefault(nb, set())
+        if section:
+            previous = group[4]
+            ranged = joined and re.search(r"to|\u2013|-", joined.group(0))
+            if ranged and previous and previous[0] == nb:  # "§7 to §9", en dash too
+                sections.update(
+                    str(n) for n in range(int(previous[1]) + 1, int(section))
+                )
+            sections.add(section)
+            group[4] = (nb, section)
+    for start, end, parts, _, _ in groups:
+        if parts:
+            yield (
+                start,
+                end,
+                Scope(tuple((nb, frozenset(s)) for nb, s in sorted(parts.items()))),
+            )
+
+
+def _scope_at(sentence: str, start: int, end: int, default: str | None) -> Scope | None:
+    """What the phrase at ``sentence[start:end]`` is about: the references right
+    after it ("three 2-node jobs in 03 §6"), else the last list of references
+    before it in its sentence, else ``default`` (the notebook of the text, or the
+    one its paragraph is about), else nothing."""
+    groups = list(_ref_groups(sentence, default))
+    for g_start, _, scope in groups:
+        between = sentence[end:g_start]
+        if g_start >= end and len(between) < 8 and _REF_AFTER.fullmatch(between + " "):
+            return scope
+    before = [scope for _, g_end, scope in groups if g_end <= start]
+    if before:
+        return before[-1]
+    return Scope(((default, frozenset()),)) if default else None
+
+
+def _sentences(prose: Prose, keep_paths: bool = False):
+    """(first line, sentence, default notebook) of a text, code spans and fenced
+    code removed (``keep_paths``: a code span that is only a path keeps its text):
+    in a notebook's cell its notebook, in a doc the notebook its section or
+    paragraph is about (see :func:`_sections`)."""
+    if prose.notebook:
+        parts = [(1, prose.text, prose.notebook)]
+    else:
+        parts = list(_sections(prose.text))
+    for first, text, subject in parts:
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        if keep_paths:
+            text = re.sub(r"`([\w.-]*/[\w./-]*)`", r"\1", text)
+        for sentence in SENTENCE_END.split(re.sub(r"`[^`]*`", "", text)):
+            yield first, " ".join(sentence.split()), subject
+
+
+# ------------------------------------------------------ jobs a notebook submits
+@dataclass(frozen=True)
+class Submission:
+    """One job a notebook's code submits to Slurm (see :func:`submissions`)."""
+
+    notebook: str
+    section: str  # the numbered section ("## 6. ...") its cell is in
+    cell: str
+    script: str  # "slurm/hello_ranks.sbatch", "--wrap", or the argument given
+    nodes: int
+    minutes: float | None  # its time limit; None where neither call nor script sets one
+    fate: str  # "run", "cancelled" (scancel'ed while it runs) or "held" (never runs)
+
+
+# A submission: a call of the workshop's submit helper, or sbatch run from a "!"
+# line or by subprocess. sbatch --test-only creates no job, so it is none.
+_SUBMIT_CALL = re.compile(r"(?<![\w.])(?:workshop\.cluster\.|cluster\.)?submit\(")
+_SBATCH_SHELL = re.compile(r"^\s*(?:\w+(?:\[[^\]]*\])?\s*=\s*)?!\s*sbatch\b")
+_SBATCH_PROCESS = re.compile(r"""subprocess\.\w+\(\s*\[\s*["']sbatch["']""")
+_NODES = re.compile(r"(?<![\w-])(?:--nodes[= ]|nodes=|-N\s*)[\"']?(\d+)")
+_TIME = re.compile(r"(?<![\w-])(?:--time[= ]|time=|-t\s*)[\"']?([\d:-]+)(?![\w{])")
+
+
+def slurm_minutes(limit: str) -> float | None:
+    """Slurm's ``--time`` in minutes: "MM", "MM:SS", "HH:MM:SS", "D-HH",
+    "D-HH:MM", "D-HH:MM:SS"; None for anything else."""
+    days, _, rest = limit.rpartition("-")
+    if days and not days.isdigit():
+        return None
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    values = [int(p) for p in parts]
+    if days:
+        hours, minutes, seconds = [*values, 0, 0][:3]
+        return int(days) * 1440 + hours * 60 + minutes + seconds / 60
+    if len(values) == 3:
+        return values[0] * 60 + values[1] + values[2] / 60
+    return values[0] + (values[1] / 60 if len(values) == 2 else 0)
+
+
+def _statement(lines: list[str], i: int, start: int) -> str:
+    """The text of the statement that begins at ``lines[i][start:]``: up to the
+    bracket that closes the call, or to the end of a "\\"-continued line."""
+    text, depth = "", 0
+    for line in lines[i:]:
+        part = line[start:] if not text else line
+        text += part + "\n"
+        depth += part.count("(") + part.count("[") - part.count(")") - part.count("]")
+        if depth <= 0 and not part.rstrip().endswith("\\"):
+            return text
+        start = 0
+    return text
+
+
+def _loop_count(lines: list[str], i: int, cell: str) -> int:
+    """How many times the loops around ``lines[i]`` run: each enclosing ``for`` must
+    go over a literal list, tuple or ``range(N)``, or the count is unknowable."""
+    import ast
+
+    count, indent = 1, len(lines[i]) - len(lines[i].lstrip())
+    for line in reversed(lines[:i]):
+        if not line.strip() or len(line) - len(line.lstrip()) >= indent:
+            continue
+        indent = len(line) - len(line.lstrip())
+        loop = re.match(r"\s*for\s+.+?\s+in\s+(.+?):\s*(?:#.*)?$", line)
+        if not loop:
+            continue
+        over = loop[1].strip()
+        ranged = re.fullmatch(r"range\((\d+)\)", over)
+        try:
+            count *= int(ranged[1]) if ranged else len(ast.literal_eval(over))
+        except (ValueError, SyntaxError) as e:
+            raise ValueError(
+                f"cell {cell}: a job submitted in the loop {line.strip()!r}, over "
+                "something that is not a literal list or range(N): the count of jobs "
+                "cannot be read; loop over a literal, or teach submissions() the loop"
+            ) from e
+    return count
+
+
+def _assignments(sources: list[str], name: str) -> list[str]:
+    """The text of every assignment ``name = ...`` in ``sources``, last first."""
+    found = []
+    for source in sources:
+        lines = source.splitlines()
+        for i, line in enumerate(lines):
+            m = re.match(rf"\s*{re.escape(name)}\s*=(?!=)", line)
+            if m:
+                found.append(_statement(lines, i, m.end()))
+    return found[::-1]
+
+
+def _names(statement: str) -> list[str]:
+    """The Python names a statement passes on: ``{options}`` of a "!" line, the
+    arguments of a call (``**small``, ``job.script``)."""
+    names = re.findall(r"\{(\w+)", statement)
+    call = (
+        "(" + statement.partition("(")[2] if "!" not in statement.split("(")[0] else ""
+    )
+    names += re.findall(r"(?:\*\*|(?<=[(,\s]))([A-Za-z_]\w*)(?=[.,)\s]|$)", call)
+    keywords = {"nodes", "time", "options", "True", "False", "None", "str", "int"}
+    return [n for n in dict.fromkeys(names) if n not in keywords]
+
+
+def _script_option(script: Path, pattern: re.Pattern) -> str | None:
+    if not script.is_file():
+        return None
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH"):
+            m = pattern.search(line)
+            if m:
+                return m[1]
+    return None
+
+
+def submissions(folder: Path | None = None) -> list[Submission]:
+    """Every job the notebooks' code cells submit, one per job (a submission in a
+    loop over three items is three).
+
+    The counting rule:
+
+    - A submission is a call of ``workshop.cluster.submit`` (or of ``submit`` /
+      ``cluster.submit``), an ``sbatch`` run from a ``!`` line, or ``sbatch`` run by
+      ``subprocess``. ``sbatch --test-only`` creates no job and is not counted.
+    - Inside ``for X in <literal>:`` it counts once per item (nested loops
+      multiply); a loop over anything else is an error, not a guess.
+    - Its fate: ``--hold`` is *held* (it never runs); a job whose variable a later
+      line passes to ``scancel`` is *cancelled*; any other *runs*.
+    - Its nodes: ``nodes=N`` or ``--nodes=N`` in the statement, else in the
+      assignments of the names it passes on (``**small``, ``{options}``, ``job``
+      of ``job.script``, one level further), else the script's ``#SBATCH --nodes``,
+      else 1 (Slurm's default). Its time limit likewise (``--time``/``time=``),
+      else None.
+    """
+    folder = folder or NOTEBOOKS
+    found = []
+    for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        nb, section, earlier = path.name[:2], "", []
+        cells = json.loads(path.read_text())["cells"]
+        for index, cell in enumerate(cells):
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                heading = re.findall(r"^#{1,3}\s+(\d+)\.\s", source, re.M)
+                section = heading[-1] if heading else section
+                continue
+            if cell["cell_type"] != "code":
+                continue
+            later = "\n".join(
+                "".join(c["source"]) for c in cells[index:] if c["cell_type"] == "code"
+            )
+            lines = source.splitlines()
+            for i, line in enumerate(lines):
+                call = _SUBMIT_CALL.search(line)
+                shell = _SBATCH_SHELL.match(line) or _SBATCH_PROCESS.search(line)
+                if line.lstrip().startswith("#") or not (call or shell):
+                    continue
+                statement = _statement(lines, i, (call or shell).start())
+                if "--test-only" in statement:
+                    continue
+                target = re.match(r"\s*([A-Za-z_]\w*)(?:\[[^\]]*\])?\s*=", line)
+                texts = [statement]
+                for name in _names(statement):
+                    for text in _assignments([*earlier, "\n".join(lines[:i])], name)[
+                        :1
+                    ]:
+                        texts.append(text)
+                        texts += [
+                            t
+                            for more in _names(text)
+                            for t in _assignments(
+                                [*earlier, "\n".join(lines[:i])], more
+                            )[:1]
+                        ]
+                scripts = re.findall(r"[\w./-]+\.sbatch\b", " ".join(texts))
+                script = scripts[0].removeprefix("../") if scripts else None
+                nodes = next(
+                    (m[1] for t in texts for m in [_NODES.search(t)] if m), None
+                )
+                limit = next(
+                    (m[1] for t in texts for m in [_TIME.search(t)] if m), None
+                )
+                if script:
+                    nodes = nodes or _script_option(ROOT / script, _NODES)
+                    limit = limit or _script_option(ROOT / script, _TIME)
+                if "--hold" in statement:
+                    fate = "held"
+                elif target and re.search(
+                    rf"scancel\b[^\n]*(?:\{{{target[1]}\}}|\b{target[1]}\b)",
+                    later.replace(statement, ""),
+                ):
+                    fate = "cancelled"
+                else:
+                    fate = "run"
+                what = script or (
+                    "--wrap" if "--wrap" in statement else statement.split("(")[1]
+                )
+                job = Submission(
+                    nb,
+                    section,
+                    cell.get("id", ""),
+                    what.split(",")[0].strip().strip("\"'"),
+                    int(nodes or 1),
+                    slurm_minutes(limit) if limit else None,
+                    fate,
+                )
+                found += [job] * _loop_count(lines, i, job.cell)
+            earlier.append(source)
+    return found
+
+
+# Counts of jobs: "four that run", "submits twelve more", "three 2-node jobs", "the
+# two hybrid jobs", "six held ones". Only these qualifiers are understood; "two
+# pending jobs" (what squeue shows at one moment) is not a count of submissions.
+_JOB_QUALIFIER = (
+    rf"more|other|batch|Slurm|held|cancelled|hybrid|hello|scaling|staging"
+    rf"|train_ddp|(?:{_COUNT_NUM})-node"
+)
+JOB_COUNT = re.compile(
+    rf"\b(?P<n>{_COUNT_NUM})\s+(?P<qual>(?:(?:{_JOB_QUALIFIER})\s+){{0,2}})"
+    r"(?P<noun>jobs?|ones)\b(?P<run>\s+that\s+run\b)?"
+    rf"|\b(?P<n_run>{_COUNT_NUM})\s+that\s+run\b"
+    rf"|\bsubmits?\s+(?P<n_more>{_COUNT_NUM})\s+more\b",
+    re.IGNORECASE,
+)
+# The nodes of a named job: "hello on 2 nodes", "slurm/stage_data.sbatch: 1 node".
+JOB_NODES = re.compile(
+    r"\b(?P<name>hello|hybrid|train_ddp|scaling|stage_data|slurm/[\w.-]+\.sbatch)"
+    rf"(?:\s+jobs?)?(?:\s*:\s*|\s+(?:on|asks(?:\s+for)?)\s+)(?P<n>{_COUNT_NUM})"
+    r"\s+nodes?\b"
+)
+# Job phrases the rules above match but cannot check, with why: (file, phrase).
+JOBS_NOT_CHECKED = {
+    ("benchmarks.md", "40 hello jobs"): "a stress test of the test suite's own, run "
+    "outside the notebooks; its log is the record",
+}
+
+
+def _is_job_of(job: Submission, name: str) -> bool:
+    stem = Path(job.script).stem
+    return job.script == name or stem == name or stem.startswith(name + "_")
+
+
+def job_count_phrases(doc: Path | Prose):
+    """(where, phrase, scope, filter description, predicate, claimed) of every count
+    of jobs in ``doc`` that a rule of :data:`JOB_COUNT` reads."""
+    prose = _as_prose(doc)
+    for first, sentence, subject in _sentences(prose):
+        for m in JOB_COUNT.finditer(sentence):
+            if m["noun"] and m["noun"].lower() == "ones" and not m["qual"]:
+                continue  # "the ones" of anything: only "held ones" is about jobs
+            if (prose_key(prose), m.group(0)) in JOBS_NOT_CHECKED:
+                continue
+            words = (m["qual"] or "").lower().split()
+            plain = not m["n_run"] and not m["run"] and not m["n_more"]
+            plain = plain and set(words) <= {"batch", "slurm", "other", "more"}
+            # "two jobs never mix", "submit one job": a plain count of jobs is one
+            # of a notebook's submissions only in a sentence about submitting some.
+            if plain and (m["noun"] != "jobs" or not re.search(r"\bsubmit", sentence)):
+                continue
+            scope = _scope_at(sentence, m.start(), m.end(), subject)
+            if scope is None:
+                continue  # about no notebook: a site's jobs, the hub's
+            fate = "run" if m["n_run"] or m["run"] else None
+            size = name = None
+            kind = "jobs that run" if fate else "jobs"
+            for word in words:
+                if word in ("held", "cancelled"):
+                    fate, kind = word, f"{word} jobs"
+                elif word.endswith("-node"):
+                    size = _number(word.removesuffix("-node"))
+                    kind = f"{size}-node jobs"
+                elif word in ("hybrid", "hello", "scaling", "train_ddp", "staging"):
+                    name = "stage_data" if word == "staging" else word
+                    kind = f"{word} jobs"
+
+            def test(job: Submission, fate=fate, size=size, name=name) -> bool:
+                return (
+                    (fate is None or job.fate == fate)
+                    and (size is None or job.nodes == size)
+                    and (name is None or _is_job_of(job, name))
+                )
+
+            claimed = _number(m["n"] or m["n_run"] or m["n_more"])
+            yield f"{prose.name}:{first}", m.group(0), scope, kind, test, claimed
+
+
+def wrong_job_counts(doc: Path | Prose, jobs: list[Submission]) -> list[str]:
+    """Counts of jobs, and nodes of named jobs, that are not what the notebooks'
+    code submits (see :func:`submissions` for how they are counted)."""
+    problems = []
+    for where, phrase, scope, kind, test, claimed in job_count_phrases(doc):
+        found = [j for j in jobs if scope.holds(j.notebook, j.section) and test(j)]
+        if len(found) != claimed:
+            problems.append(
+                f"{where}: {phrase!r} says {claimed} {kind} in {scope}, but its code "
+                f"submits {len(found)} ({', '.join(_job_names(found)) or 'none'})"
+            )
+    prose = _as_prose(doc)
+    for first, sentence, subject in _sentences(prose):
+        for m in JOB_NODES.finditer(sentence):
+            scope = _scope_at(sentence, m.start(), m.end(), subject)
+            if scope is None:
+                continue
+            found = [
+                j
+                for j in jobs
+                if scope.holds(j.notebook, j.section) and _is_job_of(j, m["name"])
+            ]
+            sizes = sorted({j.nodes for j in found})
+            if sizes != [_number(m["n"])]:
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r} says {m['name']} asks for "
+                    f"{_number(m['n'])} node(s) in {scope}, but its code asks for "
+                    f"{sizes or 'no such job'}"
+                )
+    return problems
+
+
+def _job_names(jobs: list[Submission]) -> list[str]:
+    names: dict[str, int] = {}
+    for job in jobs:
+        key = f"{job.notebook} §{job.section} {Path(job.script).stem} ({job.fate})"
+        names[key] = names.get(key, 0) + 1
+    return [f"{n} x {k}" if n > 1 else k for k, n in names.items()]
+
+
+# ------------------------------------------------- files: their lines, a folder's
+# "a four-line script, `slurm/local_rank.py`", "the 40-line script
+# slurm/ddp_minimal.py", "`slurm/ddp_minimal.py` (about 80 lines": a file's lines.
+_PATH = r"(?:\.\./)?(?:slurm|scripts|workshop|tests|docs|notebooks)/[\w./-]+\.\w+"
+FILE_LINES = re.compile(
+    rf"(?P<about>\babout\s+)?\b(?P<n>{_COUNT_NUM})-line\s+(?:[a-z]+,?\s+){{0,2}}?"
+    rf"(?P<path>{_PATH})|(?P<path2>{_PATH})\s*\((?P<about2>about\s+)?"
+    rf"(?P<n2>{_COUNT_NUM})\s+lines\b",
+    re.IGNORECASE,
+)
+# "the seven scripts in slurm/", "the eight batch scripts in `slurm/`": a folder's
+# files of that kind.
+FOLDER_COUNT = re.compile(
+    rf"\b(?P<n>{_COUNT_NUM})\s+(?P<kind>batch scripts|scripts|notebooks|modules|files)"
+    r"\s+(?:in|under)\s+`?(?P<folder>(?:slurm|scripts|workshop|tests|docs|notebooks)"
+    r"(?:/\w[\w.-]*)*)/?`?",
+    re.IGNORECASE,
+)
+_KINDS = {
+    "batch scripts": ("*.sbatch",),
+    "scripts": ("*.sbatch", "*.py", "*.sh"),
+    "notebooks": ("*.ipynb",),
+    "modules": ("*.py",),
+    "files": ("*",),
+}
+
+
+def _file_lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def _folder_files(folder: Path, kind: str) -> list[Path]:
+    return sorted(
+        {p for pattern in _KINDS[kind.lower()] for p in folder.glob(pattern)}
+        - {p for p in folder.glob("*") if not p.is_file()}
+    )
+
+
+def wrong_file_counts(doc: Path | Prose) -> list[str]:
+    """Lines of a named file, and files of a named folder, that are not what the
+    file or the folder holds. "about N" lines is right within a tenth of N (at
+    least 2); a plain count must be exact."""
+    prose = _as_prose(doc)
+    problems = []
+    for first, sentence, _ in _sentences(prose, keep_paths=True):
+        for m in FILE_LINES.finditer(sentence):
+            named = m["path"] or m["path2"]
+            path = ROOT / named.removeprefix("../")
+            claimed = _number(m["n"] or m["n2"])
+            if not path.is_file():
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r} names {named}, which "
+                    "does not exist"
+                )
+                continue
+            lines = _file_lines(path)
+            slack = max(2, claimed // 10) if (m["about"] or m["about2"]) else 0
+            if abs(lines - claimed) > slack:
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r} says {claimed} lines, but "
+                    f"{named} has {lines}"
+                )
+        for m in FOLDER_COUNT.finditer(sentence):
+            folder = ROOT / m["folder"]
+            files = _folder_files(folder, m["kind"]) if folder.is_dir() else []
+            if len(files) != _number(m["n"]):
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r} says {_number(m['n'])} "
+                    f"{m['kind']}, but {m['folder']}/ holds {len(files)}"
+                    f" ({', '.join(p.name for p in files)})"
+                )
+    return problems
+
+
+# A table that lists a folder: "The batch scripts in `slurm/` ...:" then a table whose
+# first column names each file. Every file of that kind in the folder must be a row.
+LISTED_FOLDER = re.compile(
+    r"^[^\n|]*?\b(?P<kind>batch scripts|scripts|notebooks|modules)\s+in\s+`(?P<folder>"
+    r"[\w/.-]+?)/?`[^\n]*(?:\n[^\n|]+)*\n\n(?P<table>(?:\|[^\n]*\n?)+)",
+    re.MULTILINE,
+)
+
+
+def unlisted_files(doc: Path | Prose) -> list[str]:
+    """Files of a folder that a table introduced as listing that folder leaves out
+    (or lists though they are not there)."""
+    prose = _as_prose(doc)
+    problems = []
+    for m in LISTED_FOLDER.finditer(prose.text):
+        folder = ROOT / m["folder"]
+        rows = re.findall(r"^\|\s*`?([\w.-]+)`?\s*\|", m["table"], re.M)
+        listed = {r for r in rows if "." in r}
+        there = {p.name for p in _folder_files(folder, m["kind"])}
+        line = prose.text[: m.start()].count("\n") + 1
+        if listed != there:
+            problems.append(
+                f"{prose.name}:{line}: the table of the {m['kind']} in {m['folder']}/ "
+                f"lacks {sorted(there - listed)} and lists {sorted(listed - there)} "
+                "that are not there"
+            )
+    return problems
+
+
+# ------------------------------------------------------------------ pointers
+# "see the top of this file", "(at the top of [notebooks.md](notebooks.md))".
+TOP_OF = re.compile(
+    r"\b(?:see\s+|at\s+)?the\s+top\s+of\s+(?:(?P<this>this\s+(?:file|page|script))"
+    r"|\[[^\]]*\]\((?P<link>[^)#\s]+)\)|`?(?P<code>(?:\.\./)?[\w.-]+/[\w./-]*\w)`?)"
+)
+# "the next cell", "the cell below", "the cell before", "the previous cell".
+ADJACENT = re.compile(
+    r"\bthe\s+(?:(?P<before>previous|preceding|next|following)\s+cell"
+    r"|cell\s+(?P<after>below|above|before|after))\b",
+    re.IGNORECASE,
+)
+_DOWN = {"next", "following", "below", "after"}
+
+
+def _notebook_cells(notebook: str) -> list[dict]:
+    path = next(NOTEBOOKS.glob(f"{notebook}_*.ipynb"))
+    return json.loads(path.read_text())["cells"]
+
+
+def _top(path: Path) -> str:
+    """What a reader finds at the top of a file: a Markdown page's text before its
+    second heading; a script's opening comment or docstring."""
+    text = path.read_text()
+    if path.suffix == ".md":
+        body = re.sub(r"```.*?```", "", text, flags=re.S)
+        headings = [m.start() for m in re.finditer(r"^#{1,6} ", body, re.M)]
+        return body[: headings[1]] if len(headings) > 1 else body
+    lines = text.splitlines()
+    top = []
+    for line in lines[1:] if lines and lines[0].startswith("#!") else lines:
+        if line.startswith("#") or (top and top[0].startswith('"""')):
+            top.append(line)
+            if top[0].startswith('"""') and len(top) > 1 and line.endswith('"""'):
+                break
+        elif line.startswith('"""'):
+            top.append(line)
+            if line.count('"""') == 2:
+                break
+        else:
+            break
+    return "\n".join(top)
+
+
+def _section_numbers(notebook: str) -> set[str]:
+    """The numbers of a notebook's sections: "6" of "## 6. Slurm", "6.1" of
+    "### 6.1 What the waiting rank sees"."""
+    found = set()
+    for cell in _notebook_cells(notebook):
+        if cell["cell_type"] == "markdown":
+            found |= set(
+                re.findall(
+                    r"^#{1,6}\s+(\d+(?:\.\d+)?)\.?\s", "".join(cell["source"]), re.M
+                )
+            )
+    return found
+
+
+def broken_pointers(doc: Path | Prose) -> list[str]:
+    """Pointers that lead nowhere: "the top of" a file whose top does not hold the
+    figures the sentence quotes (or that has no top: no opening text, comment or
+    docstring); a section "§N" or "section N" of a notebook's own text that its
+    notebook lacks (docs' "03 §6" are test_docs.py's); "the next cell" or "the cell
+    before" in a notebook whose neighbour that way is no code cell; and a link of a
+    notebook's markdown to a file or a heading that does not exist (docs' links are
+    test_docs.py's)."""
+    prose = _as_prose(doc)
+    problems = []
+    base = NOTEBOOKS if prose.notebook else DOCS
+    for first, sentence, _ in _sentences(prose, keep_paths=True):
+        for m in TOP_OF.finditer(sentence):
+            if m["this"]:
+                target = ROOT / prose.name if prose.name == "README.md" else None
+                target = target or (None if prose.notebook else DOCS / prose.name)
+            else:
+                name = m["link"] or m["code"]
+                target = (
+                    (base / name).resolve()
+                    if m["link"]
+                    else ROOT / name.removeprefix("../")
+                )
+            if target is None:
+                continue  # "the top of this notebook": its title cell is always there
+            if not target.is_file():
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r} points at {target.name}, "
+                    "which does not exist"
+                )
+                continue
+            top = _top(target)
+            figures = [f for f, _, _ in _figures(sentence[: m.start()])]
+            missing = [f for f in figures if not holds(top, f)]
+            if not top.strip() or missing:
+                shown = target.resolve()
+                if shown.is_relative_to(ROOT.resolve()):
+                    shown = shown.relative_to(ROOT.resolve())
+                problems.append(
+                    f"{prose.name}:{first}: {m.group(0)!r}, but the top of {shown} "
+                    + (
+                        f"does not hold {', '.join(missing)}"
+                        if top.strip()
+                        else "has no opening comment or text"
+                    )
+                )
+        if not prose.notebook:
+            continue
+        for _start, _end, scope in _ref_groups(sentence, prose.notebook):
+            for nb, sections in scope.parts:
+                lacking = sorted(sections - _section_numbers(nb), key=float)
+                if lacking:
+                    problems.append(
+                        f"{prose.name}: {sentence[:60]!r} cites section(s) "
+                        f"{', '.join(lacking)} of notebook {nb}, which has "
+                        f"{sorted(_section_numbers(nb), key=float)}"
+                    )
+    if prose.notebook:
+        problems += _neighbour_problems(prose) + _link_problems(prose)
+    return problems
+
+
+def _neighbour_problems(prose: Prose) -> list[str]:
+    cells = _notebook_cells(prose.notebook)
+    cell_id = prose.name.rpartition(" cell ")[2]
+    index = next((i for i, c in enumerate(cells) if c.get("id") == cell_id), None)
+    if index is None:
+        return []
+    problems = []
+    text = re.sub(r"```.*?```", "", prose.text, flags=re.S)
+    for m in ADJACENT.finditer(text):
+        down = (m["before"] or m["after"]).lower() in _DOWN
+        near = index + 1 if down else index - 1
+        said = m.group(0)
+        if not 0 <= near < len(cells) or cells[near]["cell_type"] != "code":
+            kind = cells[near]["cell_type"] if 0 <= near < len(cells) else "nothing"
+            problems.append(
+                f"{prose.name}: {said!r} points at the {'next' if down else 'previous'}"
+                f" cell, which is a {kind} cell, not code"
+            )
+            continue
+        # What the sentence says the cell does, where it says "prints" or "draws".
+        rest = text[m.end() : m.end() + 80].split(".")[0]
+        source = "".join(cells[near]["source"])
+        outputs = cells[near].get("outputs", [])
+        if re.search(r"\bdraws\b", rest) and not (
+            any("image/png" in o.get("data", {}) for o in outputs)
+            or re.search(r"\b(?:draw|plot)\w*\(", source)
+        ):
+            problems.append(
+                f"{prose.name}: {said!r} draws, but cell {cells[near].get('id')} "
+                "draws nothing"
+            )
+        if re.search(r"\bprints\b", rest) and "print" not in source and not outputs:
+            problems.append(
+                f"{prose.name}: {said!r} prints, but cell {cells[near].get('id')} "
+                "prints nothing"
+            )
+    return problems
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading (as tests/test_docs.py makes it)."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _link_problems(prose: Prose) -> list[str]:
+    problems = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"`[^`]*`", "", prose.text)):
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            continue
+        name, _, anchor = target.partition("#")
+        path = (NOTEBOOKS / name).resolve()
+        if not path.exists():
+            problems.append(f"{prose.name}: links to {target}: no such file")
+        elif anchor and path.suffix == ".md":
+            body = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+            anchors = [_slug(h) for h in re.findall(r"^#{1,6} (.+)$", body, re.M)]
+            if anchor not in anchors:
+                problems.append(
+                    f"{prose.name}: links to {target}: {name} has no heading with "
+                    f"that anchor"
+                )
     return problems

@@ -12,21 +12,31 @@ import json
 import pytest
 from prose_figures import (
     FIGURE,
+    JOBS_NOT_CHECKED,
     LINKABLE,
     NOT_FROM_OUTPUTS,
+    ROOT,
     Prose,
     _figures,
+    _number,
+    broken_pointers,
     cell_outputs,
     counts,
+    job_count_phrases,
     labelled_values,
     linked_figures,
     machine_bound_cells,
     prose_key,
     prose_texts,
+    slurm_minutes,
     stale_links,
+    submissions,
     unaccounted_figures,
     unlinked_figures,
+    unlisted_files,
     wrong_counts,
+    wrong_file_counts,
+    wrong_job_counts,
 )
 
 TEXTS = prose_texts()
@@ -59,6 +69,23 @@ def test_every_linked_figure_holds_in_its_cells_stored_output(name, outputs):
 def test_every_count_of_questions_and_exercises_is_right(name):
     known = counts()
     assert [p for t in _of(name) for p in wrong_counts(t, known)] == []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_count_of_jobs_is_what_the_notebooks_submit(name):
+    jobs = submissions()
+    assert [p for t in _of(name) for p in wrong_job_counts(t, jobs)] == []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_count_of_a_files_lines_or_a_folders_files_is_right(name):
+    assert [p for t in _of(name) for p in wrong_file_counts(t)] == []
+    assert [p for t in _of(name) for p in unlisted_files(t)] == []
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_pointer_leads_where_it_says(name):
+    assert [p for t in _of(name) for p in broken_pointers(t)] == []
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -164,6 +191,21 @@ def test_a_link_whose_output_changed_is_reported(tmp_path, monkeypatch):
     assert len(problems) == 2
     assert "lacks 10.2" in problems[0]  # 10.25 is not 10.2
     assert "no cell with id 'gone'" in problems[1]
+
+
+def test_a_link_without_a_number_points_at_a_cell_that_must_exist(
+    tmp_path, monkeypatch
+):
+    import prose_figures
+
+    monkeypatch.setattr(prose_figures, "NOTEBOOKS", _notebook(tmp_path, "a table\n"))
+    doc = Prose(
+        "guide.md",
+        '[its table](../notebooks/05_x.ipynb "cell abc123") and '
+        '[the other](../notebooks/05_x.ipynb "cell gone").\n',
+    )
+    problems = stale_links(doc, prose_figures.cell_outputs())
+    assert len(problems) == 1 and "no cell with id 'gone'" in problems[0]
 
 
 def test_an_unlinked_figure_is_reported_but_code_is_not(tmp_path, monkeypatch):
@@ -318,3 +360,298 @@ def test_a_figure_no_output_holds_is_reported_in_a_notebook_and_in_a_doc(
     doc = Prose("guide.md", "Taught in 05 §2: a scale of 65,536.\n\nSetup: 6.2 GB.\n")
     problems = unaccounted_figures(doc, outputs)
     assert len(problems) == 1 and "'65,536'" in problems[0]
+
+
+# ------------------------------------------------ jobs, files and pointers, for real
+def test_the_jobs_of_the_notebooks_are_found():
+    # If the submit helper or the "!sbatch" lines were missed, every count of jobs
+    # would be checked against nothing; the lessons that submit are 03, 04 and 05.
+    jobs = submissions()
+    assert {j.notebook for j in jobs} == {"03", "04", "05"}
+    assert {j.fate for j in jobs} == {"run", "held", "cancelled"}
+    assert all(j.nodes >= 1 for j in jobs)
+    assert any(j.nodes > 1 for j in jobs)  # the hello job asks for two nodes
+    phrases = [p for t in TEXTS for p in job_count_phrases(t)]
+    assert len(phrases) >= 5  # notebooks.md, portal.md and the guide count jobs
+
+
+def test_every_entry_of_jobs_not_checked_names_a_phrase_the_text_has():
+    found = {(prose_key(t), m) for t in TEXTS for m in _job_phrases(t)}
+    assert sorted(set(JOBS_NOT_CHECKED) - found) == []
+
+
+def _job_phrases(prose):
+    import prose_figures
+
+    for _, sentence, _ in prose_figures._sentences(prose):
+        yield from (m.group(0) for m in prose_figures.JOB_COUNT.finditer(sentence))
+
+
+# ------------------------------------------------- the new rules, on small texts
+def _cell(cid, kind, source, outputs=()):
+    cell = {"cell_type": kind, "id": cid, "metadata": {}, "source": [source]}
+    if kind == "code":
+        cell |= {"execution_count": 1, "outputs": list(outputs)}
+    return cell
+
+
+SUBMITTING = [
+    _cell("h1", "markdown", "# 05 · Jobs\n\n## 1. Setup"),
+    _cell("c1", "code", 'small = dict(nodes=1, ntasks_per_node=2)\nopts = "--nodes=2"'),
+    _cell("h2", "markdown", "## 2. Slurm"),
+    _cell(
+        "c2",
+        "code",
+        "hello = !sbatch --parsable {opts} slurm/hello_ranks.sbatch\n"
+        'sleeper = !sbatch --parsable --wrap "srun sleep 300"\n'
+        "!sbatch --test-only --nodes=1 --wrap true\n",
+    ),
+    _cell("c3", "code", "!scancel {sleeper}"),
+    _cell(
+        "c4",
+        "code",
+        "for t in (1, 2):\n"
+        '    job = workshop.cluster.submit("slurm/hybrid.sbatch", str(t), nodes=2)\n'
+        'for limit in ["5", "5:30", "2-12"]:\n'
+        "    held = !sbatch --parsable --hold --time={limit} --wrap true\n"
+        "    !scancel {held}\n",
+    ),
+    _cell("h3", "markdown", "## 3. More"),
+    _cell(
+        "c5", "code", 'job = workshop.cluster.submit("slurm/train_ddp.sbatch", **small)'
+    ),
+]
+
+
+def _jobs_notebook(tmp_path, cells=SUBMITTING):
+    folder = tmp_path / "notebooks"
+    folder.mkdir(exist_ok=True)
+    (folder / "05_x.ipynb").write_text(json.dumps({"cells": cells}))
+    return folder
+
+
+def test_submissions_follow_the_counting_rule(tmp_path):
+    jobs = submissions(_jobs_notebook(tmp_path))
+    got = [
+        (j.section, j.script.split("/")[-1], j.nodes, j.minutes, j.fate) for j in jobs
+    ]
+    assert got == [
+        # the hello job: --nodes from {opts}, --time from the script's #SBATCH line
+        ("2", "hello_ranks.sbatch", 2, 5.0, "run"),
+        ("2", "--wrap", 1, None, "cancelled"),  # passed to scancel later
+        # --test-only is no job; a loop over two items submits two
+        ("2", "hybrid.sbatch", 2, 5.0, "run"),
+        ("2", "hybrid.sbatch", 2, 5.0, "run"),
+        ("2", "--wrap", 1, None, "held"),
+        ("2", "--wrap", 1, None, "held"),
+        ("2", "--wrap", 1, None, "held"),
+        ("3", "train_ddp.sbatch", 1, 15.0, "run"),  # nodes from **small
+    ]
+
+
+def test_a_loop_over_something_else_is_an_error_not_a_guess(tmp_path):
+    cells = [
+        _cell(
+            "c1",
+            "code",
+            "for n in sizes:\n    workshop.cluster.submit('slurm/hybrid.sbatch')\n",
+        )
+    ]
+    with pytest.raises(ValueError, match=r"cell c1: a job submitted in the loop"):
+        submissions(_jobs_notebook(tmp_path, cells))
+
+
+@pytest.mark.parametrize(
+    "limit, minutes",
+    [
+        ("5", 5),
+        ("5:30", 5.5),
+        ("00:05:00", 5),
+        ("0-00:05", 5),
+        ("2-12", 3600),
+        ("1-00:00:30", 1440.5),
+        ("soon", None),
+    ],
+)
+def test_slurm_time_limits_in_minutes(limit, minutes):
+    assert slurm_minutes(limit) == minutes
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("Notebook 05 submits its jobs (four that run, the rest held).", None),
+        ("Notebook 05 submits its jobs (six that run).", "says 6 jobs that run"),
+        ("In 05 §2 and §3 a learner submits 8 jobs.", None),
+        ("In 05 §2 and §3 a learner submits twelve jobs.", "submits 8 ("),
+        ("05 §2 submits three 2-node jobs, and three held ones.", None),
+        ("05 §2 submits two 2-node jobs.", "says 2 2-node jobs in 05 §2, but"),
+        ("Each learner, in 05 §2, submits 7 more.", None),
+        ("The two hybrid jobs of 05 §2 run after the hello job on 2 nodes.", None),
+        ("The hybrid jobs on 1 node in 05 §2.", "asks for 1 node(s) in 05 §2, but"),
+        ("05 §2 shows that two jobs never mix.", None),  # not a count of submissions
+    ],
+)
+def test_a_count_of_jobs_is_the_notebooks(tmp_path, text, problem):
+    jobs = submissions(_jobs_notebook(tmp_path))
+    problems = wrong_job_counts(Prose("guide.md", text + "\n"), jobs)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
+        assert problems[0].startswith("guide.md:1: ")  # the file, then the phrase
+
+
+def test_a_count_of_jobs_in_a_notebook_is_about_that_notebook(tmp_path):
+    jobs = submissions(_jobs_notebook(tmp_path))
+    cell = Prose("05_x.ipynb cell m", "This notebook submits 3 jobs.", "05")
+    assert "but its code submits 8" in wrong_job_counts(cell, jobs)[0]
+
+
+def test_number_words():
+    assert [_number(w) for w in ("7", "twelve", "Twenty", "thirty-four")] == [
+        7,
+        12,
+        20,
+        34,
+    ]
+
+
+def test_exercises_of_named_sections_are_counted_there(tmp_path, monkeypatch):
+    import prose_figures
+
+    cells = [
+        _cell("h1", "markdown", "## 1. One"),
+        _cell("c1", "code", 'workshop.check("05.a", a)\nworkshop.check("05.b", b)'),
+        _cell("h2", "markdown", "## 2. Two"),
+        _cell("c2", "code", 'workshop.check("05.c", c)'),
+    ]
+    monkeypatch.setattr(prose_figures, "NOTEBOOKS", _jobs_notebook(tmp_path, cells))
+    known = prose_figures.counts()
+    right = Prose("guide.md", "Drop 05 §1 and its two exercises; 05 has 3 exercises.")
+    assert wrong_counts(right, known) == []
+    wrong = Prose("guide.md", "Keep 05 §2 with its two exercises.")
+    problems = wrong_counts(wrong, known)
+    assert len(problems) == 1 and "but 05 §2 has 1 exercises" in problems[0]
+
+
+def test_the_lines_of_a_named_file_are_counted():
+    lines = len((ROOT / "slurm" / "local_rank.py").read_text().splitlines())
+    right = f"Run the {lines}-line script `slurm/local_rank.py` under torchrun."
+    about = f"The script `slurm/local_rank.py` (about {lines + 1} lines) prints."
+    assert wrong_file_counts(Prose("guide.md", right)) == []
+    assert wrong_file_counts(Prose("guide.md", about)) == []
+    wrong = Prose(
+        "guide.md", "The cell starts a four-line script, `slurm/local_rank.py`."
+    )
+    problems = wrong_file_counts(wrong)
+    assert len(problems) == 1
+    assert f"says 4 lines, but slurm/local_rank.py has {lines}" in problems[0]
+    gone = Prose("guide.md", "The 40-line script slurm/gone.py.")
+    assert "which does not exist" in wrong_file_counts(gone)[0]
+
+
+def test_the_files_of_a_named_folder_are_counted_and_listed():
+    batch = sorted(p.name for p in (ROOT / "slurm").glob("*.sbatch"))
+    said = f"The {len(batch)} batch scripts in `slurm/` are listed below."
+    assert wrong_file_counts(Prose("guide.md", said)) == []
+    wrong = f"The {len(batch) - 1} batch scripts in `slurm/`."
+    problems = wrong_file_counts(Prose("guide.md", wrong))
+    assert len(problems) == 1 and f"but slurm/ holds {len(batch)}" in problems[0]
+    rows = "".join(f"| `{name}` | what it does |\n" for name in batch[1:])
+    table = f"The batch scripts in `slurm/`:\n\n| script | what |\n|---|---|\n{rows}"
+    problems = unlisted_files(Prose("guide.md", table))
+    assert len(problems) == 1 and f"lacks [{batch[0]!r}]" in problems[0]
+    rows += f"| `{batch[0]}` | what it does |\n"
+    table = f"The batch scripts in `slurm/`:\n\n| script | what |\n|---|---|\n{rows}"
+    assert unlisted_files(Prose("guide.md", table)) == []
+
+
+def test_the_top_of_a_file_must_hold_what_the_pointer_says(tmp_path, monkeypatch):
+    import prose_figures
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "times.md").write_text("# Times\n\nAll five took 535 s.\n\n## More\n\n")
+    monkeypatch.setattr(prose_figures, "DOCS", docs)
+    monkeypatch.setattr(prose_figures, "ROOT", tmp_path)
+    right = Prose("guide.md", "About as long (535 s; see the top of [it](times.md)).")
+    assert broken_pointers(right) == []
+    wrong = Prose("guide.md", "About as long (612 s; see the top of [it](times.md)).")
+    problems = broken_pointers(wrong)
+    assert len(problems) == 1 and "docs/times.md does not hold 612" in problems[0]
+    (docs / "other.md").write_text("# Other\n\n## A\n\nno 535 s here\n")
+    this = Prose("other.md", "By hand (535 s here; see the top of this file).")
+    assert "does not hold 535" in broken_pointers(this)[0]
+    missing = Prose("guide.md", "See the top of [it](gone.md).")
+    assert "which does not exist" in broken_pointers(missing)[0]
+
+
+def test_a_scripts_top_is_its_opening_comment(tmp_path, monkeypatch):
+    import prose_figures
+
+    monkeypatch.setattr(prose_figures, "ROOT", tmp_path)
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "a.sbatch").write_text("#!/bin/bash\n# a: says 16 ranks\nx\n")
+    (tmp_path / "slurm" / "b.py").write_text("import os\n")
+    assert (
+        broken_pointers(Prose("g.md", "16 ranks (see the top of `slurm/a.sbatch`)."))
+        == []
+    )
+    problems = broken_pointers(Prose("g.md", "See the top of `slurm/b.py`."))
+    assert len(problems) == 1 and "has no opening comment" in problems[0]
+
+
+POINTING = [
+    _cell(
+        "m0", "markdown", "## 1. Start\n\nSee section 2 and §3; notebook 04, section 9."
+    ),
+    _cell("c0", "code", "print(1)"),
+    _cell("m1", "markdown", "## 2. Next\n\nThe cell below prints the table."),
+    _cell("m2", "markdown", "The next cell draws it. The cell before printed it."),
+    _cell("c2", "code", "x = 1"),
+]
+
+
+def test_pointers_in_a_notebook(tmp_path, monkeypatch):
+    import prose_figures
+
+    cells = [*POINTING]
+    folder = _jobs_notebook(tmp_path, cells)
+    (folder / "04_y.ipynb").write_text(
+        json.dumps({"cells": [_cell("h", "markdown", "## 9. Nine")]})
+    )
+    monkeypatch.setattr(prose_figures, "NOTEBOOKS", folder)
+
+    def problems(cid):
+        cell = next(c for c in cells if c["id"] == cid)
+        return broken_pointers(Prose(f"05_x.ipynb cell {cid}", cell["source"][0], "05"))
+
+    # §3 is no section of 05; notebook 04's section 9 is one of 04.
+    first = problems("m0")
+    assert len(first) == 1 and "cites section(s) 3 of notebook 05" in first[0]
+    # The cell below m1 is markdown: "the cell below" says code.
+    below = problems("m1")
+    assert len(below) == 1
+    said = (
+        "'The cell below' points at the next cell, which is a markdown cell, not code"
+    )
+    assert said in below[0]
+    # m2's next cell is code but draws nothing; its previous cell is markdown.
+    around = problems("m2")
+    assert any("'The next cell' draws, but cell c2 draws nothing" in p for p in around)
+    assert any("'The cell before' points at the previous cell" in p for p in around)
+    assert len(around) == 2
+
+
+def test_a_notebooks_link_to_a_docs_heading_must_exist(tmp_path, monkeypatch):
+    import prose_figures
+
+    folder = _jobs_notebook(tmp_path, [_cell("c", "code", "1")])
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "glossary.md").write_text("# Glossary\n\n## Rank\n\nA rank.\n")
+    monkeypatch.setattr(prose_figures, "NOTEBOOKS", folder)
+    text = "A [rank](../docs/glossary.md#rank), a [node](../docs/glossary.md#node)."
+    problems = broken_pointers(Prose("05_x.ipynb cell m", text, "05"))
+    assert len(problems) == 1 and "glossary.md#node" in problems[0]
+    assert "has no heading with that anchor" in problems[0]

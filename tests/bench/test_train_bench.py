@@ -66,6 +66,20 @@ def test_compile_with_bare_is_refused_in_one_line():
     ]
 
 
+def test_compile_without_a_compiler_for_the_cpu_stops_in_one_line():
+    run = run_module(
+        "workshop.bench", "train", "--compile", CXX="/nonexistent/g++", **NO_GPU
+    )
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines() == [
+        "python -m workshop.bench train: error: --compile: inductor cannot compile "
+        "for the CPU here: CXX=/nonexistent/g++ is not a program here; module load "
+        "gcc (on a cluster) or apt-get install g++, or set CXX to a C++ compiler that "
+        "works; meanwhile compile='aot_eager' traces without generating code"
+    ]
+    assert "eager, workshop" not in run.stdout  # no loop ran
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(visible_gpu_count() == 0, reason="needs a CUDA GPU; none here")
 def test_compiled_benchmark_on_resnet50_bf16_channels_last():

@@ -2,7 +2,7 @@
 
 Each public figure function is called as the notebooks call it, with representative
 input (the package's own functions where that is cheap, else small plain data), and
-``projector_fit`` renders it as JupyterLab's inline backend would: at most 1100 x 456
+``projector_fit`` renders it as JupyterLab's inline backend would: at most 1085 x 456
 px, labels at least 12 px on screen. A new public figure function fails
 ``test_every_public_figure_function_is_checked`` until it has a case here.
 """

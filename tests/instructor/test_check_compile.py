@@ -7,6 +7,7 @@ compiled before can stand in for the compiler."""
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -52,6 +53,32 @@ def test_a_missing_cxx_compiler_is_named_with_the_fix(tmp_path, monkeypatch):
     assert "InvalidCxxCompiler" in step.figures["error"]
 
 
+def test_a_compiler_that_cannot_compile_is_named_with_its_error(tmp_path, monkeypatch):
+    # g++ runs (--version answers) but cannot compile: its back end is missing.
+    if visible_gpu_count():
+        pytest.skip("on a GPU inductor writes Triton kernels, not C++")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gxx = bin_dir / "g++"
+    gxx.write_text(
+        '#!/bin/sh\ncase "$1" in --version|-v) echo "g++ (broken) 12"; exit 0;; esac\n'
+        "echo \"g++: fatal error: cannot execute 'cc1plus': execvp: No such file or "
+        'directory" >&2\nexit 1\n'
+    )
+    gxx.chmod(0o755)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # inductor's caches: none yet
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    step = step_compile(_context(tmp_path))
+    assert step.status == FAILED
+    assert step.summary == (
+        "g++ cannot compile for inductor: cannot execute 'cc1plus': execvp: No such "
+        "file or directory"
+    )
+    assert step.fix.endswith("or set CXX to a C++ compiler that works")
+
+
 @pytest.mark.parametrize(
     ("error", "missing"),
     [
@@ -66,6 +93,13 @@ def test_a_missing_cxx_compiler_is_named_with_the_fix(tmp_path, monkeypatch):
         (
             "RuntimeError: Failed to find C compiler. Please specify via CC",
             "no C compiler for Triton's launcher (cc, gcc)",
+        ),
+        (
+            "InductorError: CppCompileError: C++ compile error\n\nCommand:\ng++ "
+            "x.cpp -O3\n\nOutput:\ng++: fatal error: cannot execute 'cc1plus': "
+            "execvp: No such file or directory\ncompilation terminated.",
+            "g++ cannot compile for inductor: cannot execute 'cc1plus': execvp: No "
+            "such file or directory",
         ),
         ("ValueError: something else\nmore", "torch.compile failed: ValueError: "),
     ],

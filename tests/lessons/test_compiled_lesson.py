@@ -19,7 +19,8 @@ def test_the_h100_figures_break_even_after_about_two_thousand_steps():
     assert round(h100.steps) == 1990
     assert h100.summary() == (
         "H100, ResNet-50: eager 64.2 ms a step, compiled 45.6 ms\n"
-        "  the warm-up of 37.0 s pays off after 1,990 steps, 128 s of eager training"
+        "  the warm-up of 37.0 s pays off after 1,990 steps, 128 s of eager training\n"
+        "  compiled is 1.41x as fast as eager here"
     )
 
 
@@ -28,6 +29,7 @@ def test_a_compiled_step_that_is_not_faster_never_pays_off():
     assert slower.steps is None
     assert "compiled is not faster here" in slower.summary()
     assert "never pays off; train eager" in slower.summary()
+    assert slower.summary().endswith("compiled is 0.97x as fast as eager here")
     assert break_even(5.0, 0.030, 0.030, "here").steps is None
 
 

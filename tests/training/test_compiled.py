@@ -127,6 +127,9 @@ def _no_compiler() -> str | None:
 @pytest.mark.skipif(_no_compiler() is not None, reason=str(_no_compiler()))
 @in_process
 def test_inductor_compiles_the_loop_on_this_machine():
+    # Where g++ is there but cannot compile, this fails with why, in one line: the
+    # workshop says a node with gcc compiles, and the offline node's stand-in
+    # (make test-site) must too.
     # A small model, so that generating its kernels takes seconds, not minutes.
     torch.manual_seed(0)
     model = _mlp(32)
@@ -135,16 +138,3 @@ def test_inductor_compiles_the_loop_on_this_machine():
     )
     assert history.compiled_steps == [1] and history.graphs == 1
     assert history.steps == 3
-
-
-def test_without_a_cpp_compiler_compile_true_says_what_to_install(monkeypatch):
-    monkeypatch.setenv("CXX", "no-such-cxx")
-    with pytest.raises(RuntimeError, match=r"compile=True: inductor cannot compile for "
-                       r"the CPU here: CXX=no-such-cxx is not a program on the PATH; "
-                       r"module load gcc"):  # fmt: skip
-        workshop.train(workshop.SmallCNN(), _loader(), compile=True, device="cpu")
-    monkeypatch.delenv("CXX")
-    monkeypatch.setenv("PATH", "/nowhere")
-    from workshop.training.compiled import missing_compiler
-
-    assert "g++ is not on the PATH" in missing_compiler()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -339,6 +340,27 @@ def compiled_main(args: argparse.Namespace, setup: _Setup) -> int:
     """``--compile``: the workshop's loop eager, the workshop's loop compiled, and a
     bare compiled loop, one after the other on copies of one model; each warm-up
     apart from its steady state, and the workshop/bare ratio."""
+
+    from ..training.compiled import inductor_unavailable, no_triton_pool
+
+    # On a CPU inductor builds C++: a compiler that cannot is said in one line
+    # before any loop runs, not as CppCompileError's pages after the eager one.
+    why = None if setup.gpu else inductor_unavailable()
+    if why:
+        print(
+            f"python -m workshop.bench train: error: --compile: {why}", file=sys.stderr
+        )
+        return 1
+    if not setup.gpu:
+        # Both compiled loops alike: no pool of Triton compile workers (none of use
+        # on a CPU) starting while they are timed (no_triton_pool says why).
+        with no_triton_pool():
+            return _compiled_loops(args, setup)
+    return _compiled_loops(args, setup)
+
+
+def _compiled_loops(args: argparse.Namespace, setup: _Setup) -> int:
+    """The three loops of :func:`compiled_main`, their table and JSON."""
     import torch
 
     from ..training.compiled import compile_model

@@ -6,14 +6,18 @@ with inductor on the device a class will use and times its first call (tracing a
 code generation) against its second. Inductor writes C++ on a CPU, so it needs a
 C++ compiler (``$CXX``, else ``g++`` on the PATH); on a GPU it writes Triton kernels,
 which Triton builds with a C compiler and the CUDA toolchain's ``ptxas``. A missing
-one is the common failure on a fresh node, and inductor's own error is long: this
-module turns it into one line naming the program and what to do.
+one is the common failure on a fresh node, or one that runs but cannot compile (a
+g++ without its back end, cc1plus), and inductor's own error is long: this module
+turns it into one line naming the program, its own first error, and what to do.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+
+from ..training.compiled import compiler_error_line
 
 __all__ = ["explain_compile_error", "probe_compile"]
 
@@ -40,6 +44,11 @@ def explain_compile_error(error: str, cxx: str | None = None) -> tuple[str, str]
         where = f"CXX={cxx} does not run" if cxx else "g++ is not on the PATH"
         fix = f"{_MODULE_HINT}, or set CXX to a C++ compiler that runs"
         return f"no C++ compiler for inductor: {where}", fix
+    if "cppcompileerror" in text or "c++ compile error" in text:
+        program = os.path.basename(cxx.split()[0]) if cxx and cxx.split() else "g++"
+        said = compiler_error_line(error) or "it failed with no error line"
+        fix = f"{_MODULE_HINT}, or set CXX to a C++ compiler that works"
+        return f"{program} cannot compile for inductor: {said}", fix
     if "ptxas" in text:
         return (
             "Triton could not run ptxas, the CUDA toolchain's assembler",
@@ -68,15 +77,15 @@ def probe_compile() -> dict[str, Any]:
         "second_seconds", "ok": True}; or {"ok": False, "error": its type and
         first line, "missing", "fix"} from :func:`explain_compile_error`.
     """
-    import os
-
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
     ).to(device)
-    x = torch.randn(8, 16, device=device)
+    # A batch of its own: the kernels' code holds it, so no cache on disk has them
+    # and the warm-up timed is tracing, code generation and the compiler's work.
+    x = torch.randn(8 + int.from_bytes(os.urandom(2), "little"), 16, device=device)
     compiled = torch.compile(model, backend="inductor")
     times = []
     try:

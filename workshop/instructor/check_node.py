@@ -17,7 +17,8 @@ SKIPPED with the reason:
    and the bus bandwidth of a 256 MiB all-reduce.
 5. ``compile``: ``torch.compile`` of a tiny model with inductor, in a fresh process:
    whether it works, its warm-up (the first call against the second), or the
-   missing compiler named (``check_compile.py``).
+   compiler that is missing or cannot compile named, with its own first error
+   (``check_compile.py``).
 6. ``train``: ResNet-50 samples/s (bf16, channels_last) with the workshop's
    ``train_step`` and with a plain PyTorch loop (``python -m workshop.bench train
    [--bare]``).

@@ -282,7 +282,8 @@ def step_nccl(ctx: Context) -> CheckStep:
 
 def step_compile(ctx: Context) -> CheckStep:
     """torch.compile of a tiny model with inductor in a fresh process: whether it
-    works here, its warm-up, or the missing compiler named (``check_compile.py``)."""
+    works here, its warm-up, or the compiler that is missing or cannot compile
+    named (``check_compile.py``)."""
     answer = _probe(ctx.timeout, "compile")
     if "error" in answer and "ok" not in answer:  # the probe itself died
         ctx.say(f"FAILED: {answer['error']}\n{answer['log']}")

@@ -547,7 +547,9 @@ def _venv_arg(text: str) -> Path:
         why = "it is a file, not a folder"
     elif not above.is_dir():
         why = f"{above} is a file, not a folder"
-    elif not os.access(above, os.W_OK | os.X_OK):
+    elif above != path and not os.access(above, os.W_OK | os.X_OK):
+        # Only where it is to be made: an existing folder is refused later with the
+        # reason that holds (it exists already, or it is this Python's own venv).
         why = f"the folder {above} cannot be written by you"
     else:
         return Path(text)

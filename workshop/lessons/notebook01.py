@@ -165,9 +165,9 @@ QUESTIONS = (
             "those of the whole batch.",
         ),
         (
-            "Exactly that of one batch of 64 (BatchNorm in training mode aside)",
-            "The sum of the micro-batches' gradients is the whole batch's; only "
-            "BatchNorm's per-batch statistics differ.",
+            "That of one batch of 64, up to float32 rounding (BatchNorm aside)",
+            "The sum of the micro-batches' gradients is the whole batch's, added in "
+            "another order; only BatchNorm's per-batch statistics differ.",
         ),
         (
             "Four gradients, one per optimizer step",
@@ -185,7 +185,8 @@ QUESTIONS = (
         ),
         (
             "Changes the loss curve: training ends at a worse accuracy",
-            "In section 5 the loss followed the same path in both precisions.",
+            "bfloat16 keeps float32's range: section 5's cell compares the two runs' "
+            "losses epoch by epoch.",
         ),
         (
             "Makes every step faster, on any processor, GPU or CPU",

@@ -254,7 +254,7 @@ ADMIN_COMMANDS = [
         "nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv",
         "per GPU: utilisation %, memory in use",
     ),
-    ("iostat -x 1 2", "per disk: reads/s, MB/s read, wait (ms), % busy"),
+    ("iostat -x 1 2", "per disk: reads/s, kB/s read, wait (ms), % busy"),
     ("sar -n DEV 1 1", "per network interface: packets/s and kB/s in and out"),
     ("vmstat 1 2", "runnable processes, memory, swap, blocks in/out, CPU split"),
     ("top -b -n 1 -w 88", "the processes using the most CPU, and the load"),

@@ -298,7 +298,7 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     Args:
         backend: "auto", "gloo", "nccl" or "mpi".
         timeout: seconds a collective may wait for the other ranks before failing
-            (gloo raises on the waiting rank; NCCL's watchdog aborts the group).
+            (gloo raises on the waiting rank; NCCL's watchdog ends the process).
 
     Yields:
         This rank's :class:`~workshop.env.RankInfo`.

@@ -17,13 +17,23 @@ steady state.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shlex
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
 
-__all__ = ["check_compile", "compile_model", "graphs_compiled", "missing_compiler"]
+__all__ = [
+    "check_compile",
+    "compile_model",
+    "compiler_error_line",
+    "graphs_compiled",
+    "inductor_unavailable",
+]
 
 
 def _backends() -> list[str]:
@@ -60,22 +70,173 @@ def check_compile(value: Any) -> str | None:
     return value
 
 
-def missing_compiler() -> str | None:
-    """Why inductor cannot compile for a CPU here, or None: it writes C++ and builds
-    it with ``$CXX``, else ``g++`` (torch._inductor.config.cpp.cxx), which must be on
-    the PATH. (A GPU's kernels need Triton's toolchain instead: the node check,
-    ``python -m workshop check``, tries it.)"""
-    compiler = os.environ.get("CXX") or "g++"
-    if shutil.which(compiler):
-        return None
-    if os.environ.get("CXX"):
-        where = f"CXX={compiler} is not a program on the PATH"
-    else:
-        where = "g++ is not on the PATH"
-    return (
-        f"inductor cannot compile for the CPU here: {where}; module load gcc (on a "
-        "cluster) or apt-get install g++, or set CXX to a C++ compiler"
+def _configured_compiler() -> str:
+    """The C++ compiler inductor builds with in this process: the last entry of
+    torch._inductor.config.cpp.cxx, which inductor reads from ``$CXX`` (else
+    ``g++``) when it is first imported, not at each compile."""
+    try:
+        from torch._inductor import config
+
+        choices = config.cpp.cxx
+        if isinstance(choices, str):
+            choices = (choices,)
+        named = [c for c in choices if c]
+        if named:
+            return str(named[-1])
+    except (ImportError, AttributeError):  # a torch without inductor's config
+        pass
+    return os.environ.get("CXX") or "g++"
+
+
+def compiler_error_line(output: str) -> str | None:
+    """The compiler's own first error in its ``output`` (or the linker's), without
+    the program's name and "fatal error:" ahead of it; None when none is there.
+
+    Example:
+        >>> compiler_error_line("g++: fatal error: cannot execute 'cc1plus': execvp")
+        "cannot execute 'cc1plus': execvp"
+    """
+    for line in output.splitlines():
+        # gcc quotes with U+2018/U+2019 in a UTF-8 locale, with ' in C.
+        line = line.strip().replace("\u2018", "'").replace("\u2019", "'")
+        # The linker names what it missed before collect2 says it failed.
+        match = re.search(r"\b(?:fatal error|error|ld(?:\.\w+)?):\s*(.+)", line)
+        if match:
+            return match.group(1)[:200]
+    return None
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it wraps: inductor's come inside Dynamo's
+    (BackendCompilerFailed, InductorError), by cause or ``inner_exception``."""
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in found:
+        found.append(current)
+        inner = getattr(current, "inner_exception", None)
+        current = inner or current.__cause__ or current.__context__
+    return found
+
+
+def _why_probe_failed(error: BaseException, compiler: str) -> str:
+    """One line naming why inductor's probe failed, from the compiler's words."""
+    name = os.path.basename(shlex.split(compiler)[0]) if compiler.strip() else "g++"
+    for inner in _chain(error):
+        kind = type(inner).__name__
+        if kind == "CppCompileError":
+            said = compiler_error_line(str(getattr(inner, "output", "") or inner))
+            return f"{name} cannot compile: {said or 'it failed with no error line'}"
+        if kind == "InvalidCxxCompiler":
+            return f"{name} does not run ({compiler} --version failed)"
+    first = (str(error).strip().splitlines() or ["no message"])[0]
+    return f"a tiny function failed to compile: {type(error).__name__}: {first[:200]}"
+
+
+_FIX = (
+    "module load gcc (on a cluster) or apt-get install g++, or set CXX to a C++ "
+    "compiler that works; meanwhile compile='aot_eager' traces without generating code"
+)
+# inductor_unavailable's answers in this process, by compiler and where it is.
+_ANSWERS: dict[tuple[str, str | None], str | None] = {}
+
+
+def inductor_unavailable() -> str | None:
+    """Why inductor cannot compile for a CPU in this process, in one line with what
+    to do; None when it can.
+
+    Inductor writes C++ for a CPU and builds it with ``$CXX``, else ``g++``. A
+    compiler's name on the PATH is not enough (a node's g++ can lack its back end,
+    cc1plus), so this compiles a tiny function with inductor once, here, and keeps
+    the answer for the process (a notebook's kernel). The first step is quick: no
+    compiler on the PATH is said without compiling. The probe's cost is mostly the
+    warm-up the next compile would pay anyway (inductor's imports, its check of the
+    CPU's vector units, its precompiled header): on the 2-core machine, about 4 s in
+    a fresh process with inductor's caches warm, about 20 s cold. It runs in this
+    process, so that it tests the compiler this process's inductor
+    will use, and it has no time limit for the same reason: a compile that hangs
+    here would hang the real one too. (A GPU's kernels need Triton's toolchain
+    instead: the node check, ``python -m workshop check-node``, tries it.)
+
+    Example:
+        >>> print(inductor_unavailable())  # doctest: +SKIP
+        inductor cannot compile for the CPU here: g++ cannot compile: cannot
+        execute 'cc1plus': execvp: No such file or directory; module load gcc ...
+    """
+    compiler = _configured_compiler()
+    words = shlex.split(compiler) if compiler.strip() else []
+    found = shutil.which(words[0]) if words else None
+    key = (compiler, found)
+    if key not in _ANSWERS:
+        if found is None:
+            named = f"CXX={compiler}" if os.environ.get("CXX") else compiler
+            where = "here" if os.sep in words[0] else "on the PATH" if words else ""
+            why = f"{named} is not a program {where}".rstrip()
+        else:
+            why = _probe_inductor(compiler)
+        _ANSWERS[key] = (
+            None
+            if why is None
+            else f"inductor cannot compile for the CPU here: {why}; {_FIX}"
+        )
+    return _ANSWERS[key]
+
+
+def _probe_inductor(compiler: str) -> str | None:
+    """Compile ``x * 2 + 1`` with inductor on the CPU: None, or why it failed."""
+    import torch
+    import torch._dynamo
+
+    # A length of its own: the kernel's C++ holds it, so no cache on disk has this
+    # kernel built and the compiler must run (a cached one would prove nothing).
+    length = 1024 + int.from_bytes(os.urandom(3), "little")
+
+    def tiny(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    # Code of its own too: Dynamo keeps compiled code per code object, and after a
+    # few shapes of one it would run it eagerly, silently (its cache limit). With
+    # suppress_errors, a failed compile would run eagerly as well: not here.
+    tiny.__code__ = tiny.__code__.replace(co_name=f"inductor_probe_{length}")
+    compiled = torch.compile(tiny, backend="inductor", dynamic=False)
+    # One compile thread, and no pool of compile workers (no_triton_pool says why).
+    from torch._inductor import config
+
+    patches = (
+        torch.no_grad(),
+        torch._dynamo.config.patch(suppress_errors=False),
+        config.patch(compile_threads=1),
     )
+    try:
+        with patches[0], patches[1], patches[2]:
+            out = compiled(torch.ones(length))
+    except Exception as error:  # inductor's errors come wrapped: read their chain
+        return _why_probe_failed(error, compiler)
+    if out.shape != (length,) or float(out[0]) != 3.0:
+        return f"a tiny function compiled to wrong results ({float(out[0])}, not 3.0)"
+    return None
+
+
+@contextlib.contextmanager
+def no_triton_pool() -> Iterator[None]:
+    """Inductor compiling for a CPU starts no pool of compile workers.
+
+    Each inductor compile starts ("warms") a pool of worker processes for Triton's
+    kernels, which a CPU's C++ kernels never use (they build in threads). On a
+    2-core machine the pool's processes, still starting while the first steps after
+    a quick compile (inductor's caches warm) ran, took the CPU from them: the
+    compiled steady state measured a fraction of eager's. With torch 2.11 the
+    process could then hang at exit, waiting for them. ``TORCH_WARM_POOL=0``, read
+    by torch when it compiles, leaves the pool unstarted.
+    """
+    before = os.environ.get("TORCH_WARM_POOL")
+    os.environ["TORCH_WARM_POOL"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TORCH_WARM_POOL", None)
+        else:
+            os.environ["TORCH_WARM_POOL"] = before
 
 
 # Graphs handed to a backend in this process: the count the loop reads per step.
@@ -103,7 +264,14 @@ def compile_model(model: nn.Module, backend: str | None) -> nn.Module:
 
     def counted(graph: Any, example_inputs: Any) -> Any:
         _GRAPHS[0] += 1
-        return compiler(graph, example_inputs)
+        on_gpu = any(
+            isinstance(t, torch.Tensor) and t.device.type != "cpu"
+            for t in example_inputs
+        )
+        if backend != "inductor" or on_gpu:
+            return compiler(graph, example_inputs)
+        with no_triton_pool():
+            return compiler(graph, example_inputs)
 
     torch._dynamo.reset()
     return torch.compile(model, backend=counted)

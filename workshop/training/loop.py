@@ -26,7 +26,7 @@ from .compiled import (
     check_compile,
     compile_model,
     graphs_compiled,
-    missing_compiler,
+    inductor_unavailable,
 )
 from .progress import History, Progress
 from .steps import (
@@ -201,6 +201,9 @@ def train(
             message says what to pass.
         TypeError: a model, loader or switch of the wrong kind (None for a loader,
             "no" for False).
+        RuntimeError: ``compile=True`` on a CPU where inductor cannot compile
+            (:func:`~workshop.training.compiled.inductor_unavailable` says why, in
+            one line, and what to do).
 
     Example:
         >>> torch.manual_seed(0)                                    # doctest: +SKIP
@@ -223,8 +226,12 @@ def train(
         raise TypeError(f"progress must be True, False or a Progress, got {progress!r}")
     backend = check_compile(compile)
     device = resolve_device(device)
-    if backend == "inductor" and device.type == "cpu" and missing_compiler():
-        raise RuntimeError(f"compile=True: {missing_compiler()}")
+    if backend == "inductor" and device.type == "cpu":
+        # Found before the model moves or trains: inductor's own error comes at the
+        # first step, pages long (CppCompileError, the whole compiler command).
+        why = inductor_unavailable()
+        if why:
+            raise RuntimeError(f"compile={compile!r}: {why}")
     check_amp(amp, device)
     check_bf16_gpu(amp, device)
     if seed is not None:

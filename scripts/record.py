@@ -32,6 +32,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -235,6 +236,11 @@ def cpu_used(before: dict[int, Proc], after: dict[int, Proc]) -> dict[int, int]:
     for a whole chain that ended (a shell, its pytest, the pytest's workers): what
     was seen of each is taken off at the nearest process still running above it.
     A process that started in between counts all its time (all of it is new).
+
+    Init (pid 1) adopts every orphan and reaps it: the notebook's own (a Slurm job's
+    tasks, an mpirun's daemons) end there too, most too short-lived for a sample to
+    have seen them, and whose orphan it was cannot be told any more. So init counts
+    only its own time, not its children's.
     """
     gone = {
         pid: old
@@ -252,6 +258,8 @@ def cpu_used(before: dict[int, Proc], after: dict[int, Proc]) -> dict[int, int]:
         old = before.get(pid)
         if old is None or old.start != new.start:
             used[pid] = new.own + new.children
+        elif pid == 1:
+            used[pid] = new.own - old.own
         else:
             reaped = new.children - old.children - seen.get(pid, 0)
             used[pid] = new.own - old.own + max(0, reaped)
@@ -675,12 +683,20 @@ def describe_machine(env: dict[str, str]) -> dict:
     }
 
 
-def kernel_env(marker: str) -> dict[str, str]:
+def kernel_env(marker: str, inductor_cache: str | None = None) -> dict[str, str]:
     """The kernel's environment: this one, make test's OMP_WAIT_POLICY (the
     Makefile's WAIT_POLICY: OpenMP's idle threads sleep rather than spin, which
-    changes no result; one already set is kept), and the marker."""
+    changes no result; one already set is kept), and the marker.
+
+    ``inductor_cache``: an empty folder for torch.compile's cache on disk, unless
+    TORCHINDUCTOR_CACHE_DIR is set already. Inductor's cache is kept across
+    processes, so without it notebook 01's compile lesson would record the warm-up
+    of whatever compiled on this machine before (a second or less) instead of the
+    first run's that a learner's new machine pays (tens of seconds)."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if inductor_cache is not None:
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache)
     env[MARKER] = marker
     return env
 
@@ -795,7 +811,8 @@ def record_notebook(
             "--busy-ok (make record RECORD_ARGS=--busy-ok), which marks it busy"
         )
     marker = uuid.uuid4().hex
-    env = kernel_env(marker)
+    cache = tempfile.TemporaryDirectory(prefix="record-inductor-")
+    env = kernel_env(marker, cache.name)
     described = machine(env)
     seconds: dict[str, float] = {}
     started: dict[int, float] = {}
@@ -826,7 +843,8 @@ def record_notebook(
         try:
             # The kernel's own log (its start-up notices) is not the notebook's:
             # nbval drops it too. What a cell writes to stderr comes as output.
-            client.execute(cwd=str(NOTEBOOKS), env=env, stderr=subprocess.DEVNULL)
+            with cache:
+                client.execute(cwd=str(NOTEBOOKS), env=env, stderr=subprocess.DEVNULL)
         except (CellExecutionError, CellTimeoutError, DeadKernelError) as error:
             failed = max(started, default=0)
             cell = nb.cells[failed] if failed < len(nb.cells) else {}
@@ -859,6 +877,11 @@ def record_notebook(
         "busy_reasons": quiet.reasons + during.reasons,
         "machine": described,
         "environment": {k: env[k] for k in ENV_RECORDED if k in env},
+        "inductor_cache": (
+            "empty at the start"
+            if env["TORCHINDUCTOR_CACHE_DIR"] == cache.name
+            else f"TORCHINDUCTOR_CACHE_DIR={env['TORCHINDUCTOR_CACHE_DIR']}, as set"
+        ),
         "before": {k: v for k, v in asdict(quiet).items() if k != "reasons"},
         "during": {k: v for k, v in asdict(during).items() if k != "reasons"},
         "seconds": round(sum(seconds.values()), 1),

@@ -554,6 +554,7 @@ RUN_TIME = "the time the command printed when its run ended; the file keeps none
 NOT_FROM_OUTPUTS = {
     ("launching.md", "0.02"): "launch's bounded-output test (tests/ranks), not a cell",
     ("notebooks.md", "1,024"): "the world size 04 §8 plans for, not a result",
+    ("cluster.md", "2.4"): VERSION_NAMED + " (gloo in torch 2.4)",
     # notebook 01
     ("01", "1,797"): CONSTANT + ": scikit-learn's digits, 1,437 train + 360 test",
     ("01", "23.5"): DERIVED
@@ -578,6 +579,8 @@ NOT_FROM_OUTPUTS = {
     ("03", "1.25"): ASSUMED + ": the beta the reader is asked to try",
     ("03", "140"): DERIVED + ": ring_time at beta 1.25 GB/s, 8 GPUs or more: 143 ms",
     ("03", "1,437"): CONSTANT + ": the digits' training set (01 prints it)",
+    ("03", "5.8"): OUTSIDE + ": VGG-16's 138 million parameters over Inception V3's "
+    "24 million, from Horovod's benchmark page",
     # notebook 04
     ("04", "9"): DERIVED + ": NVLink's 450 GB/s over the NIC's 50, both printed by "
     "the cell",

@@ -421,6 +421,10 @@ def test_cpu_used_counts_reaped_children_once():
         30: _proc(30, 1, 4, children=2),
     }
     assert record.cpu_used(before, after) == {1: 0, 10: 20, 20: 7, 30: 6}
+    # Init reaped an orphan never seen (a job's task that lived between two samples):
+    # whose it was cannot be told, so only init's own time counts.
+    after[1] = _proc(1, 0, 3, children=500)
+    assert record.cpu_used(before, after)[1] == 3
 
 
 def _spin(seconds: float, env: dict[str, str], orphan: bool) -> int:
@@ -567,3 +571,15 @@ def test_a_timeout_that_is_not_above_zero_is_refused():
     )
     assert done.returncode == 2
     assert "argument --timeout: 0 is not a number of seconds above 0" in done.stderr
+
+
+def test_the_kernel_compiles_into_an_empty_inductor_cache(monkeypatch):
+    # Inductor's cache outlives processes: a recording must not show the warm-up of
+    # whatever compiled on the machine before it. One the caller set is kept.
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    env = record.kernel_env("m", "/tmp/empty")
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/empty"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/mine")
+    assert record.kernel_env("m", "/tmp/empty")["TORCHINDUCTOR_CACHE_DIR"] == (
+        "/scratch/mine"
+    )

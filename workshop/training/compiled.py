@@ -18,6 +18,7 @@ steady state.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shlex
@@ -181,10 +182,27 @@ def inductor_unavailable() -> str | None:
     return _ANSWERS[key]
 
 
+def _quiet_cuda_home_guess() -> None:
+    """Import ``torch.utils.cpp_extension`` (inductor does, at its first compile)
+    without its warning "No CUDA runtime is found, using CUDA_HOME=...": on a
+    machine with no GPU but a CUDA toolkit on the PATH it guesses CUDA's home at
+    import and says so on stderr, which concerns GPU builds only, not a CPU's C++,
+    and would print into the lesson's cell on some machines and not others."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        log.setLevel(level)
+
+
 def _probe_inductor(compiler: str) -> str | None:
     """Compile ``x * 2 + 1`` with inductor on the CPU: None, or why it failed."""
     import torch
     import torch._dynamo
+
+    _quiet_cuda_home_guess()
 
     # A length of its own: the kernel's C++ holds it, so no cache on disk has this
     # kernel built and the compiler must run (a cached one would prove nothing).
@@ -261,6 +279,7 @@ def compile_model(model: nn.Module, backend: str | None) -> nn.Module:
     import torch._dynamo
 
     compiler = torch._dynamo.lookup_backend(backend)
+    _quiet_cuda_home_guess()
 
     def counted(graph: Any, example_inputs: Any) -> Any:
         _GRAPHS[0] += 1

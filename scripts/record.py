@@ -760,6 +760,15 @@ def _say_cell(out, index, cell, seconds, count) -> None:
         f"{first[:44]}{slow}")  # fmt: skip
 
 
+def _busy(what: str, reasons: list[str]) -> RecordError:
+    """The refusal of a busy machine: what was not done, why, and the way out."""
+    return RecordError(
+        f"record: {what} ({'; '.join(reasons)}); run again when it is quiet, or "
+        "write it all the same with --busy-ok (make record RECORD_ARGS=--busy-ok), "
+        "which marks it busy"
+    )
+
+
 def record_notebook(
     path: Path,
     *,
@@ -804,12 +813,7 @@ def record_notebook(
     quiet = check()
     out(quiet.line())
     if quiet.busy and not busy_ok:
-        raise RecordError(
-            f"record: {name} not recorded: the machine is busy ("
-            + "; ".join(quiet.reasons)
-            + "); run again when it is quiet, or record it all the same with "
-            "--busy-ok (make record RECORD_ARGS=--busy-ok), which marks it busy"
-        )
+        raise _busy(f"{name} not recorded: the machine is busy", quiet.reasons)
     marker = uuid.uuid4().hex
     cache = tempfile.TemporaryDirectory(prefix="record-inductor-")
     env = kernel_env(marker, cache.name)
@@ -860,11 +864,8 @@ def record_notebook(
     out(during.line())
     busy = quiet.busy or during.busy
     if during.busy and not busy_ok:
-        raise RecordError(
-            f"record: {name} not written: the machine was busy while it ran ("
-            + "; ".join(during.reasons)
-            + "); run again when it is quiet, or write it all the same with "
-            "--busy-ok (make record RECORD_ARGS=--busy-ok), which marks it busy"
+        raise _busy(
+            f"{name} not written: the machine was busy while it ran", during.reasons
         )
     if path.read_text(encoding="utf-8") != text:
         raise RecordError(

@@ -543,16 +543,21 @@ def test_notebooks_are_found_by_number_name_or_path(tmp_path):
     assert record.resolve_notebooks([]) == NOTEBOOKS
 
 
-@pytest.mark.parametrize("name", ["07", "single", "missing.ipynb"])
-def test_an_unknown_notebook_is_refused_in_one_line(name):
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "record.py"), name],
+def _recorder(*args: str) -> subprocess.CompletedProcess:
+    """scripts/record.py run as make record runs it, with ``args``."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "record.py"), *args],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize("name", ["07", "single", "missing.ipynb"])
+def test_an_unknown_notebook_is_refused_in_one_line(name):
+    done = _recorder(name)
     assert done.returncode == 2
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
@@ -561,14 +566,7 @@ def test_an_unknown_notebook_is_refused_in_one_line(name):
 
 
 def test_a_timeout_that_is_not_above_zero_is_refused():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "record.py"), "--timeout", "0", "01"],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _recorder("--timeout", "0", "01")
     assert done.returncode == 2
     assert "argument --timeout: 0 is not a number of seconds above 0" in done.stderr
 

@@ -216,16 +216,16 @@ def _probe_inductor(compiler: str) -> str | None:
     # suppress_errors, a failed compile would run eagerly as well: not here.
     tiny.__code__ = tiny.__code__.replace(co_name=f"inductor_probe_{length}")
     compiled = torch.compile(tiny, backend="inductor", dynamic=False)
-    # One compile thread, and no pool of compile workers (no_triton_pool says why).
+    # One compile thread: inductor then starts no pool of compile workers for a
+    # kernel this small (no_triton_pool says why a pool costs on 2 cores).
     from torch._inductor import config
 
-    patches = (
-        torch.no_grad(),
-        torch._dynamo.config.patch(suppress_errors=False),
-        config.patch(compile_threads=1),
-    )
     try:
-        with patches[0], patches[1], patches[2]:
+        with (
+            torch.no_grad(),
+            torch._dynamo.config.patch(suppress_errors=False),
+            config.patch(compile_threads=1),
+        ):
             out = compiled(torch.ones(length))
     except Exception as error:  # inductor's errors come wrapped: read their chain
         return _why_probe_failed(error, compiler)

@@ -3,10 +3,16 @@ holds and how long its step takes, each term a formula with its source.
 
 - The question: ModelShape, model_shape, MODELS, Layout, GPUS, NETWORKS,
   build_transformer (the very module the formulas count).
+- The formula sheet: stage_record, every operation one GPU of a stage runs, each at
+  its own shape; memory and time both read it.
 - The answer: estimate (memory and step time per GPU), best_layouts (every layout of
   N GPUs that fits, ranked), zero_bytes (ZeRO's table); plan and explore show them.
 - Checked against the world: PUBLISHED_RUNS, against_published, published_table and
-  plot_against_published set ten published training runs beside the estimate.
+  plot_against_published set fourteen published training runs beside the
+  estimate; step_breakdown splits one run's step into its parts.
+- The machine at hand: calibrate (``python -m workshop.planner calibrate``) measures
+  it as a Calibration (load_calibration reads one back), and
+  job_time_against_estimate sets a job's measured step beside the estimate.
 - Run for real: write_job writes a torchrun batch script and the plan its ranks
   build with PyTorch's own pieces; job_figures and job_against_estimate read what
   the ranks measured and set it beside the estimate.
@@ -26,12 +32,17 @@ _NAMES = {
     "against_published": "published_runs",
     "best_layouts": "estimator",
     "build_transformer": "transformer",
+    "calibrate": "calibrating",
+    "Calibration": "calibration",
+    "job_time_against_estimate": "job_time",
+    "load_calibration": "calibration",
+    "stage_record": "operations",
     "compare": "fake_compare",
     "estimate": "estimator",
     "explore": "report",
     "fake_features": "fake_world",
     "fake_run": "fake_world",
-    "GPUS": "layout",
+    "GPUS": "hardware",
     "job_against_estimate": "job",
     "job_figures": "job",
     "Layout": "layout",
@@ -40,10 +51,11 @@ _NAMES = {
     "model_shape": "layout",
     "MODELS": "layout",
     "ModelShape": "layout",
-    "NETWORKS": "layout",
+    "NETWORKS": "hardware",
     "plan": "report",
     "plot_against_published": "published_runs",
     "PUBLISHED_RUNS": "published_runs",
+    "step_breakdown": "published_runs",
     "published_table": "published_runs",
     "write_job": "job",
     "zero_bytes": "memory",

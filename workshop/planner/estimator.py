@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .layout import (
     GPU,
@@ -32,6 +32,7 @@ from .layout import (
     network_record,
 )
 from .memory import memory_terms
+from .operations import OPTIMIZER_BYTES, StageRecord, stage_record
 from .step_time import time_terms
 
 __all__ = [
@@ -71,6 +72,11 @@ class Estimate:
     collectives: dict[str, tuple[int, float]]
     formulas: dict[str, str]
     step: float
+    #: The step split into what adds up to it: "matrix products", "memory-bound",
+    #: "optimizer", "exposed comm" and "bubble" (seconds).
+    parts: dict[str, float] = field(default_factory=dict)
+    #: The formula sheet of the reported stage (operations.StageRecord).
+    record: StageRecord | None = field(default=None, compare=False, repr=False)
 
     @property
     def memory_total(self) -> float:
@@ -149,11 +155,14 @@ FORMULAS: dict[str, str] = {
     "and of PyTorch from 2.15); DDP: a bucket copy of the gradients "
     f"(25 MiB buckets); ZeRO-1/2: one 25 MiB bucket (assumed); PP: 2 e s b h. "
     f"{_SOURCES['ddp']}",
-    "compute": "b m s tokens x FLOPs per token (6 P + 12 L h s, P the model's "
-    "parameters less an untied embedding; x 4/3 with full "
-    "checkpointing) / (t p) / the rate: peak x mfu when given, else the GPU's "
-    "measured bf16 matrix-product rate, else peak x 0.40 (assumed); what is not a "
-    "matrix product (norms, softmax, optimizer) is not counted. " + _SOURCES["kaplan"],
+    "compute": "the sum of the stage's operations (operations.stage_record), each at "
+    "its own shape, for m micro-batches: matrix products at their M, N, K (a "
+    "calibrated or published rate by size; else the best measured rate x the filled "
+    "share of the last wave of tiles, no faster than the bytes allow), memory-bound "
+    "operations (norms, softmax, dropout, activation, residual adds, loss) as bytes "
+    "over the GPU's memory bandwidth, recomputation as the checkpointing redoes it; "
+    "+ the optimizer step: the bytes Adam touches per parameter over the bandwidth. "
+    "Sources: each GPU record's",
     "dp comm": "DDP: all-reduce of the gradients once a step, overlapping the last "
     "backward (step counts the excess over 2/3 of one micro-batch's compute); "
     "ZeRO-1/2: reduce-scatter of the gradients (ZeRO-2: each micro-batch) + all-gather "
@@ -169,14 +178,18 @@ FORMULAS: dict[str, str] = {
     "column-parallel layer backward (q, k, v, up, gate: 5; GELU 4; fused layers, as "
     "Megatron-LM's: 2), +2 with full checkpointing; +1 for the embedding on the first "
     "stage, +1 for the head on the last; sequence parallelism: a reduce-scatter and "
-    "an all-gather for each; with tp_overlap only the excess over compute counts. "
+    "an all-gather for each; each at the link's bus bandwidth for its size "
+    "(nccl-tests); with tp_overlap only the excess over the compute counts. "
     f"{_SOURCES['megatron']}; {_SOURCES['korthikanti']}",
     "pp comm": "per micro-batch and virtual stage one activation forward and one "
     "gradient back across a stage boundary: 2 m v (e s b h / B + alpha); send_recv "
     "counts this stage's sends (m (2 v - 1) first and last stage, 2 m v middle)",
-    "bubble": f"(p - 1) / (v m) x compute. {_SOURCES['gpipe']}",
+    "bubble": "(p - 1) / v x the slowest stage's micro-batch, + the time this stage "
+    f"waits for the slowest each micro-batch. {_SOURCES['gpipe']}",
     "step": "compute + tp comm (with tp_overlap: its excess) + pp comm + bubble + "
-    "the dp comm that does not overlap",
+    "the dp comm that does not overlap; Estimate.parts splits it into matrix "
+    "products, memory-bound operations, the optimizer, exposed communication and the "
+    "bubble",
 }
 
 
@@ -203,6 +216,7 @@ def estimate(
     mfu: float | None = None,
     samples_per_s: float | None = None,
     stage: int | None = None,
+    optimizer: str = "fused",
 ) -> Estimate:
     """Memory per GPU and time per step of ``model`` trained with ``layout``.
 
@@ -223,6 +237,10 @@ def estimate(
             :data:`MEASURED`, when it has this model, GPU and precision).
         stage: the pipeline stage to report (default: the first or the last, whichever
             needs more memory).
+        optimizer: how the step updates the weights: "fused" (one Adam kernel,
+            gradients accumulated in the products: Megatron-LM, NeMo) or "pytorch"
+            (torch.optim.Adam, zero_grad, autograd's accumulation, DDP's bucket
+            copies: this package's jobs); ``operations.OPTIMIZER_BYTES``.
 
     Returns:
         The :class:`~workshop.planner.estimator.Estimate`.
@@ -248,6 +266,11 @@ def estimate(
     gpu, network = gpu_record(gpu), network_record(network)
     check_counts("", gpus_per_node=gpus_per_node)
     _fraction("mfu", mfu)
+    if optimizer not in OPTIMIZER_BYTES:
+        raise ValueError(
+            f"optimizer={optimizer!r}; use 'fused' (Megatron-LM, NeMo) or 'pytorch' "
+            "(torch.optim.Adam in a plain loop)"
+        )
     if samples_per_s is not None and (
         isinstance(samples_per_s, bool)
         or not isinstance(samples_per_s, (int, float))
@@ -260,9 +283,12 @@ def estimate(
             f"checkpointing of transformer blocks only; {shape.name} is a module, use "
             "checkpointing='none'"
         )
+    # The formula sheet, once per stage: memory and time both read it.
+    records = [stage_record(shape, layout, s) for s in _distinct_stages(layout.pp)]
+    by_stage = {r.stage: r for r in records}
     if stage is None:
         last = layout.pp - 1
-        first_mem, last_mem = (memory_terms(shape, layout, s)[0] for s in (0, last))
+        first_mem, last_mem = (memory_terms(by_stage[s])[0] for s in (0, last))
         stage = last if sum(last_mem.values()) > sum(first_mem.values()) else 0
     elif (
         isinstance(stage, bool)
@@ -272,8 +298,9 @@ def estimate(
         raise ValueError(
             f"stage={stage!r} is outside 0..{layout.pp - 1} (pp={layout.pp})"
         )
-    memory, notes = memory_terms(shape, layout, stage)
-    time, collectives, step, time_notes = time_terms(
+    record = by_stage.get(stage) or stage_record(shape, layout, stage)
+    memory, notes = memory_terms(record)
+    time, collectives, step, time_notes, parts = time_terms(
         shape,
         layout,
         stage,
@@ -282,12 +309,14 @@ def estimate(
         gpus_per_node,
         mfu,
         samples_per_s,
-        notes["psi"],
+        record,
+        records,
+        optimizer,
     )
     formulas = dict(FORMULAS)
     where = "first" if stage == 0 else "last" if stage == layout.pp - 1 else "middle"
     formulas["stage"] += (
-        f". Here: stage {stage} of {layout.pp} ({where}), Ψ = {notes['psi']:,}"
+        f". Here: stage {stage} of {layout.pp} ({where}), Ψ = {record.psi:,}"
     )
     for key, text in {**notes["text"], **time_notes}.items():
         formulas[key] += f". Here: {text}"
@@ -302,7 +331,15 @@ def estimate(
         collectives,
         formulas,
         step,
+        parts,
+        record,
     )
+
+
+def _distinct_stages(pp: int) -> list[int]:
+    """The stages whose records can differ: the first, the middle ones (their
+    layers may differ by one), the last."""
+    return list(range(pp)) if pp <= 4 else sorted({0, 1, pp // 2, pp - 2, pp - 1})
 
 
 # --- reading estimates and searching layouts ------------------------------------------

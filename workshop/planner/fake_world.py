@@ -193,6 +193,16 @@ def _job(
             "(use a transformer ModelShape, or the estimate alone for modules)"
         )
     layout.check_fits(shape)
+    # The estimator allows stages of different sizes; build_transformer builds each
+    # stage with layers / (pp x v) blocks, so the fake world needs them to divide.
+    v = layout.virtual_stages
+    if shape.layers % (layout.pp * v):
+        stages = f"pp={layout.pp}" + (f" x virtual_stages={v}" if v > 1 else "")
+        raise ValueError(
+            f"{stages} does not divide {shape.name}'s layers={shape.layers}: "
+            "fake_run builds every stage with the same number of layers; choose "
+            "stages that divide them"
+        )
     stage = layout.coordinates(rank)["pp"]  # raises for a rank outside the world
     if layout.tp > 1 and layout.dp > 1 and layout.zero < 2:
         raise ValueError(

@@ -221,10 +221,10 @@ def train_planned(
         for _ in range(2)
     )
     recorder = _Sends(group_names(mesh))
-    times = []
+    times, cpu = [], []
     for i in range(plan["steps"]):
         counted = i == plan["steps"] - 1
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad(set_to_none=False)
         if counted:
             with recorder.mode:
@@ -236,6 +236,7 @@ def train_planned(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
     params = list(model.parameters())
     held = held_by(model, optimizer)
     # Activations of one micro-batch outside a pipeline (a schedule keeps several in
@@ -263,6 +264,11 @@ def train_planned(
         "collectives": recorder.snapshot(),
         "steps": plan["steps"],
         "step_s": times[WARM_UP:] or times,
+        # The CPU time of this rank's process in each step: what other processes on
+        # a busy machine do not stretch (a CPU calibration is timed the same way).
+        "step_cpu_s": cpu[WARM_UP:] or cpu,
+        # The compute threads the step ran with, for a calibration's to match.
+        "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
     }
     out.mkdir(parents=True, exist_ok=True)

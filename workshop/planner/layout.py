@@ -24,19 +24,23 @@ from typing import Any
 import torch
 from torch import nn
 
+# The hardware records live in hardware.py; these names stay importable from here.
+from .hardware import (  # noqa: F401 (the hardware names, importable from here too)
+    GPU,
+    GPUS,
+    NETWORKS,
+    Network,
+    gpu_record,
+    network_record,
+    pick,
+)
+
 __all__ = [
-    "GPU",
-    "GPUS",
     "MODELS",
-    "NETWORKS",
     "Layout",
     "ModelShape",
-    "Network",
     "check_counts",
-    "gpu_record",
     "model_shape",
-    "network_record",
-    "pick",
 ]
 
 
@@ -50,25 +54,6 @@ def check_counts(owner: str, unit: str = "", **values: Any) -> None:
             raise ValueError(
                 f"{prefix}{name}={value!r} must be a whole number{unit}, 1 or more"
             )
-
-
-def pick(
-    catalogue: dict[str, Any], name: Any, record: type, what: str, how: str
-) -> Any:
-    """``catalogue[name]``, or ``name`` itself when it is already a ``record``.
-
-    Raises:
-        ValueError: an unknown name, with the names there are and ``how`` to describe
-            one of one's own.
-    """
-    if isinstance(name, record):
-        return name
-    if name not in catalogue:
-        raise ValueError(
-            f"{what}={name!r} is not one the planner knows; choose one of "
-            f"{', '.join(catalogue)}, or describe yours with {how}"
-        )
-    return catalogue[name]
 
 
 @dataclass(frozen=True)
@@ -109,6 +94,14 @@ class ModelShape:
     #: q, k and v in one matrix and the MLP's input matrices in one, as Megatron-LM
     #: builds them: the same parameters, fewer tensor-parallel calls.
     fused: bool = False
+    #: "flash": one fused attention kernel that never writes the s x s scores (this
+    #: package's Block, through scaled_dot_product_attention); "unfused": the
+    #: scores written and read by a softmax kernel, as Megatron-LM did before flash
+    #: attention (Korthikanti et al. 2022, section 4.1).
+    attention: str = "flash"
+    #: Dropout probability after attention and MLP and on the attention scores
+    #: (GPT-3 as Megatron-LM trains it: 0.1); 0 for none, as this package's Block.
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind == "module":
@@ -149,6 +142,16 @@ class ModelShape:
         if self.mlp not in ("gelu", "swiglu"):
             raise ValueError(
                 f"ModelShape {self.name!r}: mlp={self.mlp!r}; use 'gelu' or 'swiglu'"
+            )
+        if self.attention not in ("flash", "unfused"):
+            raise ValueError(
+                f"ModelShape {self.name!r}: attention={self.attention!r}; use 'flash' "
+                "(a fused kernel, no s x s scores kept) or 'unfused'"
+            )
+        if not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(
+                f"ModelShape {self.name!r}: dropout={self.dropout!r} must be a "
+                "probability from 0 up to (not including) 1; 0 for none"
             )
 
     @property
@@ -455,16 +458,13 @@ class Layout:
                     f"tp={self.tp} does not divide {model.name}'s {what}={size}; "
                     "choose a tensor-parallel degree that divides it"
                 )
-        if model.layers % self.pp:
+        # Stages may hold different numbers of layers, as real frameworks allow
+        # (operations.stage_layers spreads the rest); each needs one at least.
+        if model.layers < self.pp * self.virtual_stages:
             raise ValueError(
-                f"pp={self.pp} does not divide {model.name}'s layers={model.layers}; "
-                "each pipeline stage must get the same number of layers"
-            )
-        if model.layers % (self.pp * self.virtual_stages):
-            raise ValueError(
-                f"pp={self.pp} x virtual_stages={self.virtual_stages} does not divide "
-                f"{model.name}'s layers={model.layers}; each virtual stage must get "
-                "the same number of layers"
+                f"pp={self.pp} x virtual_stages={self.virtual_stages} is more than "
+                f"{model.name}'s layers={model.layers}; each virtual stage needs a "
+                "layer at least: choose fewer stages"
             )
 
     def describe(self) -> str:
@@ -478,141 +478,3 @@ class Layout:
             f"dp={self.dp} tp={self.tp} pp={self.pp} {stage} {self.precision} "
             f"mb={self.micro_batch}x{self.micro_batches}{ckpt}{extra}"
         )
-
-
-# --- the hardware ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class GPU:
-    """A GPU as the estimator needs it: memory, peak dense throughput, where from."""
-
-    name: str
-    memory_gb: float  # 10^9 bytes, as the vendor counts
-    bf16_tflops: float  # dense, no sparsity
-    fp32_tflops: float
-    source: str
-    #: The bf16 matrix-product throughput measured on this GPU, TFLOP/s, with where;
-    #: None: not measured (the estimator then says what it assumes).
-    matmul_bf16_tflops: float | None = None
-    matmul_source: str = ""
-
-    @property
-    def memory_bytes(self) -> float:
-        """Memory in bytes."""
-        return self.memory_gb * 1e9
-
-
-@dataclass(frozen=True)
-class Network:
-    """Links seen by one GPU: within a node and between nodes, one direction.
-
-    ``alpha`` is the latency of one message in seconds; bandwidths are bytes per
-    second per GPU, one direction, as the alpha-beta model wants them.
-    """
-
-    name: str
-    intra_node_gbs: float  # GB/s per GPU, one direction (NVLink)
-    inter_node_gbs: float  # GB/s per GPU, one direction (its NIC)
-    alpha_intra: float
-    alpha_inter: float
-    source: str
-
-
-_NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
-_NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4)"
-_NV_V100 = "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"
-_MAMF = (
-    "S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS "
-    "comparison table' (BF16, mean of 100 matmuls of the best shape found, after 50 "
-    "warm-up): {gpu} {tflops} TFLOP/s of {peak}, torch {torch}"
-)
-
-#: GPUs by name, with their vendor's published figures (dense, no sparsity).
-GPUS: dict[str, GPU] = {
-    g.name: g
-    for g in (
-        GPU(
-            "H100 80GB",
-            80,
-            989.0,
-            67.0,
-            _NV_H100,
-            794.5,
-            _MAMF.format(gpu="H100 SXM", tflops=794.5, peak=989, torch="2.7.0+cu126"),
-        ),
-        GPU(
-            "A100 80GB",
-            80,
-            312.0,
-            19.5,
-            _NV_A100,
-            271.2,
-            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
-        ),
-        GPU(
-            "A100 40GB",
-            40,
-            312.0,
-            19.5,
-            _NV_A100,
-            271.2,
-            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
-        ),
-        GPU("V100 32GB", 32, 125.0, 15.7, _NV_V100 + "; fp16 tensor cores (no bf16)"),
-    )
-}
-
-#: Node and network links: NVLink within a node, one InfiniBand NIC per GPU between.
-NETWORKS: dict[str, Network] = {
-    n.name: n
-    for n in (
-        Network(
-            "NVLink 4 + NDR 400G",
-            450.0,
-            50.0,
-            5e-6,
-            10e-6,
-            _NV_H100
-            + " (NVLink 900 GB/s both ways); NVIDIA DGX H100: 400 Gb/s per GPU",
-        ),
-        Network(
-            "NVLink 3 + HDR 200G",
-            300.0,
-            25.0,
-            5e-6,
-            10e-6,
-            _NV_A100
-            + " (NVLink 600 GB/s both ways); NVIDIA DGX A100: 200 Gb/s per GPU",
-        ),
-        Network(
-            "NVLink 2 + EDR 100G",
-            150.0,
-            12.5,
-            5e-6,
-            10e-6,
-            _NV_V100 + " (NVLink 300 GB/s both ways); 100 Gb/s EDR per GPU",
-        ),
-    )
-}
-
-
-def gpu_record(gpu: str | GPU) -> GPU:
-    """A GPU of :data:`GPUS` by name (a record as it is).
-
-    Raises:
-        ValueError: an unknown name, with the names there are.
-
-    Example:
-        >>> gpu_record("H100 80GB").memory_gb
-        80
-    """
-    how = "GPU(name, memory_gb, bf16_tflops, fp32_tflops, source)"
-    return pick(GPUS, gpu, GPU, "gpu", how)
-
-
-def network_record(network: str | Network) -> Network:
-    """A network of :data:`NETWORKS` by name (a record as it is).
-
-    Raises:
-        ValueError: an unknown name, with the names there are.
-    """
-    return pick(NETWORKS, network, Network, "network", "Network(...)")

@@ -79,8 +79,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..training.models import module_figures, module_tensor_sizes
+from ..training.models import module_figures
 from .layout import Layout, ModelShape, model_shape
+from .operations import StageRecord, stage_layers, stage_record
 
 __all__ = [
     "activation_bytes",
@@ -202,21 +203,6 @@ def fsdp_reduce_bytes(precision: str) -> int:
     return 4
 
 
-def _block_local(model: ModelShape, tp: int) -> int:
-    """One block's parameters on one tensor-parallel rank (the norms are whole)."""
-    norms = 2 * model.hidden
-    return (model.layer_parameters() - norms) // tp + norms
-
-
-def _root_local(model: ModelShape, tp: int, first: bool, last: bool) -> int:
-    """Embedding (first stage), final norm and head (last stage) on one TP rank."""
-    vh = model.vocab * model.hidden
-    count = vh // tp if first else 0
-    if last:
-        count += model.hidden + (0 if (model.tied and first) else vh // tp)
-    return count
-
-
 def stage_parameters(
     model: str | ModelShape, stage: int = 0, pp: int = 1, tp: int = 1
 ) -> int:
@@ -244,9 +230,7 @@ def stage_parameters(
     Layout(tp=tp, pp=pp).check_fits(model)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage={stage!r} is outside 0..{pp - 1} (pp={pp})")
-    per_stage = model.layers // pp
-    root = _root_local(model, tp, stage == 0, stage == pp - 1)
-    return per_stage * _block_local(model, tp) + root
+    return stage_record(model, Layout(tp=tp, pp=pp), stage).psi
 
 
 def layer_activation_bytes(
@@ -255,6 +239,7 @@ def layer_activation_bytes(
     tp: int = 1,
     precision: str = "bf16",
     sequence_parallel: bool = False,
+    scores: bool = True,
 ) -> int:
     """Bytes one block saves for its backward pass, per tensor-parallel rank::
 
@@ -289,6 +274,11 @@ def layer_activation_bytes(
     k = 4 if model.mlp == "swiglu" else 2
     whole = e * sb * (6 * model.hidden + 2)
     split = e * sb * (4 * model.hidden + k * model.ffn) + 4 * sb * model.heads
+    if model.attention == "unfused" and scores:
+        # the s x s scores' softmax output (and with dropout its mask, 1 byte a
+        # value, and output): Korthikanti et al. 2022, section 4.1, 5 a s^2 b in bf16
+        kept = e + (e + 1 if model.dropout else 0)
+        split += kept * micro_batch * model.heads * model.seq * model.seq
     if sequence_parallel:
         return (whole + split) // tp
     return whole + split // tp
@@ -331,10 +321,12 @@ def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) ->
         saved, _ = module_figures(model.builder, model.sample, layout.precision)
         return saved * layout.micro_batch
     b, tp = layout.micro_batch, layout.tp
-    per_stage = model.layers // layout.pp
+    per_stage = stage_layers(model.layers, layout.pp, stage)
+    # Selective recomputation keeps no s x s scores: it recomputes them (section 5).
     layer = layer_activation_bytes(
-        model, b, tp, layout.precision, layout.sequence_parallel
-    )
+        model, b, tp, layout.precision, layout.sequence_parallel,
+        scores=layout.checkpointing != "selective",
+    )  # fmt: skip
     edges = _edge_activation_bytes(
         model, b, tp, layout.precision, stage == 0, stage == layout.pp - 1
     )
@@ -354,36 +346,13 @@ def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) ->
     return blocks + in_flight * edges + (layer if layout.checkpointing == "full" else 0)
 
 
-def _tensor_sizes(shape: ModelShape, layout: Layout, stage: int) -> list[int]:
-    """Values of each parameter tensor a stage registers, in order, on one TP rank."""
-    if shape.kind == "module":
-        return list(module_tensor_sizes(shape.builder))
-    h, kv, f, t = shape.hidden, shape.kv_heads * shape.head_dim, shape.ffn, layout.tp
-    first, last = stage == 0, stage == layout.pp - 1
-    mlp = [h * f // t] * (2 if shape.mlp == "swiglu" else 1) + [f * h // t]
-    block = [h, h * h // t, h * kv // t, h * kv // t, h * h // t, h, *mlp]
-    sizes = [shape.vocab * h // t] if first else []
-    sizes += block * (shape.layers // layout.pp)
-    if last:
-        sizes += [h] + ([] if shape.tied and first else [shape.vocab * h // t])
-    return sizes
-
-
 # --- all memory terms -----------------------------------------------------------------
-def memory_terms(
-    shape: ModelShape, layout: Layout, stage: int
-) -> tuple[dict[str, float], dict]:
-    """The memory terms of one GPU of pipeline stage ``stage`` (bytes), and for
-    ``estimate``: Ψ, one block's and the root's parameters, and each term's numbers."""
-    first, last = stage == 0, stage == layout.pp - 1
+def memory_terms(record: StageRecord) -> tuple[dict[str, float], dict]:
+    """The memory terms of one GPU of a pipeline stage (bytes), read off its
+    :class:`~workshop.planner.operations.StageRecord`, and each term's numbers."""
+    shape, layout, stage = record.model, record.layout, record.stage
     pbytes = bytes_of(layout.precision)
-    if shape.kind == "module":
-        psi = sum(module_tensor_sizes(shape.builder))
-        block, root = 0, psi  # one FSDP unit: the whole module
-    else:
-        block = _block_local(shape, layout.tp)
-        root = _root_local(shape, layout.tp, first, last)
-        psi = shape.layers // layout.pp * block + root
+    psi, block, root = record.psi, record.block, record.root
     # bf16 with FSDP2 keeps fp32 shards (4 + 4 + 8); the ZeRO paper's bf16 2 + 2 + 12.
     table = "mixed" if layout.precision == "bf16" and layout.zero < 3 else "fp32"
     held = zero_bytes(psi, layout.dp, layout.zero, table)
@@ -435,4 +404,4 @@ def memory_terms(
         "activations": float(acts),
         "buffers": float(buffers),
     }
-    return memory, {"psi": psi, "block": block, "root": root, "text": text}
+    return memory, {"text": text}

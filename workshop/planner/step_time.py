@@ -12,29 +12,29 @@ t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32)
 
 Time per step (seconds)
 -----------------------
-- compute: tokens x FLOPs per token / (t p) / the GPU's matrix-product rate,
-  tokens = b m s per data-parallel replica, FLOPs per token 6 P + 12 L h s, P the
-  model's parameters less an untied embedding
-  (:meth:`~workshop.planner.layout.ModelShape.flops_per_token`; Kaplan et al., 2020);
-  full checkpointing adds one forward pass (x 4/3), selective the attention scores'
-  forward (4 L h s per token); the output head's 6 V h a token is never recomputed.
-  A pipeline goes at the pace of its busiest stage, the last, which holds L / p
-  blocks and the head (Dubey et al. 2024, section 3.3.2, take a layer off the first
-  and last stages for this). The rate: ``mfu`` x peak when a run gives its own
-  figure (calibrated); else the bf16 matrix-product rate measured on that GPU
-  (``GPU.matmul_bf16_tflops``: S. Bekman's Maximum Achievable Matmul FLOPS, 80.3 %
-  of an H100's peak, 86.9 % of an A100's); else :data:`DEFAULT_MFU` x peak
-  (assumed). Everything else a step does (norms, softmax, the optimizer, the data)
-  is not in this term: a run that spends time there is slower than the estimate.
-  A module: samples / measured samples per second where the workshop measured it
-  (:data:`MEASURED`), else 3 x forward FLOPs (counted on the meta device) / peak at
-  the MFU ResNet-50 reached in that measurement.
-- communication, the alpha-beta model with ring algorithms (Thakur, Rabenseifner and
+- compute: the sum of the stage's operations
+  (:func:`~workshop.planner.operations.stage_record`), each at its own shape, for m
+  micro-batches: a matrix product at the rate read off the GPU's points by size
+  (``GPU.matmul_points``: a published table, or ``calibrate``), else the best
+  measured rate (``GPU.matmul_bf16_tflops``; peak x ``mfu`` when given; else
+  :data:`DEFAULT_MFU` x peak) times the filled share of the last wave of
+  :data:`TILE` tiles over the SMs, and never faster than its bytes at the memory
+  bandwidth; a memory-bound operation as its bytes over ``GPU.memory_gbs`` (a
+  published streaming benchmark); each plus ``GPU.launch_s``. The optimizer step:
+  the bytes Adam touches per parameter (:data:`~workshop.planner.operations.
+  OPTIMIZER_BYTES`) over the memory bandwidth. A pipeline goes at the pace of its
+  slowest stage. A module: samples / measured samples per second where the
+  workshop measured it (:data:`MEASURED`), else 3 x forward FLOPs (counted on the
+  meta device) / peak at the MFU ResNet-50 reached in that measurement.
+- collectives: at the bus bandwidth the link reaches for the message size
+  (``Network.busbw_intra`` / ``busbw_inter``: nccl-tests' figures), the bytes each GPU
+  moves being 2 (n-1)/n S for an all-reduce, (n-1)/n S for a gather or scatter;
+  without a curve, the alpha-beta model with ring algorithms (Thakur, Rabenseifner and
   Gropp, 2005; Patarasuk and Yuan, 2009), for a group of n GPUs and S bytes (the whole
   tensor): all-reduce 2 (n-1)/n S/B + 2 (n-1) alpha; all-gather and reduce-scatter
-  (n-1)/n S/B + (n-1) alpha; a send S/B + alpha. B and alpha are the network's
-  within-node figures when every group of that kind lies within one node, else its
-  between-node ones; ranks are numbered with tp fastest, then dp, then pp
+  (n-1)/n S/B + (n-1) alpha; a send S/B + alpha. B and alpha are the network's within-
+  node figures when every group of that kind lies within one node, else its between-
+  node ones; ranks are numbered with tp fastest, then dp, then pp
   (:meth:`~workshop.planner.layout.Layout.coordinates`), nodes hold consecutive ranks.
 - dp comm: DDP all-reduces the gradients once a step, bucket by bucket
   (:func:`workshop.comm.bucket_plan.plan_buckets`: filled from the last parameter
@@ -81,20 +81,32 @@ Time per step (seconds)
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from collections.abc import Iterable
 
 from ..comm.bucket_plan import plan_buckets
 from ..training.models import module_figures
 from .layout import GPU, GPUS, MODELS, Layout, ModelShape, Network, check_counts
-from .memory import (
-    _block_local,
-    _root_local,
-    _tensor_sizes,
-    bytes_of,
-    fsdp_reduce_bytes,
+from .memory import bytes_of, fsdp_reduce_bytes
+from .operations import (
+    GRADIENT_BYTES,
+    OPTIMIZER_BYTES,
+    Operation,
+    StageRecord,
+    family,
 )
 
-__all__ = ["DEFAULT_MFU", "MEASURED", "MFU_SOURCE", "compute_rate", "ring_time"]
+__all__ = [
+    "DEFAULT_MFU",
+    "MEASURED",
+    "MFU_SOURCE",
+    "collective_time",
+    "compute_rate",
+    "matmul_rate",
+    "operation_time",
+    "ring_time",
+]
 
 #: The fraction of a GPU's peak that its matrix products reach, where the GPU record
 #: has no measured figure (``GPU.matmul_bf16_tflops`` is None, or fp32 training).
@@ -216,7 +228,132 @@ def _link(network: Network, crosses: bool) -> tuple[float, float]:
     return network.intra_node_gbs, network.alpha_intra
 
 
+# --- one operation at its own shape -----------------------------------------------
+#: The output tile of one thread block in a matrix product: 128 x 256 (CUTLASS's and
+#: cuBLAS's largest bf16 tile on A100 and H100). A product of M x N runs as
+#: ceil(M / 128) ceil(N / 256) tiles in waves over the SMs: a last wave that fills a
+#: few SMs costs as much as a full one (NVIDIA, Matrix Multiplication Background
+#: User's Guide, "Wave Quantization").
+TILE = (128, 256)
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """y at ``x`` on a log-log line through ``points`` (ascending x), clamped."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
+        if x0 <= x <= x1:
+            if x1 == x0:
+                return y1
+            w = math.log(x / x0) / math.log(x1 / x0)
+            return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
+def matmul_rate(gpu: GPU, op: Operation, precision: str, mfu: float | None) -> float:
+    """FLOP/s one matrix product reaches at its own shape.
+
+    Measured points (``GPU.matmul_points``: a published table, or ``calibrate``),
+    when they are of the run's precision and no ``mfu`` is given: read off them by
+    the product's FLOPs. Else the GPU's best measured rate (``matmul_bf16_tflops``, or
+    peak x ``mfu`` when given, or peak x :data:`DEFAULT_MFU`) times the share of the
+    last wave of tiles that is filled (:data:`TILE`), and no faster than its bytes
+    allow at the GPU's memory bandwidth (the roofline).
+    """
+    if gpu.matmul_points and precision == gpu.matmul_precision and mfu is None:
+        points = sorted((2.0 * m * n * k, rate) for m, n, k, rate in gpu.matmul_points)
+        return _interpolate(points, 2.0 * op.m * op.n * op.k)
+    best, _ = compute_rate(gpu, precision, mfu)
+    if gpu.sms:
+        tiles = math.ceil(op.m / TILE[0]) * math.ceil(op.n / TILE[1]) * op.batch
+        waves = math.ceil(tiles / gpu.sms)
+        best *= tiles / (waves * gpu.sms)
+    if gpu.memory_gbs:
+        e = bytes_of(precision)
+        moved = e * (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch
+        best = min(
+            best, 2.0 * op.m * op.n * op.k * op.batch / (moved / (gpu.memory_gbs * 1e9))
+        )
+    return best
+
+
+def operation_time(
+    op: Operation,
+    gpu: GPU,
+    network: Network,
+    precision: str,
+    mfu: float | None,
+    links: dict[str, tuple[int, bool]],
+) -> float:
+    """Seconds of one run of ``op``: a product at its own rate, a memory-bound
+    operation at the GPU's memory bandwidth, a collective on its group's link
+    (``links``: group -> (ranks, whether it crosses nodes)); each plus the GPU's
+    per-operation overhead."""
+    rates = dict(gpu.operation_rates)
+    measured = rates.get(family(op))
+    if op.kind == "matmul":
+        if measured and family(op) == "attention":
+            return op.flops / measured
+        # Points measured through autograd already hold the cost of the call.
+        launch = 0.0 if gpu.operation_rates else gpu.launch_s
+        return op.flops / matmul_rate(gpu, op, precision, mfu) + launch
+    if op.kind == "memory":
+        if measured:
+            return op.nbytes / measured
+        if not gpu.memory_gbs:
+            return 0.0
+        return op.nbytes / (gpu.memory_gbs * 1e9) + gpu.launch_s
+    n, crosses = links[op.group]
+    return collective_time(network, op.collective, n, op.nbytes, crosses)
+
+
+def collective_time(
+    network: Network, kind: str, n: int, nbytes: float, crosses: bool
+) -> float:
+    """Seconds of one collective over ``n`` GPUs on ``nbytes`` (the whole tensor).
+
+    With a bus-bandwidth curve for the link (``Network.busbw_intra`` /
+    ``busbw_inter``, nccl-tests' definition): the bytes each GPU moves, 2 (n-1)/n S
+    for an all-reduce, (n-1)/n S for a gather or scatter, S for a send, over the bus
+    bandwidth at that size. Without one: :func:`ring_time` on the link's bandwidth.
+    """
+    curve = network.busbw_inter if crosses else network.busbw_intra
+    bw, alpha = _link(network, crosses)
+    if not curve or (n == 1 and kind != "send"):
+        return ring_time(kind, n, nbytes, bw, alpha)
+    factor = {"all_reduce": 2 * (n - 1) / n, "send": 1.0}.get(kind, (n - 1) / n)
+    return factor * nbytes / (_interpolate(list(curve), nbytes) * 1e9)
+
+
 # --- all time terms -------------------------------------------------------------------
+def _stage_times(record, gpu, network, precision, mfu, links):
+    """One micro-batch on one stage: (products, memory-bound, tp comm, its exposed
+    part, pp comm), seconds."""
+    layout = record.layout
+    matmul = memory = tp_comm = tp_exposed = pp = 0.0
+    for per, times in (("block", record.layers), ("micro-batch", 1)):
+        ops = record.of(per)
+        compute = {"matmul": 0.0, "memory": 0.0}
+        comm = 0.0
+        for op in ops:
+            seconds = op.count * operation_time(op, gpu, network, precision, mfu, links)
+            if op.kind in compute:
+                compute[op.kind] += seconds
+            elif op.group == "tp":
+                comm += seconds
+            else:
+                pp += times * seconds
+        busy = compute["matmul"] + compute["memory"]
+        exposed = max(0.0, comm - busy) if layout.tp_overlap else comm
+        matmul += times * compute["matmul"]
+        memory += times * compute["memory"]
+        tp_comm += times * comm
+        tp_exposed += times * exposed
+    return matmul, memory, tp_comm, tp_exposed, pp
+
+
 def time_terms(
     shape: ModelShape,
     layout: Layout,
@@ -226,15 +363,24 @@ def time_terms(
     gpus_per_node: int,
     mfu: float | None,
     samples_per_s: float | None,
-    psi: int,
+    record: StageRecord,
+    records: list[StageRecord] | None = None,
+    optimizer: str = "fused",
 ):
     """The time terms of one step (seconds), the collectives of one GPU of stage
-    ``stage``, the step and each term's numbers, for ``estimate``; ``psi`` is the
-    parameters that GPU holds."""
+    ``stage``, the step, each term's numbers and the step's parts, for
+    ``estimate``; ``record`` is that stage's :class:`StageRecord`, ``records`` every
+    stage's (the pipeline goes at the pace of the slowest)."""
     b, m = layout.micro_batch, layout.micro_batches
     pbytes = bytes_of(layout.precision)
     peak = (gpu.bf16_tflops if layout.precision == "bf16" else gpu.fp32_tflops) * 1e12
+    psi = record.psi
     notes: dict[str, str] = {}
+    links = {
+        dim: (getattr(layout, dim), _crosses_nodes(layout, dim, gpus_per_node))
+        for dim in ("tp", "dp", "pp")
+    }
+    matmul = memory = tp_time = tp_exposed = pp_time = bubble = 0.0
     if shape.kind == "module":
         measured = MEASURED.get((shape.name, gpu.name, layout.precision))
         if samples_per_s is None and mfu is None and measured is not None:
@@ -253,66 +399,104 @@ def time_terms(
                 f"{b * m} samples x {flops / 1e9:.3g} GFLOP / "
                 f"({peak / 1e12:g} TFLOP/s x MFU {used:.3f})"
             )
-        blocks, root, per_stage = 0, psi, 0
+        matmul = compute
+        optimizer_s = 0.0
     else:
-        rate, why = compute_rate(gpu, layout.precision, mfu)
-        # The output head's matrix product (6 V h a token) is outside the blocks:
-        # checkpointing does not recompute it, and it runs on the last stage alone.
-        head = 6.0 * shape.vocab * shape.hidden
-        blocks_per_token = shape.flops_per_token() - head
-        if layout.checkpointing == "full":
-            blocks_per_token *= 4 / 3
-        elif layout.checkpointing == "selective":
-            blocks_per_token += 4 * shape.layers * shape.hidden * shape.seq
-        tokens = b * m * shape.seq
-        # A pipeline goes at the pace of its busiest stage: the last, with the head.
-        per_token = blocks_per_token / layout.pp + head
-        compute = tokens * per_token / layout.tp / rate
-        stages = f"{layout.pp} stages + the head" if layout.pp > 1 else "the model"
+        per_mb = _stage_times(record, gpu, network, layout.precision, mfu, links)
+        matmul, memory, tp_time, tp_exposed, pp_time = (m * x for x in per_mb)
+        # A pipeline goes at the pace of its slowest stage.
+        paces = [
+            sum(_stage_times(r, gpu, network, layout.precision, mfu, links)[i]
+                for i in (0, 1, 3, 4))
+            for r in (records or [record])
+        ]  # fmt: skip
+        v = layout.virtual_stages
+        slowest = max(paces)
+        mine = per_mb[0] + per_mb[1] + per_mb[3] + per_mb[4]
+        # The stage waits for the slowest one every micro-batch: counted in the bubble.
+        bubble = m * (slowest - mine) + (layout.pp - 1) / v * slowest
+        compute = matmul + memory
+        per_param, why = OPTIMIZER_BYTES[optimizer]
+        shards = layout.dp if layout.zero >= 1 else 1
+        adam = dict(gpu.operation_rates).get("optimizer")
+        bandwidth = adam or (gpu.memory_gbs or 0) * 1e9
+        optimizer_s = psi / shards * per_param / bandwidth if bandwidth else 0.0
+        # The plain loop's gradient traffic (GRADIENT_BYTES), at the memory rate.
+        loop, ddp = GRADIENT_BYTES[optimizer]
+        moved = psi * (loop + (ddp if layout.dp > 1 and layout.zero == 0 else 0))
+        if moved and gpu.memory_gbs:
+            optimizer_s += moved / (gpu.memory_gbs * 1e9)
         notes["compute"] = (
-            f"{tokens:,} tokens x {per_token / 1e9:.3g} GFLOP ({stages}) / "
-            f"{layout.tp} / {why}"
+            f"{m} micro-batches x {record.layers} blocks: products "
+            f"{matmul * 1e3:.1f} ms, memory-bound {memory * 1e3:.1f} ms, each "
+            f"operation at its own shape; optimizer {optimizer_s * 1e3:.1f} ms "
+            f"({per_param} B a parameter: {why})"
         )
-        per_stage = shape.layers // layout.pp
-        blocks = _block_local(shape, layout.tp)
-        root = _root_local(shape, layout.tp, stage == 0, stage == layout.pp - 1)
+        if layout.pp > 1:
+            notes["bubble"] = (
+                f"({layout.pp} - 1) / {v} x {slowest * 1e3:.1f} ms (the slowest "
+                f"stage's micro-batch)"
+                + (f" + {m} x {(slowest - mine) * 1e3:.2f} ms waiting for it"
+                   if slowest > mine else "")
+            )  # fmt: skip
     collectives: dict[str, tuple[int, float]] = {}
+    for op in record.operations:
+        if op.kind != "collective":
+            continue
+        per = m * (record.layers if op.per == "block" else 1)
+        kinds = (
+            ["reduce_scatter", "all_gather"]
+            if op.collective == "all_reduce"
+            and layout.sequence_parallel
+            and op.group == "tp"
+            else [op.collective]
+        )
+        for kind in kinds:
+            key = f"{'send_recv' if kind == 'send' else kind} {op.group}"
+            count, size = collectives.get(key, (0, 0.0))
+            collectives[key] = (
+                count + per * op.count,
+                size + per * op.count * op.nbytes,
+            )
 
     # data parallelism
     dp_time = dp_exposed = 0.0
     n = layout.dp
     if n > 1:
-        bw, alpha = _link(network, _crosses_nodes(layout, "dp", gpus_per_node))
-        backward = 2 / 3 * compute / m  # the last micro-batch's backward pass
+        bw, _ = _link(network, links["dp"][1])
+        crosses = links["dp"][1]
+        backward = 2 / 3 * (matmul + memory) / m  # the last micro-batch's backward
         size = psi * pbytes
         if layout.zero == 0:
             # DDP fills buckets in the order backward makes gradients: the last first.
-            grads = [v * pbytes for v in reversed(_tensor_sizes(shape, layout, stage))]
+            grads = [v * pbytes for v in reversed(record.tensor_sizes)]
             count = len(plan_buckets(grads))
-            dp_time = count * ring_time("all_reduce", n, size / count, bw, alpha)
+            dp_time = count * collective_time(
+                network, "all_reduce", n, size / count, crosses
+            )
             dp_exposed = max(0.0, dp_time - backward)
             collectives["all_reduce dp"] = (count, float(size))
         elif layout.zero in (1, 2):
             reductions = m if layout.zero == 2 else 1
-            scatter = ring_time("reduce_scatter", n, size, bw, alpha)
-            gather = ring_time("all_gather", n, size, bw, alpha)
+            scatter = collective_time(network, "reduce_scatter", n, size, crosses)
+            gather = collective_time(network, "all_gather", n, size, crosses)
             dp_time = reductions * scatter + gather
             dp_exposed = reductions * max(0.0, scatter - backward) + gather
             collectives["reduce_scatter dp"] = (reductions, float(reductions * size))
             collectives["all_gather dp"] = (1, float(size))
         else:
-            has_root = root > 0
-            gathers = [blocks] * (2 * per_stage) + ([root] if has_root else [])
-            scatters = [blocks] * per_stage + ([root] if has_root else [])
+            has_root = record.root > 0
+            blocks, root = record.block, record.root
+            gathers = [blocks] * (2 * record.layers) + ([root] if has_root else [])
+            scatters = [blocks] * record.layers + ([root] if has_root else [])
             rbytes = fsdp_reduce_bytes(layout.precision)
             dp_time = m * (
-                sum(ring_time("all_gather", n, c * pbytes, bw, alpha) for c in gathers)
-                + sum(
-                    ring_time("reduce_scatter", n, c * rbytes, bw, alpha)
-                    for c in scatters
-                )
-            )
-            dp_exposed = max(0.0, dp_time - compute)
+                sum(collective_time(network, "all_gather", n, c * pbytes, crosses)
+                    for c in gathers)
+                + sum(collective_time(network, "reduce_scatter", n, c * rbytes, crosses)
+                      for c in scatters)
+            )  # fmt: skip
+            dp_exposed = max(0.0, dp_time - (matmul + memory))
             collectives["all_gather dp"] = (
                 m * len(gathers),
                 float(m * sum(gathers) * pbytes),
@@ -325,63 +509,26 @@ def time_terms(
             f"n = {n} at {bw:g} GB/s, {dp_time * 1e3:.2f} ms, "
             f"{dp_exposed * 1e3:.2f} ms not overlapped"
         )
-
-    # tensor parallelism
-    tp_time = tp_exposed = 0.0
     if layout.tp > 1:
-        bw, alpha = _link(network, _crosses_nodes(layout, "tp", gpus_per_node))
-        size = pbytes * shape.seq * b * shape.hidden
-        # q, k, v, up (, gate); fused: q, k, v in one matrix, the MLP's inputs in one
-        backward = 2 if shape.fused else 5 if shape.mlp == "swiglu" else 4
-        forward = 4 if layout.checkpointing == "full" else 2
-        edges = int(stage == 0) + int(stage == layout.pp - 1)
-        calls = m * (per_stage * (forward + backward) + edges)
-        tp_time = calls * ring_time("all_reduce", layout.tp, size, bw, alpha)
-        if layout.sequence_parallel:
-            # The same ring steps, split in two calls: a reduce-scatter and a gather.
-            collectives["reduce_scatter tp"] = (calls, float(calls * size))
-            collectives["all_gather tp"] = (calls, float(calls * size))
-            what = f"{calls} x reduce-scatter + all-gather of"
-        else:
-            collectives["all_reduce tp"] = (calls, float(calls * size))
-            what = f"{calls} x"
-        tp_exposed = max(0.0, tp_time - compute) if layout.tp_overlap else tp_time
-        notes["tp comm"] = (
-            f"{what} {size / 1e6:.1f} MB over {layout.tp} at {bw:g} GB/s"
-            + (f"; {tp_exposed * 1e3:.2f} ms exposed" if layout.tp_overlap else "")
+        notes["tp comm"] = f"{tp_time * 1e3:.2f} ms over {layout.tp}" + (
+            f"; {tp_exposed * 1e3:.2f} ms exposed" if layout.tp_overlap else ""
         )
-
-    # pipeline parallelism
-    pp_time = bubble = 0.0
     if layout.pp > 1:
-        bw, alpha = _link(network, _crosses_nodes(layout, "pp", gpus_per_node))
-        size = pbytes * shape.seq * b * shape.hidden
-        if layout.sequence_parallel:
-            # A stage's output is already cut along the sequence: each tp rank sends
-            # its own 1/t (Narayanan et al. 2021, section 4.1, do this by hand).
-            size //= layout.tp
-        v = layout.virtual_stages
-        pp_time = 2 * m * v * ring_time("send", 2, size, bw, alpha)
-        # Counted as sends, as a trace shows them: forward to the next stage, back to
-        # the previous; a receive is the neighbour's send. With v chunks per GPU only
-        # the very first chunk sends nothing back and the very last nothing on.
-        sends = m * (2 * v - int(stage == 0) - int(stage == layout.pp - 1))
-        collectives["send_recv pp"] = (sends, float(sends * size))
-        bubble = (layout.pp - 1) / (v * m) * compute
-        chunks = f" x {v}" if v > 1 else ""
-        notes["pp comm"] = f"2 x {m}{chunks} x {size / 1e6:.1f} MB at {bw:g} GB/s"
-        notes["bubble"] = (
-            f"({layout.pp} - 1) / ({v} x {m}) x {compute * 1e3:.1f} ms"
-            if v > 1
-            else f"({layout.pp} - 1) / {m} x {compute * 1e3:.1f} ms"
-        )
+        notes["pp comm"] = f"{pp_time * 1e3:.2f} ms of sends"
     time = {
-        "compute": compute,
+        "compute": matmul + memory + optimizer_s,
         "dp comm": dp_time,
         "tp comm": tp_time,
         "pp comm": pp_time,
         "bubble": bubble,
     }
-    step = compute + tp_exposed + pp_time + bubble + dp_exposed
+    parts = {
+        "matrix products": matmul,
+        "memory-bound": memory,
+        "optimizer": optimizer_s,
+        "exposed comm": tp_exposed + pp_time + dp_exposed,
+        "bubble": bubble,
+    }
+    step = sum(parts.values())
     notes["step"] = f"{step * 1e3:.1f} ms"
-    return time, collectives, step, notes
+    return time, collectives, step, notes, parts

@@ -582,8 +582,11 @@ NOT_FROM_OUTPUTS = {
     ("03", "5.8"): OUTSIDE + ": VGG-16's 138 million parameters over Inception V3's "
     "24 million, from Horovod's benchmark page",
     # notebook 04
-    ("04", "9"): DERIVED + ": NVLink's 450 GB/s over the NIC's 50, both printed by "
-    "the cell",
+    ("04", "40"): ASSUMED + ": the sleep the cell's code sets for a backward pass",
+    ("04", "50"): ASSUMED + ": the delay the cell's code gives one worker a step",
+    ("04", "361"): OUTSIDE + ": S. Bekman, Machine Learning Engineering (8 H200s)",
+    ("04", "47"): OUTSIDE + ": nccl-tests issue 290, the middle of its 46 to 48",
+    ("04", "25"): ASSUMED + ": the goal the package sets itself (issue 46)",
     ("04", "2,000"): ASSUMED + ": any number of ranks",
     ("04", "263,168"): DERIVED + ": DDP's 4,210,688 bytes / 16 bytes per parameter",
     ("04", "1.5"): OUTSIDE + ": ZeRO's paper (Rajbhandari et al., 2020), stage 3's "

@@ -217,6 +217,7 @@ _A100_BUSBW = tuple(
 _H100_BUSBW = tuple(
     (size * 1e6, min(gbs, 361.4))
     for size, gbs in (
+        (0.001, 0.07),
         (1, 43.7),
         (4, 128.7),
         (16, 234.5),

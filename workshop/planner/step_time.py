@@ -317,13 +317,19 @@ def collective_time(
     With a bus-bandwidth curve for the link (``Network.busbw_intra`` /
     ``busbw_inter``, nccl-tests' definition): the bytes each GPU moves, 2 (n-1)/n S
     for an all-reduce, (n-1)/n S for a gather or scatter, S for a send, over the bus
-    bandwidth at that size. Without one: :func:`ring_time` on the link's bandwidth.
+    bandwidth at that size (a message below the smallest measured takes as long as
+    that one: latency rules there). Without one: :func:`ring_time` on the link's
+    bandwidth.
     """
     curve = network.busbw_inter if crosses else network.busbw_intra
     bw, alpha = _link(network, crosses)
     if not curve or (n == 1 and kind != "send"):
         return ring_time(kind, n, nbytes, bw, alpha)
     factor = {"all_reduce": 2 * (n - 1) / n, "send": 1.0}.get(kind, (n - 1) / n)
+    smallest, rate = curve[0]
+    if nbytes < smallest:
+        # Below the smallest message measured, latency rules: no quicker than it.
+        return factor * smallest / (rate * 1e9)
     return factor * nbytes / (_interpolate(list(curve), nbytes) * 1e9)
 
 
@@ -433,12 +439,11 @@ def time_terms(
             f"({per_param} B a parameter: {why})"
         )
         if layout.pp > 1:
+            wait = m * (slowest - mine)
             notes["bubble"] = (
-                f"({layout.pp} - 1) / {v} x {slowest * 1e3:.1f} ms (the slowest "
-                f"stage's micro-batch)"
-                + (f" + {m} x {(slowest - mine) * 1e3:.2f} ms waiting for it"
-                   if slowest > mine else "")
-            )  # fmt: skip
+                f"({layout.pp} - 1) / {v} x {slowest * 1e3:.1f} ms of the slowest stage"
+                + (f" + {wait * 1e3:.0f} ms waiting for it" if wait > 0 else "")
+            )
     collectives: dict[str, tuple[int, float]] = {}
     for op in record.operations:
         if op.kind != "collective":
@@ -505,8 +510,10 @@ def time_terms(
                 m * len(scatters),
                 float(m * sum(scatters) * rbytes),
             )
+        curve = network.busbw_inter if crosses else network.busbw_intra
+        speed = "the bus bandwidth by size" if curve else f"{bw:g} GB/s"
         notes["dp comm"] = (
-            f"n = {n} at {bw:g} GB/s, {dp_time * 1e3:.2f} ms, "
+            f"n = {n} at {speed}, {dp_time * 1e3:.2f} ms, "
             f"{dp_exposed * 1e3:.2f} ms not overlapped"
         )
     if layout.tp > 1:

@@ -30,7 +30,7 @@ ALLOWED = {
     "ranks": {"base", "comm"},
     "cluster": {"base", "ranks"},
     "training": {"base", "ranks"},
-    "planner": {"base", "comm", "draw", "ranks", "training"},
+    "planner": {"base", "sources", "comm", "draw", "ranks", "training"},
     "parallel": {"base", "comm", "ranks", "training", "planner"},
     "lessons": {
         "base",
@@ -318,7 +318,9 @@ def test_the_estimate_reads_only_formulas_and_no_launching_code():
     assert {m for m in reached if wing_of(m) == "planner"} <= {
         f"planner.{name}" for name in formulas
     }, sorted(reached)
-    assert {wing_of(m) for m in reached} <= {"planner", "comm", "training", "base"}
+    assert {wing_of(m) for m in reached} <= {
+        "planner", "sources", "comm", "training", "base"
+    }  # fmt: skip
     assert not reached & {"env", "allocation", "_procs"}
 
 

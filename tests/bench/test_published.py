@@ -12,7 +12,6 @@ matplotlib.use("Agg")
 import pytest
 
 from workshop.bench.published import (
-    PublishedQuote,
     figures_not_in_documents,
     published_quotes,
     published_scaling,
@@ -25,6 +24,7 @@ from workshop.bench.scaling_plots import (
     scaling_series,
 )
 from workshop.sources.documents import Document, document, holds
+from workshop.sources.published import PublishedQuote
 from workshop.sources.tables import document_tables
 
 

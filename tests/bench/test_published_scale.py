@@ -14,7 +14,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from workshop.bench.published import PublishedQuote, PublishedTable, Source
 from workshop.bench.published_scale import (
     derived,
     plot_published_busbw,
@@ -23,10 +22,11 @@ from workshop.bench.published_scale import (
     scale_sources,
     scale_tables,
 )
-from workshop.bench.published_scale_data import QuotedBandwidth, ScaleTable
 from workshop.comm.costmodel import bus_factor
 from workshop.draw.projector import MIN_LABEL_PX, NOTEBOOK_AREA_PX, projector_fit
 from workshop.sources.documents import numbers_of_text
+from workshop.sources.published import PublishedQuote, PublishedTable, Source
+from workshop.sources.scale_data import QuotedBandwidth, ScaleTable
 
 BUS = [t for t in scale_tables() if t.x_unit == "bytes"]
 TRAINING = [t for t in scale_tables() if t.x_unit == "GPUs"]

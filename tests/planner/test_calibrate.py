@@ -22,6 +22,7 @@ from workshop.planner.calibration import (
     FAMILIES,
     VERSION,
     Calibration,
+    calibration_from,
     load_calibration,
 )
 from workshop.planner.estimator import estimate
@@ -263,28 +264,36 @@ def test_the_calibrated_estimate_of_the_job_is_its_measured_step(
 ):
     from workshop.cluster import submit
 
-    # Measured first, with nothing else of the test running: one thread, as each
-    # rank of the job gets (one CPU a task, one rank a node).
-    cal = calibrate()
+    # Each rank measures the machine just before its steps (calibrate=True), with
+    # the threads it steps with and beside the other rank, as its steps will find
+    # it: a busy shared machine slows both alike.
     job = write_job("tiny", TIMED, tmp_path, nodes=2, gpus_per_node=0,
-                    ranks_per_node=1, steps=WARM_UP + 8)  # fmt: skip
+                    ranks_per_node=1, steps=WARM_UP + 8, calibrate=True)  # fmt: skip
     run = submit(job.script, output_dir=job.folder)
     status = run.wait(timeout=300, poll=0.5, show=False)
     assert status.state == "COMPLETED", run.output()
     figures = job_figures(job)
-    assert {f["threads"] for f in figures} == {cal.threads}
-    _within(job_step_time(figures, cal), job_time_against_estimate(figures, cal))
+    own = [calibration_from(f["calibration"], "rank") for f in figures]
+    assert {f["threads"] for f in figures} == {c.threads for c in own} == {1}
+    _within(job_step_time(figures), job_time_against_estimate(figures))
+
+
+def test_a_job_without_its_own_calibration_needs_one(quick):
+    figures = _figures([[0.2, 0.3]])
+    with pytest.raises(ValueError, match="write the job with calibrate=True"):
+        job_step_time(figures)
+    assert job_step_time(figures, quick)["calibration"] is quick
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(visible_gpu_count() == 0, reason="needs a CUDA GPU")
 def test_on_a_gpu_node_the_calibrated_estimate_is_the_measured_step(tmp_path):
-    # The job trains in fp32 (DDP keeps fp32 weights): its products are timed so.
-    cal = calibrate(precision="fp32")
+    # The job trains in fp32 (DDP keeps fp32 weights); its ranks calibrate the GPUs
+    # they run on, in fp32, just before their steps.
     gpus = min(visible_gpu_count(), 2)
     layout = replace(TIMED, dp=gpus)
     job = write_job("tiny", layout, tmp_path, nodes=1, gpus_per_node=gpus,
-                    steps=WARM_UP + 8)  # fmt: skip
+                    steps=WARM_UP + 8, calibrate=True)  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
          f"--nproc-per-node={gpus}", "-m", "workshop.planner.job_train",
@@ -294,7 +303,8 @@ def test_on_a_gpu_node_the_calibrated_estimate_is_the_measured_step(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     figures = job_figures(job)
     assert all(f["device"].startswith("cuda") for f in figures)
-    _within(job_step_time(figures, cal), job_time_against_estimate(figures, cal))
+    assert all(f["calibration"]["device"] == "cuda" for f in figures)
+    _within(job_step_time(figures), job_time_against_estimate(figures))
 
 
 def test_each_family_is_timed_at_the_models_shape_and_read_by_the_estimate(quick):

@@ -203,3 +203,36 @@ def test_points_of_another_precision_or_a_given_mfu_are_not_read():
 def test_an_unknown_optimizer_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="optimizer='sgd'; use 'fused'"):
         estimate("tiny", Layout(dp=2), optimizer="sgd")
+
+
+def test_the_planners_published_figures_are_read_from_their_one_home():
+    from workshop.planner.hardware import NETWORKS
+    from workshop.sources.scale_data import (
+        QUOTES,
+        QuotedFigures,
+        published_quote,
+        quoted_figures,
+        scale_table,
+    )
+
+    # Each number a program reads is written in its quote's statement too.
+    for quote in (q for q in QUOTES if isinstance(q, QuotedFigures)):
+        for name, value in quote.values:
+            shown = f"{value * 100:g}%" if quote.unit == "MFU" else f"{value:g}"
+            assert shown in quote.statement.replace(",", ""), (quote.name, name)
+    a100, h100 = GPUS["A100 80GB"], GPUS["H100 80GB"]
+    triad, best = quoted_figures("stream-triad"), quoted_figures("mamf")
+    assert a100.memory_gbs == pytest.approx(1000 * triad["A100 80GB"])  # TB/s
+    assert h100.memory_gbs == pytest.approx(1000 * triad["H100 80GB"])
+    assert a100.matmul_bf16_tflops == best["A100 80GB"]
+    gemm = scale_table("gemm-a100-azure")
+    assert [(m, rate / 1e12) for m, _, _, rate in a100.matmul_points] == list(
+        gemm.points
+    )
+    azure = scale_table("nccl-allreduce-azure-nd-h100-v5")
+    ring = published_quote("nccl-h100-ring").busbw_gbs[1]
+    intra = NETWORKS["NVLink 4 + NDR 400G"].busbw_intra
+    assert intra == tuple((size, min(gbs, ring)) for size, gbs in azure.points)
+    nemo = {r.name: r for r in PUBLISHED_RUNS}["nemo-gpt3-175b-128"]
+    table = scale_table("nemo-gpt3-175b-h100-bf16")
+    assert nemo.published == table.column("MFU %")[0] / 100

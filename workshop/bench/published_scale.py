@@ -1,6 +1,6 @@
 """Published figures at scale, each with its source, to hold the layout planner against
 (the figures themselves, and their two kinds of record, are in
-:mod:`workshop.bench.published_scale_data`).
+:mod:`workshop.sources.scale_data`).
 
 Whatever is worked out from them (busbw from the printed times with
 :func:`workshop.comm.costmodel.busbw`, tokens per second and MFU from the step times,
@@ -21,8 +21,8 @@ from ..comm.costmodel import algbw, bus_factor, busbw
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS, FONT
 from ..sources.documents import pick_named
+from ..sources.scale_data import QUOTES, TABLES, QuotedBandwidth, ScaleTable
 from .published import PublishedQuote, line_wrapper
-from .published_scale_data import QUOTES, TABLES, QuotedBandwidth, ScaleTable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -37,7 +37,7 @@ from typing import Any
 from .calibration import Calibration
 from .layout import ModelShape, check_counts, model_shape
 
-__all__ = ["calibrate", "matmul_shapes", "rank_threads"]
+__all__ = ["calibrate", "calibrate_here", "matmul_shapes", "rank_threads"]
 
 #: Sequences per micro-batch whose token counts calibrate() times the model's
 #: products at by default: a small batch and the large one of the calibrated job
@@ -247,6 +247,30 @@ def _measure_here(
     return points, 3 * count * 4 / add / 1e9, count * 4, small
 
 
+def _slowest(found: list[tuple]) -> tuple:
+    """Of several ranks' figures (:func:`_measure_rank`), each the slowest one's: a
+    job's step ends when its slowest rank's does."""
+    if len(found) == 1:
+        return found[0]
+    nbytes, where = found[0][2], found[0][6]
+
+    def worst(lists, width):
+        return [
+            (*row[0][:width], min(r[width] for r in row))
+            for row in zip(*lists, strict=True)
+        ]
+
+    return (
+        worst([f[0] for f in found], 3),
+        min(f[1] for f in found),
+        nbytes,
+        max(f[3] for f in found),
+        worst([f[4] for f in found], 3),
+        worst([f[5] for f in found], 1),
+        where,
+    )
+
+
 def _measure_rank(
     shapes, shape, tokens, precision, threads, samples, least, stream
 ) -> tuple:
@@ -359,6 +383,7 @@ def calibrate(
     tokens: Sequence[int] | None = None,
     precision: str | None = None,
     samples: int | None = None,
+    ranks: int = 1,
     timeout: float = 300.0,
 ) -> Calibration:
     """Measure this machine: matrix products by size, memory bandwidth, one small
@@ -376,6 +401,9 @@ def calibrate(
         precision: the products' dtype, "fp32" or "bf16" (default: bf16 on a GPU,
             fp32 on a CPU, where bf16 is emulated on most).
         samples: timed samples per figure (default 5; 3 when quick).
+        ranks: processes that measure at the same time, each the same figures,
+            the slowest one's kept: as many as the job's ranks on one machine, so
+            that they share its cores, caches and memory bandwidth as the job's do.
         timeout: seconds before the all-reduce's ranks are stopped.
 
     Returns:
@@ -385,7 +413,6 @@ def calibrate(
         ValueError: a bad argument, naming it and the fix.
         LaunchError: the all-reduce's ranks failed.
     """
-    import torch
 
     from ..env import visible_gpu_count
     from ..ranks.launcher import launch
@@ -414,11 +441,12 @@ def calibrate(
     stream = (256 << 20 if cuda else 64 << 20) >> (2 * quick)
     # In a rank of its own: a backward pass in the learner's kernel would stop later
     # launches from forking it on a GPU machine (workshop._procs.fork_hazard).
+    check_counts("calibrate", ranks=ranks)
     here = launch(
         _measure_rank, shapes, shape, max(tokens), precision, threads, samples,
-        least, stream, world_size=1, backend="gloo", timeout=timeout, show="none",
+        least, stream, world_size=ranks, backend="gloo", timeout=timeout, show="none",
     )  # fmt: skip
-    points, gbs, nbytes, small, linear, families, where = here.returns[0]
+    points, gbs, nbytes, small, linear, families, where = _slowest(here.returns)
     sizes = _QUICK_ALLREDUCE if quick else ALLREDUCE_BYTES
     # NCCL needs a GPU per rank; with fewer than 2 the ranks all-reduce on the CPU.
     backend = "nccl" if gpus >= 2 else "gloo"
@@ -426,8 +454,15 @@ def calibrate(
         allreduce_times, sizes, samples, least,
         world_size=2, backend=backend, timeout=timeout, show="none",
     )  # fmt: skip
-    seconds = run.returns[0]
-    n = 2
+    measured = (points, gbs, nbytes, small, linear, families, where)
+    return _record(measured, precision, threads, sizes, run.returns[0], backend, 2)
+
+
+def _record(measured, precision, threads, sizes, seconds, backend, n) -> Calibration:
+    """The :class:`Calibration` of one process's figures and an all-reduce's."""
+    import torch
+
+    points, gbs, nbytes, small, linear, families, where = measured
     busbw = tuple(
         (size, size / t * 2 * (n - 1) / n / 1e9)
         for size, t in zip(sizes, seconds, strict=True)
@@ -451,3 +486,30 @@ def calibrate(
         host=platform.node() or os.uname().nodename,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
+
+
+def calibrate_here(model: str | ModelShape, precision: str, tokens: int) -> Calibration:
+    """:func:`calibrate` inside a running job: every rank of its process group
+    calls it, measures with the threads it has, in the state it is in (sharing the
+    machine with the job's other ranks, as its steps will), and all-reduces over the
+    job's own group. ``write_job(..., calibrate=True)`` has each rank do it just
+    before its timed steps."""
+    import torch
+    import torch.distributed as dist
+
+    shape = model_shape(model)
+    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    squares = (256, 1024, 4096) if cuda else (64, 256, 1024)
+    least, samples = 0.02, 3
+    stream = 256 << 20 if cuda else 64 << 20
+    threads = torch.get_num_threads()
+    shapes = matmul_shapes(shape, (), squares)
+    measured = _measure_rank(
+        shapes, shape, tokens, precision, threads, samples, least, stream
+    )
+    seconds = allreduce_times(ALLREDUCE_BYTES, samples, least)
+    backend = dist.get_backend()
+    return _record(
+        measured, precision, threads, ALLREDUCE_BYTES, seconds, backend,
+        dist.get_world_size(),
+    )  # fmt: skip

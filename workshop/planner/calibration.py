@@ -20,7 +20,14 @@ from typing import Any
 
 from .hardware import GPU, Network
 
-__all__ = ["FAMILIES", "KIND", "VERSION", "Calibration", "load_calibration"]
+__all__ = [
+    "FAMILIES",
+    "KIND",
+    "VERSION",
+    "Calibration",
+    "calibration_from",
+    "load_calibration",
+]
 
 #: What the JSON file says it is, and the layout of its fields.
 KIND = "workshop.planner calibration"
@@ -171,11 +178,14 @@ class Calibration:
         )
         return "\n".join(line[:88] for line in lines)
 
+    def as_data(self) -> dict[str, Any]:
+        """The record as plain data for JSON, kind and version first."""
+        return {"kind": KIND, "version": VERSION, **asdict(self)}
+
     def save(self, path: str | Path) -> Path:
         """Write the record as JSON; return the path."""
         path = Path(path)
-        data = {"kind": KIND, "version": VERSION, **asdict(self)}
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        path.write_text(json.dumps(self.as_data(), indent=1) + "\n")
         return path
 
     @classmethod
@@ -236,6 +246,17 @@ def load_calibration(path: str | Path) -> Calibration:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _bad(path, f"not JSON ({exc})") from None
+    return calibration_from(data, path)
+
+
+def calibration_from(data: Any, path: Path | str) -> Calibration:
+    """The :class:`Calibration` of ``data`` (what :meth:`Calibration.as_data` gave,
+    read back from JSON), every field checked; ``path`` names where it came from.
+
+    Raises:
+        ValueError: data that is not a calibration, naming what is wrong.
+    """
+    path = Path(path)
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise _bad(path, f"its kind is not {KIND!r}")
     if data.get("version") != VERSION:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..sources.scale_data import published_quote, quoted_figures, scale_table
+
 __all__ = [
     "GPU",
     "GPUS",
@@ -109,35 +111,26 @@ class Network:
 _NV_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
 _NV_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM4)"
 _NV_V100 = "NVIDIA V100 Tensor Core GPU datasheet (SXM2)"
-_MAMF = (
-    "S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS "
-    "comparison table' (BF16, mean of 100 matmuls of the best shape found, after 50 "
-    "warm-up): {gpu} {tflops} TFLOP/s of {peak}, torch {torch}"
-)
+# Every published figure below is read from its one home, workshop.sources.scale_data,
+# where it is written with its source.
+_MAMF, _TRIAD = quoted_figures("mamf"), quoted_figures("stream-triad")
+_A100_GEMM = scale_table("gemm-a100-azure")
 
-_AZURE = "Microsoft Azure, AI-benchmarking-guide, Azure_Results/{file} ({what})"
-#: cuBLASLt fp16 (the tensor cores' bf16 rate) on one A100 80GB, by size: M = N = K
-#: 1,024 to 16,384, and 6,144 x 12,288 x 12,288 (TFLOP/s, random data).
-_A100_MATMUL = tuple(
-    (m, n, k, tflops * 1e12)
-    for m, n, k, tflops in (
-        (1024, 1024, 1024, 119.4),
-        (2048, 2048, 2048, 221.8),
-        (4096, 4096, 4096, 228.0),
-        (8192, 8192, 8192, 253.7),
-        (6144, 12288, 12288, 250.8),
-        (16384, 16384, 16384, 256.5),
-    )
-)
 
-_A100_MATMUL_SOURCE = _AZURE.format(
-    file="ND_A100_v4_results.md", what="cuBLASLt fp16 GEMM by size, random data"
-)
+def _cite(quote) -> str:
+    return f"{quote.source.cite()}: {quote.statement}"
+
+
+#: fp16 products on one A100 by size (the tensor cores' bf16 rate), M = N = K.
+_A100_MATMUL = tuple((x, x, x, tflops * 1e12) for x, tflops in _A100_GEMM.points)
 #: H100 bf16 by size: no table by size is published that we could find (Azure's
 #: H100 table is fp8), so the A100's curve is scaled to the H100's best shape:
 #: each size reaches the same fraction of the best as on the A100. A larger GPU
 #: needs larger products to fill it, so this errs on the fast side for small ones.
-_H100_MATMUL = tuple((m, n, k, rate * 794.5 / 271.2) for m, n, k, rate in _A100_MATMUL)
+_H100_MATMUL = tuple(
+    (m, n, k, rate * _MAMF["H100 80GB"] / _MAMF["A100 80GB"])
+    for m, n, k, rate in _A100_MATMUL
+)
 
 #: GPUs by name, with their vendor's published figures (dense, no sparsity).
 GPUS: dict[str, GPU] = {
@@ -149,12 +142,10 @@ GPUS: dict[str, GPU] = {
             989.0,
             67.0,
             _NV_H100,
-            794.5,
-            _MAMF.format(gpu="H100 SXM", tflops=794.5, peak=989, torch="2.7.0+cu126"),
-            memory_gbs=2970.0,
-            memory_source=_AZURE.format(
-                file="ND_H100_v5_results.md", what="BabelStream triad 2.97 TB/s"
-            ),
+            _MAMF["H100 80GB"],
+            _cite(_MAMF),
+            memory_gbs=_TRIAD["H100 80GB"] * 1000,  # TB/s
+            memory_source=_cite(_TRIAD),
             sms=132,
             matmul_points=_H100_MATMUL,
         ),
@@ -164,12 +155,10 @@ GPUS: dict[str, GPU] = {
             312.0,
             19.5,
             _NV_A100,
-            271.2,
-            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
-            memory_gbs=1700.0,
-            memory_source=_AZURE.format(
-                file="ND_A100_v4_results.md", what="BabelStream triad 1.70 TB/s"
-            ),
+            _MAMF["A100 80GB"],
+            f"{_cite(_MAMF)}; by size: {_A100_GEMM.source.cite()}",
+            memory_gbs=_TRIAD["A100 80GB"] * 1000,  # TB/s
+            memory_source=_cite(_TRIAD),
             sms=108,
             matmul_points=_A100_MATMUL,
         ),
@@ -179,12 +168,10 @@ GPUS: dict[str, GPU] = {
             312.0,
             19.5,
             _NV_A100,
-            271.2,
-            _MAMF.format(gpu="A100 SXM", tflops=271.2, peak=312, torch="2.6.0+cu126"),
-            memory_gbs=1700.0,
-            memory_source=_AZURE.format(
-                file="ND_A100_v4_results.md", what="BabelStream triad 1.70 TB/s"
-            ),
+            _MAMF["A100 80GB"],
+            f"{_cite(_MAMF)}; by size: {_A100_GEMM.source.cite()}",
+            memory_gbs=_TRIAD["A100 80GB"] * 1000,  # TB/s
+            memory_source=_cite(_TRIAD),
             sms=108,
             matmul_points=_A100_MATMUL,
         ),
@@ -192,40 +179,22 @@ GPUS: dict[str, GPU] = {
     )
 }
 
-_MIB = 2**20
-#: nccl-tests all_reduce bus bandwidth on 8 A100 SXM (NVLink 3, NVSwitch), GB/s by
-#: message size (S. Bekman, Machine Learning Engineering, network/README.md).
-_A100_BUSBW = tuple(
-    (size * _MIB, gbs)
-    for size, gbs in (
-        (1 / 32, 1.31),
-        (1, 18.0),
-        (4, 72.3),
-        (8, 109.9),
-        (32, 138.5),
-        (64, 171.5),
-        (256, 194.1),
-        (512, 222.7),
-        (1024, 229.0),
-        (16384, 234.9),
-    )
+# Bus bandwidth by message size, nccl-tests' all_reduce_perf on the 8 GPUs of one
+# node (Azure ND A100 v4 and ND H100 v5), and what a link tops out at.
+_A100_AZURE = scale_table("nccl-allreduce-azure-nd-a100-v4")
+_H100_AZURE = scale_table("nccl-allreduce-azure-nd-h100-v5")
+_RING, _HDR, _NDR = (
+    published_quote(name)
+    for name in ("nccl-h100-ring", "nccl-1xhdr", "nccl-ndr-per-nic")
 )
-#: nccl-tests on 8 H100 SXM (NVLink 4), GB/s by size: Azure ND H100 v5 all_reduce
-#: up to 134 MB (AI-benchmarking-guide), capped at the 361 GB/s that all-gather and
-#: reduce-scatter reach on 8 H200 at 16 GiB (S. Bekman, Machine Learning
-#: Engineering, network/README.md): NVLink SHARP speeds up all-reduce alone.
+#: NVLink SHARP speeds up the H100's all-reduce inside the NVSwitch, and nothing
+#: else: a gather or a scatter, or a ring, tops out at the ring's figure.
 _H100_BUSBW = tuple(
-    (size * 1e6, min(gbs, 361.4))
-    for size, gbs in (
-        (0.001, 0.07),
-        (1, 43.7),
-        (4, 128.7),
-        (16, 234.5),
-        (67, 361.8),
-        (134, 400.6),
-        (1000, 466.0),
-    )
+    (size, min(gbs, _RING.busbw_gbs[1])) for size, gbs in _H100_AZURE.points
 )
+#: Between nodes one NIC per GPU is the limit: HDR 200G's 24 GB/s, NDR 400G's 46 to
+#: 48 (the middle taken).
+_HDR_GBS, _NDR_GBS = _HDR.busbw_gbs[1], sum(_NDR.busbw_gbs) / 2
 
 
 def _capped(curve, cap: float):
@@ -245,10 +214,11 @@ NETWORKS: dict[str, Network] = {
             10e-6,
             _NV_H100
             + " (NVLink 900 GB/s both ways); NVIDIA DGX H100: 400 Gb/s per GPU; "
-            "bus bandwidth: nccl-tests within a node (see _H100_BUSBW), and between "
-            "nodes 47 GB/s per NDR NIC (NVIDIA, nccl-tests issue 290: 46-48 GB/s)",
+            f"bus bandwidth: {_H100_AZURE.source.cite()}, at most "
+            f"{_RING.source.cite()}'s ring figure; between nodes "
+            f"{_NDR.source.cite()}",
             busbw_intra=_H100_BUSBW,
-            busbw_inter=_capped(_H100_BUSBW, 47.0),
+            busbw_inter=_capped(_H100_BUSBW, _NDR_GBS),
         ),
         Network(
             "NVLink 3 + HDR 200G",
@@ -258,10 +228,10 @@ NETWORKS: dict[str, Network] = {
             10e-6,
             _NV_A100
             + " (NVLink 600 GB/s both ways); NVIDIA DGX A100: 200 Gb/s per GPU; "
-            "bus bandwidth: nccl-tests within a node (see _A100_BUSBW), and between "
-            "nodes 24 GB/s per HDR NIC (NVIDIA, nccl-tests issue 119)",
-            busbw_intra=_A100_BUSBW,
-            busbw_inter=_capped(_A100_BUSBW, 24.0),
+            f"bus bandwidth: {_A100_AZURE.source.cite()}; between nodes "
+            f"{_HDR.source.cite()}",
+            busbw_intra=_A100_AZURE.points,
+            busbw_inter=_capped(_A100_AZURE.points, _HDR_GBS),
         ),
         Network(
             "NVLink 2 + EDR 100G",

@@ -298,6 +298,7 @@ def write_job(
     backend: str = "auto",
     steps: int = WARM_UP + 1,
     seed: int = 0,
+    calibrate: bool = False,
 ) -> PlannedJob:
     """Write the batch script and the plan file that train ``model`` split as
     ``layout`` on ``nodes`` nodes; ranks' figures from an earlier run are removed.
@@ -319,6 +320,10 @@ def write_job(
         steps: Adam steps; the last is counted, after at least 2 (DDP rebuilds its
             buckets, the pipeline infers its shapes).
         seed: seeds the model and the data.
+        calibrate: each rank measures the machine it runs on just before its
+            timed steps (``calibrating.calibrate_here``), sharing it as its steps
+            will, and writes the record beside its figures: what
+            ``job_time_against_estimate`` then estimates the step from.
 
     Returns:
         The :class:`PlannedJob`: submit ``job.script``, then read
@@ -386,6 +391,7 @@ def write_job(
         "layout": {k: getattr(layout, k) for k in layout.__dataclass_fields__},
         "steps": steps,
         "seed": seed,
+        "calibrate": bool(calibrate),
         "backend": backend,
         "nodes": nodes,
         "ranks_per_node": ranks_per_node,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from .calibration import calibration_from
 from .estimator import estimate
 from .layout import Layout, ModelShape
 
@@ -54,11 +55,13 @@ def _clock_key(figures: list[dict[str, Any]], calibration: Calibration) -> str:
 
 
 def job_step_time(
-    figures: list[dict[str, Any]], calibration: Calibration
+    figures: list[dict[str, Any]], calibration: Calibration | None = None
 ) -> dict[str, Any]:
     """The job's measured step beside :func:`~workshop.planner.estimator.estimate`
     of its layout on the calibrated machine (``calibration.gpu()``,
-    ``calibration.network()``).
+    ``calibration.network()``); without ``calibration``, on each rank's own (a job
+    written with ``calibrate=True`` measured its machine in its ranks, just before
+    their steps), the slowest rank's estimate kept.
 
     A rank's step is the median of its timed steps (the one under the counting mode
     left out, when there are others); the job's, the slowest rank's, since a step
@@ -70,15 +73,29 @@ def job_step_time(
     Returns:
         ``{"measured_s", "per_rank_s", "wall_s", "clock", "timed_steps",
         "estimate_s", "ratio" (estimate / measured), "estimate": Estimate,
-        "threads"}``; ``clock``: "cpu" or "wall"; ``threads``: the ranks' compute
-        threads (None where the job did not record them).
+        "calibration", "threads"}``; ``clock``: "cpu" or "wall"; ``threads``: the
+        ranks' compute threads (None where the job did not record them).
 
     Raises:
-        ValueError: no figures, or figures without step times.
+        ValueError: no figures, figures without step times, or no calibration
+            given and none in the figures.
     """
     if not figures:
         raise ValueError("job_step_time needs the ranks' figures: job_figures(job)")
     first = figures[0]
+    if calibration is None:
+        own = [f.get("calibration") for f in figures]
+        if not all(own):
+            raise ValueError(
+                "job_step_time: no calibration given and the job's ranks measured "
+                "none; write the job with calibrate=True, or pass calibrate()'s"
+            )
+        paths = [f"rank {f['rank']}'s figures" for f in figures]
+        found = [
+            job_step_time(figures, calibration_from(data, path))
+            for data, path in zip(own, paths, strict=True)
+        ]
+        return max(found, key=lambda f: f["estimate_s"])
     per_node = sum(1 for f in figures if f["node"] == first["node"]) or 1
     key = _clock_key(figures, calibration)
     per_rank = [statistics.median(_timed_steps(f, key)) for f in figures]
@@ -102,12 +119,13 @@ def job_step_time(
         "estimate_s": est.step,
         "ratio": est.step / measured,
         "estimate": est,
+        "calibration": calibration,
         "threads": threads.pop() if len(threads) == 1 else sorted(threads, key=str),
     }
 
 
 def job_time_against_estimate(
-    figures: list[dict[str, Any]], calibration: Calibration
+    figures: list[dict[str, Any]], calibration: Calibration | None = None
 ) -> str:
     """:func:`job_step_time` as a table of 88 columns: the measured step, the
     calibrated estimate and its parts, and estimate / measured.
@@ -121,14 +139,20 @@ def job_time_against_estimate(
     """
     found = job_step_time(figures, calibration)
     est, first = found["estimate"], figures[0]
+    own = calibration is None
+    calibration = found["calibration"]
     threads = found["threads"]
     lines = [
         f"{first['model']['name']}, {est.layout.describe()}: step time on "
         f"{_count(len(figures), 'rank')} ({first['backend']}"
         + (f", {_count(threads, 'thread')} each" if isinstance(threads, int) else "")
         + ")",
-        f"  estimate from {calibration.name} "
-        f"({calibration.precision}, {_count(calibration.threads, 'thread')})",
+        (
+            "  estimate from the calibration each rank made before its steps "
+            if own
+            else f"  estimate from {calibration.name} "
+        )
+        + f"({calibration.precision}, {_count(calibration.threads, 'thread')})",
         f"  measured: median of {found['timed_steps']} timed steps per rank, "
         f"{'CPU' if found['clock'] == 'cpu' else 'wall'} time, slowest rank: "
         + ", ".join(f"{t * 1e3:.1f}" for t in found["per_rank_s"])

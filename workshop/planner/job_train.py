@@ -221,6 +221,14 @@ def train_planned(
         for _ in range(2)
     )
     recorder = _Sends(group_names(mesh))
+    calibration = None
+    if plan.get("calibrate"):
+        from .calibrating import calibrate_here
+
+        # The machine as the steps will find it: every rank measures at once.
+        per_micro_batch = layout.micro_batch * shape.seq  # tokens
+        calibration = calibrate_here(shape, layout.precision, per_micro_batch)
+        calibration = calibration.as_data()
     times, cpu = [], []
     for i in range(plan["steps"]):
         counted = i == plan["steps"] - 1
@@ -267,6 +275,7 @@ def train_planned(
         # The CPU time of this rank's process in each step: what other processes on
         # a busy machine do not stretch (a CPU calibration is timed the same way).
         "step_cpu_s": cpu[WARM_UP:] or cpu,
+        "calibration": calibration,
         # The compute threads the step ran with, for a calibration's to match.
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

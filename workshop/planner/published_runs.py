@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..sources.scale_data import quoted_figures, scale_table
 from .estimator import Estimate, estimate
 from .layout import Layout, ModelShape
 
@@ -88,6 +89,10 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200):
     )
 
 
+# The published figures themselves live in workshop.sources.scale_data, once.
+_TIMES = quoted_figures("korthikanti-iteration")
+_NEMO_TABLE = scale_table("nemo-gpt3-175b-h100-bf16")
+_NEMO_MFU = _NEMO_TABLE.column("MFU %")
 _NARAYANAN = (
     "Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters "
     "Using Megatron-LM, SC 2021, Table 1 (Selene, DGX A100 80GB, 8 HDR 200G per node; "
@@ -111,8 +116,8 @@ _LLAMA3 = (
 _NEMO_GAP = (
     "NeMo on H100 is slower than the planner by a sixth, and no operation the planner "
     "counts explains it: its products run at the A100's curve by size scaled to the "
-    "H100's best shape, and a published H800 table (tilelang's fp16 benchmark, 628 "
-    "to 766 TFLOP/s at K of 1,024 and more) would make them faster still; its "
+    "H100's best shape, and a published H800 table by size (tilelang's fp16 "
+    "benchmark) is faster still for products this large; its "
     "overlapped tensor-parallel collectives cost only their excess. Finding it takes "
     "a profile of one step of this recipe on H100s: the SMs Userbuffers holds while "
     "it overlaps, the clocks under sustained load, the schedule's own gaps"
@@ -140,7 +145,9 @@ _LLAMA_405B = ModelShape(
 )
 
 
-def _nemo(gpus: int, mfu: float) -> PublishedRun:
+def _nemo(gpus: int) -> PublishedRun:
+    counts = [count for count, _ in _NEMO_TABLE.points]
+    mfu = _NEMO_MFU[counts.index(gpus)] / 100  # the table prints percent
     dp = gpus // 32
     return PublishedRun(
         f"nemo-gpt3-175b-{gpus}",
@@ -171,7 +178,8 @@ def _nemo(gpus: int, mfu: float) -> PublishedRun:
     )
 
 
-def _narayanan(name, billions, layers, hidden, heads, pp, gpus, batch, tflops):
+def _narayanan(name, billions, layers, hidden, heads, pp, gpus, batch):
+    tflops = quoted_figures("narayanan-table1")["1T" if name == "1t" else billions]
     return PublishedRun(
         f"megatron-{name}",
         f"Megatron-LM {billions}, {gpus:,} A100",
@@ -196,7 +204,7 @@ def _narayanan(name, billions, layers, hidden, heads, pp, gpus, batch, tflops):
     )
 
 
-def _korthikanti(name, layers, hidden, heads, pp, batch, micro, v, seconds, how):
+def _korthikanti(name, layers, hidden, heads, pp, batch, micro, v, how):
     ckpt = "full" if how == "full" else "selective"
     return PublishedRun(
         f"korthikanti-{name}-{ckpt}",
@@ -214,7 +222,7 @@ def _korthikanti(name, layers, hidden, heads, pp, batch, micro, v, seconds, how)
         "A100 80GB",
         "NVLink 3 + HDR 200G",
         "seconds",
-        seconds,
+        _TIMES[f"{name} {how}"],
         _KORTHIKANTI,
         f"TP 8, PP {pp}, batch {batch}, micro-batch {micro}, interleaving {v}, "
         + (
@@ -227,7 +235,8 @@ def _korthikanti(name, layers, hidden, heads, pp, batch, micro, v, seconds, how)
     )
 
 
-def _llama(gpus: int, dp: int, per_dp: int, mfu: float) -> PublishedRun:
+def _llama(gpus: int, dp: int, per_dp: int) -> PublishedRun:
+    mfu = quoted_figures("llama3-405b-mfu")[str(gpus)]
     return PublishedRun(
         f"llama3-405b-{gpus}",
         f"Llama 3 405B, {gpus:,} H100",
@@ -259,20 +268,22 @@ def _llama(gpus: int, dp: int, per_dp: int, mfu: float) -> PublishedRun:
 
 #: Published runs, each with its source, layout, sequence, batch and figure.
 PUBLISHED_RUNS: tuple[PublishedRun, ...] = (
-    _korthikanti("22B", 48, 6144, 64, 1, 4, 4, 1, 1.42, "full"),
-    _korthikanti("22B", 48, 6144, 64, 1, 4, 4, 1, 1.10, "selective"),
-    _korthikanti("175B", 96, 12288, 96, 8, 64, 1, 3, 18.13, "full"),
-    _korthikanti("175B", 96, 12288, 96, 8, 64, 1, 3, 13.75, "selective"),
-    _korthikanti("530B", 105, 20480, 128, 35, 280, 1, 3, 49.05, "full"),
-    _korthikanti("530B", 105, 20480, 128, 35, 280, 1, 3, 37.83, "selective"),
-    _korthikanti("1T", 128, 25600, 160, 64, 512, 1, 1, 94.42, "full"),
-    _korthikanti("1T", 128, 25600, 160, 64, 512, 1, 1, 71.49, "selective"),
-    _nemo(128, 0.5354),
-    _nemo(2048, 0.5240),
-    _narayanan("145b", "145.6B", 80, 12288, 96, 8, 1536, 2304, 148.0),
-    _narayanan("1t", "1T", 128, 25600, 160, 64, 3072, 3072, 163.0),
-    _llama(8192, 64, 32, 0.43),
-    _llama(16384, 128, 16, 0.41),
+    *(
+        _korthikanti(name, layers, hidden, heads, pp, batch, micro, v, how)
+        for name, layers, hidden, heads, pp, batch, micro, v in (
+            ("22B", 48, 6144, 64, 1, 4, 4, 1),
+            ("175B", 96, 12288, 96, 8, 64, 1, 3),
+            ("530B", 105, 20480, 128, 35, 280, 1, 3),
+            ("1T", 128, 25600, 160, 64, 512, 1, 1),
+        )
+        for how in ("full", "selective")
+    ),
+    _nemo(128),
+    _nemo(2048),
+    _narayanan("145b", "145.6B", 80, 12288, 96, 8, 1536, 2304),
+    _narayanan("1t", "1T", 128, 25600, 160, 64, 3072, 3072),
+    _llama(8192, 64, 32),
+    _llama(16384, 128, 16),
 )
 
 

@@ -1,26 +1,42 @@
-"""The published figures at scale, as data, in two kinds of record (those of
-:mod:`workshop.bench.published`):
+"""The published figures at scale, as data, in three kinds of record (built on those
+of :mod:`workshop.sources.published`):
 
-- :class:`ScaleTable` (a :class:`~workshop.bench.published.PublishedTable`): a
+- :class:`ScaleTable` (a :class:`~workshop.sources.published.PublishedTable`): a
   printed table. All-reduce bus bandwidth by message size on the 8 GPUs of one
-  node (nccl-tests), and the weak scaling of GPT-3 175B training on 128 to 2,048
-  H100 GPUs (NVIDIA's NeMo Megatron recipe);
-- :class:`QuotedBandwidth` (a :class:`~workshop.bench.published.PublishedQuote`): one
-  bus bandwidth an NCCL maintainer gave in an answer, with the line rate of the link
-  it ran over; and plain quotes of published model-FLOPs utilisation at scale.
+  node (nccl-tests), the weak scaling of GPT-3 175B training on 128 to 2,048 H100
+  GPUs (NVIDIA's NeMo Megatron recipe), and matrix-product rates by size;
+- :class:`QuotedBandwidth` (a :class:`~workshop.sources.published.PublishedQuote`):
+  one bus bandwidth an NCCL maintainer gave in an answer, with the line rate of the
+  link it ran over; and plain quotes of published model-FLOPs utilisation at scale;
+- :class:`QuotedFigures`: a quote whose numbers a program reads, each by name
+  (memory bandwidths, the best matrix-product rates, published iteration times).
 
 Only figures read in their source are here, as the source prints them (a table's
 typing slip included: see ``scale_sources()``); every source is named exactly, with
-its address. Read them through :mod:`workshop.bench.published_scale`.
+its address. The benchmarks read them through :mod:`workshop.bench.published_scale`,
+the planner through :func:`scale_table`, :func:`published_quote` and
+:func:`quoted_figures` (its GPU and network records
+and its published runs): each figure is written here once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .documents import pick_named
 from .published import PublishedQuote, PublishedTable, Source
 
-__all__ = ["QUOTES", "TABLES", "QuotedBandwidth", "ScaleTable", "answer"]
+__all__ = [
+    "QUOTES",
+    "TABLES",
+    "QuotedBandwidth",
+    "QuotedFigures",
+    "ScaleTable",
+    "answer",
+    "published_quote",
+    "quoted_figures",
+    "scale_table",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,27 @@ class QuotedBandwidth(PublishedQuote):
     busbw_gbs: tuple[float, float] = (0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class QuotedFigures(PublishedQuote):
+    """A quote whose numbers a program reads: ``values``, ((name, value), ...),
+    each as the statement writes it, in ``unit``."""
+
+    unit: str = ""
+    values: tuple[tuple[str, float], ...] = ()
+
+    def __getitem__(self, name: str) -> float:
+        """The value called ``name``.
+
+        Raises:
+            KeyError: a name the quote does not have; the message lists them.
+        """
+        for key, value in self.values:
+            if key == name:
+                return value
+        known = [key for key, _ in self.values]
+        raise KeyError(f"{self.name!r} has no figure {name!r}; it has {known}")
+
+
 # --- sources -------------------------------------------------------------------------
 
 _DGXC = "https://github.com/NVIDIA/dgxc-benchmarking/blob/"
@@ -114,6 +151,40 @@ def _azure(vm: str, file: str) -> Source:
         year=2024,
         url=_AZURE,
     )
+
+
+def _azure_part(vm: str, file: str, part: str) -> Source:
+    return Source(
+        title=f"Azure AI Benchmarking Guide, {vm} results (Azure_Results/{file}), "
+        f"{part}",
+        organisation="Microsoft Azure",
+        year=2024,
+        url=_AZURE,
+    )
+
+
+_BEKMAN = Source(
+    title="S. Bekman, Machine Learning Engineering, compute/accelerator/README.md, "
+    "'Maximum Achievable Matmul FLOPS comparison table' (BF16, the best shape found, "
+    "mean of 100 matmuls after 50 warm-up)",
+    organisation="S. Bekman (open book)",
+    year=2025,
+    url="https://github.com/stas00/ml-engineering",
+)
+_KORTHIKANTI = Source(
+    title="Korthikanti et al., 'Reducing Activation Recomputation in Large "
+    "Transformer Models', MLSys 2023, arXiv:2205.05198, Table 5",
+    organisation="NVIDIA",
+    year=2022,
+    url="https://arxiv.org/abs/2205.05198",
+)
+_LLAMA3 = Source(
+    title="Dubey et al., 'The Llama 3 Herd of Models', arXiv:2407.21783, Table 4 "
+    "(8K sequence rows) and section 3.3.2",
+    organisation="Meta",
+    year=2024,
+    url="https://arxiv.org/abs/2407.21783",
+)
 
 
 def answer(who: str, repo: str, number: int, year: int, title: str) -> Source:
@@ -236,6 +307,22 @@ TABLES = (
         "ND_A100_v4_results.md",
         "A100 80GB",
         _AZURE_A100,
+    ),
+    ScaleTable(
+        name="gemm-a100-azure",
+        label="A100 80GB, cuBLASLt fp16 GEMM, M = N = K (Azure ND A100 v4)",
+        setup="one A100 80GB SXM of an Azure ND A100 v4 VM: cuBLASLt fp16 "
+        "products of square matrices, random data, TFLOP/s",
+        points=(
+            (1024, 119.4),
+            (2048, 221.8),
+            (4096, 228.0),
+            (8192, 253.7),
+            (16384, 256.5),
+        ),
+        source=_azure_part("ND A100 v4", "ND_A100_v4_results.md", "'GEMM' table"),
+        x_unit="M = N = K",
+        y_unit="TFLOP/s",
     ),
     _nemo(
         "BF16",
@@ -402,6 +489,56 @@ QUOTES: tuple[PublishedQuote, ...] = (
         "3072 GPUs at 163 teraFLOP/s per GPU (52%, 502.0 petaFLOP/s)",
         _paper("Table 1"),
     ),
+    QuotedFigures(
+        "stream-triad",
+        "BabelStream's triad on one GPU: 1.70 TB/s on an A100 80GB (Azure ND A100 "
+        "v4) and 2.97 TB/s on an H100 80GB (ND H100 v5), of 2.04 and 3.35 on the "
+        "datasheets",
+        _azure_part("ND A100 v4 and ND H100 v5", "ND_*_results.md", "'STREAM' tables"),
+        unit="TB/s",
+        values=(("A100 80GB", 1.70), ("H100 80GB", 2.97)),
+    ),
+    QuotedFigures(
+        "mamf",
+        "the best BF16 matrix product found: 271.2 TFLOP/s of 312 on an A100 SXM "
+        "(torch 2.6.0+cu126) and 794.5 of 989 on an H100 SXM (torch 2.7.0+cu126)",
+        _BEKMAN,
+        unit="TFLOP/s",
+        values=(("A100 80GB", 271.2), ("H100 80GB", 794.5)),
+    ),
+    QuotedFigures(
+        "korthikanti-iteration",
+        "iteration times in seconds, full recomputation / sequence parallelism with "
+        "selective recomputation: 22B 1.42 / 1.10, 175B 18.13 / 13.75, 530B 49.05 / "
+        "37.83, 1T 94.42 / 71.49",
+        _KORTHIKANTI,
+        unit="s",
+        values=(
+            ("22B full", 1.42),
+            ("22B selective", 1.10),
+            ("175B full", 18.13),
+            ("175B selective", 13.75),
+            ("530B full", 49.05),
+            ("530B selective", 37.83),
+            ("1T full", 94.42),
+            ("1T selective", 71.49),
+        ),
+    ),
+    QuotedFigures(
+        "narayanan-table1",
+        "145.6 billion parameters on 1536 A100 GPUs at 148 teraFLOP/s per GPU; "
+        "1008.0 billion on 3072 GPUs at 163 teraFLOP/s per GPU",
+        _paper("Table 1"),
+        unit="TFLOP/s per GPU",
+        values=(("145.6B", 148.0), ("1T", 163.0)),
+    ),
+    QuotedFigures(
+        "llama3-405b-mfu",
+        "Llama 3 405B on 8K sequences: 43% BF16 MFU on 8,192 H100 GPUs, 41% on 16,384",
+        _LLAMA3,
+        unit="MFU",
+        values=(("8192", 0.43), ("16384", 0.41)),
+    ),
     PublishedQuote(
         "narayanan-zero3",
         "GPT-3 175B at a global batch of 1536 on A100 GPUs: tensor, pipeline and "
@@ -410,3 +547,31 @@ QUOTES: tuple[PublishedQuote, ...] = (
         _paper("Table 2"),
     ),
 )
+
+
+def scale_table(name: str) -> ScaleTable:
+    """The table of :data:`TABLES` called ``name``.
+
+    Raises:
+        ValueError: no such table; the message lists them.
+    """
+    return pick_named(TABLES, (name,), "published table at scale")[0]
+
+
+def quoted_figures(name: str) -> QuotedFigures:
+    """The :class:`QuotedFigures` of :data:`QUOTES` called ``name``.
+
+    Raises:
+        ValueError: no such quote with figures; the message lists them.
+    """
+    found = [q for q in QUOTES if isinstance(q, QuotedFigures)]
+    return pick_named(found, (name,), "quote with figures")[0]
+
+
+def published_quote(name: str) -> PublishedQuote:
+    """The quote of :data:`QUOTES` called ``name``.
+
+    Raises:
+        ValueError: no such quote; the message lists them.
+    """
+    return pick_named(QUOTES, (name,), "published quote")[0]

@@ -111,7 +111,7 @@ def test_the_hello_script_as_mpirun_processes():
 def test_srun_port_comes_from_the_job_id(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "123456")
     info = RankInfo(rank=0, world_size=2, master_addr="gpu003", launcher="srun")
-    assert _init_method(info) == "tcp://gpu003:23456"  # 20000 + 123456 % 20000
+    assert _init_method(info) == "tcp://gpu003:13456"  # 10000 + 123456 % 20000
 
 
 def test_missing_rendezvous_address_is_explained(monkeypatch):

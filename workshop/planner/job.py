@@ -256,7 +256,7 @@ def _script(job: PlannedJob, time: str, mem: str | None, cpus: int) -> str:
         "so two",
         "# jobs sharing a node do not collide.",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
-        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))  # below the ephemeral ports",
         "",
         'echo "job ${SLURM_JOB_ID} (${SLURM_JOB_NAME}): ${SLURM_NNODES} nodes" \\',
         '    "(${SLURM_JOB_NODELIST}), ${NPROC_PER_NODE} ranks per node"',

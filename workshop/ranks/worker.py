@@ -194,8 +194,9 @@ def _init_method(info: RankInfo) -> str:
     job = slurm_allocation().job_id
     if port is None and info.launcher in ("srun", "mpirun") and job:
         # Every task of a job derives the same port from the job id, so a batch
-        # script need not choose one (and two jobs on one node do not collide).
-        port = 20000 + int("".join(c for c in job if c.isdigit()) or 0) % 20000
+        # script need not choose one (and two jobs on one node do not collide);
+        # below 32768, where Linux hands out the ports of outgoing connections.
+        port = 10000 + int("".join(c for c in job if c.isdigit()) or 0) % 20000
     if addr is None or port is None:
         raise RuntimeError(
             f"{info.launcher} started rank {info.rank} of {info.world_size} but "

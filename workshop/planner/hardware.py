@@ -9,7 +9,7 @@ records for the machine at hand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..sources.scale_data import published_quote, quoted_figures, scale_table
@@ -132,6 +132,20 @@ _H100_MATMUL = tuple(
     for m, n, k, rate in _A100_MATMUL
 )
 
+_A100 = GPU(
+    "A100 80GB",
+    80,
+    312.0,
+    19.5,
+    _NV_A100,
+    _MAMF["A100 80GB"],
+    f"{_cite(_MAMF)}; by size: {_A100_GEMM.source.cite()}",
+    memory_gbs=_TRIAD["A100 80GB"] * 1000,  # TB/s
+    memory_source=_cite(_TRIAD),
+    sms=108,
+    matmul_points=_A100_MATMUL,
+)
+
 #: GPUs by name, with their vendor's published figures (dense, no sparsity).
 GPUS: dict[str, GPU] = {
     g.name: g
@@ -149,32 +163,9 @@ GPUS: dict[str, GPU] = {
             sms=132,
             matmul_points=_H100_MATMUL,
         ),
-        GPU(
-            "A100 80GB",
-            80,
-            312.0,
-            19.5,
-            _NV_A100,
-            _MAMF["A100 80GB"],
-            f"{_cite(_MAMF)}; by size: {_A100_GEMM.source.cite()}",
-            memory_gbs=_TRIAD["A100 80GB"] * 1000,  # TB/s
-            memory_source=_cite(_TRIAD),
-            sms=108,
-            matmul_points=_A100_MATMUL,
-        ),
-        GPU(
-            "A100 40GB",
-            40,
-            312.0,
-            19.5,
-            _NV_A100,
-            _MAMF["A100 80GB"],
-            f"{_cite(_MAMF)}; by size: {_A100_GEMM.source.cite()}",
-            memory_gbs=_TRIAD["A100 80GB"] * 1000,  # TB/s
-            memory_source=_cite(_TRIAD),
-            sms=108,
-            matmul_points=_A100_MATMUL,
-        ),
+        _A100,
+        # The 40 GB A100 is the 80 GB one with half the memory: same chip, figures.
+        replace(_A100, name="A100 40GB", memory_gb=40),
         GPU("V100 32GB", 32, 125.0, 15.7, _NV_V100 + "; fp16 tensor cores (no bf16)"),
     )
 }

@@ -259,10 +259,14 @@ class Kernel:
                 )
             self.id = answer["id"]
         url = self.hub.url.replace("http", "ws", 1) + f"{base}/{self.id}/channels"
+        # tornado gives a request 20 s in all unless told: a CI run's loaded
+        # machine took longer for six learners' hand-shakes through the proxy at
+        # once, so the whole hand-shake gets the time a connection does.
         request = HTTPRequest(
             url,
             headers={"Authorization": f"token {self.hub.token}"},
-            connect_timeout=30,
+            connect_timeout=120,
+            request_timeout=120,
         )
         self._socket = await websocket_connect(request)
         return self

@@ -344,7 +344,7 @@ def stop(
                 time.sleep(0.3)
     else:
         if (folder / "slurm" / "run" / "slurmctld.pid").exists():
-            stopped.jobs_left = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
+            stopped.jobs_left = _jobs_not_ending(env, stopped.servers_stopped)
         slurm_watchdog.stop_cluster(folder / "slurm", LOCAL_SLURM)
     stopped.killed = _kill_all_of(users["names"])
     # Before userdel: the learners' files are found by their uids.
@@ -400,6 +400,30 @@ def check_archive(
             "--keep-homes /root/class-archive"
         )
     return keep
+
+
+def _jobs_not_ending(
+    env: dict[str, str], stopped: list[str], within: float = 60
+) -> list[str]:
+    """The jobs still in the queue once those already ending have ended.
+
+    The hub cancelled the job of each server in ``stopped`` (named
+    ``jupyter-NAME`` by the batch script). Such a job then shows as COMPLETING,
+    or even still RUNNING, while slurmd ends its processes: under a second on a
+    quiet machine, and long enough on a loaded one (a CI run) that squeue still
+    listed it. It is ending as it should, so it is waited for (``within`` seconds
+    at most), not counted as left behind and its processes killed."""
+    listing = ["squeue", "-h", "-o", "%A %t %j"]
+    ending = {f"jupyter-{name}" for name in stopped}
+    deadline = time.monotonic() + within
+    while True:
+        jobs = [line.split() for line in _quiet(listing, env, 15).splitlines()]
+        jobs = [job for job in jobs if len(job) == 3]
+        if time.monotonic() > deadline or not any(
+            state == "CG" or name in ending for _, state, name in jobs
+        ):
+            return [job_id for job_id, _, _ in jobs]
+        time.sleep(0.3)
 
 
 def _stop_servers(hub: Hub) -> tuple[list[str], list[str]]:

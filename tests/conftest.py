@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from leftovers import left_behind, summary, temp_entries
 
 from workshop.cluster.commands import free_port  # (the tests import it from here)
 
@@ -114,8 +115,32 @@ def notebook_stderr(outputs) -> str:
     )
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    """Say where the process stopped being forkable, as the doctor would say it."""
+# --- what the run leaves in /tmp, /var/tmp and /dev/shm (tests/leftovers.py) --------
+_TEMP_BEFORE = pytest.StashKey[dict]()
+
+
+def _controller(config) -> bool:
+    """The process that runs the session: pytest alone, or xdist's controller (its
+    workers end before it reports, so what they left is there to see)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session) -> None:
+    if _controller(session.config):
+        session.config.stash[_TEMP_BEFORE] = temp_entries()
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """Say where the process stopped being forkable, as the doctor would say it;
+    and what the run left in the temporary folders."""
+    before = config.stash.get(_TEMP_BEFORE, None)
+    if before is not None:
+        # Reported, not yet failed on: a whole run leaving nothing is not proven
+        # (issue 47), and on a shared machine another process of the same user may
+        # add entries while the suite runs. Once a fresh clone's `make test` shows
+        # nothing here, this can fail the run (session.exitstatus).
+        for line in summary(left_behind(before, temp_entries())):
+            terminalreporter.write_line(line)
     if _BACKWARD["first"] is not None:
         from workshop._procs import AUTOGRAD, HAZARDS
 

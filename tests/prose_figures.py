@@ -555,6 +555,7 @@ NOT_FROM_OUTPUTS = {
     ("launching.md", "0.02"): "launch's bounded-output test (tests/ranks), not a cell",
     ("notebooks.md", "1,024"): "the world size 04 §8 plans for, not a result",
     ("cluster.md", "2.4"): VERSION_NAMED + " (gloo in torch 2.4)",
+    ("cluster.md", "2.1"): VERSION_NAMED + " (torch 2.4.1 and 2.11.0)",
     # notebook 01
     ("01", "1,797"): CONSTANT + ": scikit-learn's digits, 1,437 train + 360 test",
     ("01", "23.5"): DERIVED
@@ -609,6 +610,8 @@ NOT_FROM_OUTPUTS = {
     ("benchmarks.md", "64"): "a message size, 64 KiB or 64 MiB (65536 or 67108864 "
     "bytes in the file)",
     ("benchmarks.md", "12.8"): RUN_TIME,
+    ("benchmarks.md", "5.3"): "CPU-seconds `import torch` took on another CI "
+    "machine (4.2 to 5.3), timed there by hand, not a cell",
     ("benchmarks.md", "41.0"): RUN_TIME + " (make test-site, notebook 01's cell 15; "
     "04's published-runs table prints a 41.0% of Meta's by coincidence)",
     ("benchmarks.md", "16.3"): RUN_TIME,

@@ -115,8 +115,18 @@ def test_a_cell_that_fails_on_a_stray_stderr_line_shows_the_line(tmp_path):
     env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
-         "--nbval", "--nbval-current-env", "stray.ipynb"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "--nbval",
+            "--nbval-current-env",
+            "stray.ipynb",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+# The API's checks and these types say what is allowed in the same words.
+from .checks import whole_range, why_not_writable
+
 __all__ = [
     "above_zero",
     "names_from",
@@ -53,8 +56,7 @@ def whole_number(least: int, example: str, why: str = "") -> Callable[[str], int
         if value is None or value < least:
             because = f" ({why})" if why else ""
             raise argparse.ArgumentTypeError(
-                f"{text} is not a whole number, {least} or more{because}; e.g. "
-                f"{example}"
+                f"{text} is not {whole_range(least)}{because}; e.g. {example}"
             )
         return value
 
@@ -151,17 +153,6 @@ def names_from(allowed: Sequence[str], example: str) -> Callable[[str], list[str
     return parse
 
 
-def _in_the_way(path: Path) -> str | None:
-    """Why nothing can be made at ``path`` (its nearest existing folder above it is
-    a file, or one you cannot write), or None."""
-    above = next(p for p in (path.parent, *path.parent.parents) if p.exists())
-    if not above.is_dir():
-        return f"{above} is a file, not a folder"
-    if not os.access(above, os.W_OK | os.X_OK):
-        return f"the folder {above} cannot be written by you"
-    return None
-
-
 def writable_file(example: str) -> Callable[[str], str]:
     """An argparse ``type=`` for a file the command will write: its folder must
     exist, be a folder and be writable, and the path must not be a folder, so that
@@ -181,19 +172,8 @@ def writable_file(example: str) -> Callable[[str], str]:
     """
 
     def parse(text: str) -> str:
-        path = Path(text)
-        folder = path.parent
-        if not text:
-            why = "no path was given"
-        elif path.is_dir():
-            why = "it is a folder; name a file in it"
-        elif not folder.exists():
-            why = f"its folder {folder} does not exist; make it first"
-        elif not folder.is_dir():
-            why = f"{folder} is a file, not a folder"
-        elif not os.access(folder, os.W_OK | os.X_OK):
-            why = f"the folder {folder} cannot be written by you"
-        else:
+        why = why_not_writable(Path(text)) if text else "no path was given"
+        if why is None:
             return text
         what = f"cannot write {text}: {why}" if text else why
         raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
@@ -221,15 +201,7 @@ def writable_folder(example: str) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         path = Path(os.path.abspath(text)) if text else None
-        if path is None:
-            why = "no path was given"
-        elif path.exists() and not path.is_dir():
-            why = "it is a file, not a folder"
-        elif path.is_dir():
-            writable = os.access(path, os.W_OK | os.X_OK)
-            why = None if writable else "it cannot be written by you"
-        else:
-            why = _in_the_way(path)
+        why = why_not_writable(path, folder=True) if path else "no path was given"
         if why is None:
             return text
         what = f"cannot write into {text}: {why}" if text else why

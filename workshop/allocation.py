@@ -202,7 +202,7 @@ class SlurmAllocation:
         return self.job_id is not None
 
 
-def _whole(env: Mapping[str, str], name: str) -> int | None:
+def _slurm_count(env: Mapping[str, str], name: str) -> int | None:
     """``env[name]`` as a whole number; None when unset, empty or not a number
     (Slurm writes some counts as "2(x3)": the first number is this node's)."""
     value = (env.get(name) or "").strip()
@@ -227,11 +227,13 @@ def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocatio
     env = os.environ if environ is None else environ
     if not env.get("SLURM_JOB_ID"):
         return SlurmAllocation()
-    nodes = _whole(env, "SLURM_JOB_NUM_NODES") or _whole(env, "SLURM_NNODES")
-    cpus = _whole(env, "SLURM_CPUS_ON_NODE")
+    nodes = _slurm_count(env, "SLURM_JOB_NUM_NODES") or _slurm_count(
+        env, "SLURM_NNODES"
+    )
+    cpus = _slurm_count(env, "SLURM_CPUS_ON_NODE")
     # Slurm's memory figures are in MiB ("M"); per node, or per CPU on this node.
-    per_node = _whole(env, "SLURM_MEM_PER_NODE")
-    per_cpu = _whole(env, "SLURM_MEM_PER_CPU")
+    per_node = _slurm_count(env, "SLURM_MEM_PER_NODE")
+    per_cpu = _slurm_count(env, "SLURM_MEM_PER_CPU")
     if per_node:
         memory = per_node << 20
     elif per_cpu and cpus:
@@ -242,7 +244,7 @@ def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocatio
         job_id=env["SLURM_JOB_ID"],
         nodes=nodes,
         nodelist=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
-        tasks=_whole(env, "SLURM_NTASKS"),
+        tasks=_slurm_count(env, "SLURM_NTASKS"),
         gpus_on_node=env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_JOB_GPUS"),
         partition=env.get("SLURM_JOB_PARTITION"),
         cpus_on_node=cpus,

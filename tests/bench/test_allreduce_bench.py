@@ -595,6 +595,7 @@ def test_cli_under_torchrun_joins_the_job_and_rank_0_reports(tmp_path):
         "-m",
         "torch.distributed.run",
         "--standalone",
+        f"--log-dir={tmp_path / 'torchrun-logs'}",  # not a torchelastic_* in /tmp
         "--nproc-per-node",
         "2",
         "-m",

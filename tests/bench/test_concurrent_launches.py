@@ -16,14 +16,12 @@ from workshop.bench import __main__ as bench
 TINY = ["--kernels", "2", "--launches", "4", "--world-size", "2"]
 
 
-def _table(out: str, variant: str) -> dict[str, list[int]]:
-    """The rows of ``variant`` in the printed table: job -> [launches, failed]."""
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith(variant + "  "):
-            words = line[len(variant) :].split()
-            job = " ".join(words[:-4])
-            rows[job] = [int(w) for w in words[-4:-2]]
+def _table(out: str) -> dict[str, list[int]]:
+    """The rows of the printed table: job -> [launches, failed]."""
+    rows, table = {}, out.split("\njob ", 1)[1].split("\n\n", 1)[0]
+    for line in table.splitlines()[1:]:
+        words = line.split()
+        rows[" ".join(words[:-4])] = [int(w) for w in words[-4:-2]]
     return rows
 
 
@@ -39,13 +37,13 @@ def test_a_tiny_run_counts_what_ran(tmp_path, capsys, quick_kernels):
     assert bench.main(["concurrent", *TINY, "--json", str(path)]) == 0
     out = capsys.readouterr().out
     want = {"no collective": [2, 0], "collectives": [2, 0], "all": [4, 0]}
-    assert _table(out, "workshop.launch") == want
+    assert _table(out) == want
     assert "2 kernels at once, 4 launches of 2 ranks each" in out
     assert "goal, 0 failures and nothing on stderr: 0 failures, 0 lines: met" in out
     report = json.loads(path.read_text())
     rows = {r["job"]: [r["launches"], r["failed"]] for r in report["rows"]}
     assert rows == want
-    (round_,) = report["rounds"]
+    round_ = report["round"]
     assert round_["kernels"] == 2 and round_["world_size"] == 2
     assert round_["start_method"] == "auto"
     records = round_["records"]
@@ -59,16 +57,6 @@ def test_a_tiny_run_counts_what_ran(tmp_path, capsys, quick_kernels):
     assert set(round_["load"]) == {"before", "max", "after"}
 
 
-def test_a_tiny_plain_run_whose_ranks_leave_once_all_joined(capsys, quick_kernels):
-    assert bench.main(["concurrent", *TINY, "--plain", "--barriers", "joined"]) == 0
-    out = capsys.readouterr().out
-    assert _table(out, "plain, all joined") == {
-        "no collective": [2, 0],
-        "collectives": [2, 0],
-        "all": [4, 0],
-    }
-
-
 # (command line after "concurrent", the error line after "PROG: error: ")
 REFUSED = [
     ("--kernels 0", "argument --kernels: 0 is not a whole number, 1 or more; e.g. "
@@ -79,18 +67,12 @@ REFUSED = [
      "(ranks that connect need 2); e.g. --world-size 4"),
     ("--timeout 0", "argument --timeout: 0 is not a number above 0; e.g. "
      "--timeout 120"),
-    ("--barriers none,later", "argument --barriers: none,later is not a list of "
-     "names from none, joined, leave, init; e.g. --barriers none,leave"),
 ]  # fmt: skip
 
 # Values each option allows but that do not go together: one line, exit code 2.
 CLASHES = [
     ("--kernels 6 --launches 3", "--launches 3 is fewer than --kernels 6: each "
      "kernel makes one launch at least; pass --launches 6 or more"),
-    ("--barriers leave", "--barriers chooses how plain ranks leave and needs "
-     "--plain; e.g. --plain --barriers none,leave"),
-    ("--plain --start-method spawn", "--start-method spawn is for workshop.launch; "
-     "--plain always forks its ranks from the kernel. Leave --start-method out"),
 ]  # fmt: skip
 
 

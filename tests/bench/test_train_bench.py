@@ -66,6 +66,19 @@ def test_compile_with_bare_is_refused_in_one_line():
     ]
 
 
+@pytest.mark.parametrize("compile_", [["--compile"], []])
+def test_fp16_on_a_cpu_is_refused_as_train_refuses_it(compile_):
+    # It ran in float32 before and said so only in its header (amp=fp32).
+    run = run_module("workshop.bench", "train", *compile_, "--amp", "fp16", **NO_GPU)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "python -m workshop.bench train: error: --amp fp16 needs a GPU (float16 "
+        "autocast is not generally supported on a CPU), but this run is on the CPU; "
+        "pass --amp bf16 (bfloat16 autocast works on CPUs) or --amp none"
+    ]
+    assert "samples/s" not in run.stdout  # no loop ran
+
+
 def test_compile_without_a_compiler_for_the_cpu_stops_in_one_line():
     run = run_module(
         "workshop.bench", "train", "--compile", CXX="/nonexistent/g++", **NO_GPU

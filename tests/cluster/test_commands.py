@@ -17,6 +17,7 @@ import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -645,6 +646,59 @@ def test_what_a_command_leaves_running_when_it_ends_is_stopped(tmp_path, mark):
     assert (result.returncode, result.stdout) == (0, "leaving\n")
 
 
+# A rank that leaves, in a file named by its pid, where torchrun told it to write its
+# error file (in torchrun's log folder), then ends as told or waits to be stopped.
+RANK_LOGS = """
+import os, sys, time
+from pathlib import Path
+error_file = os.environ["TORCHELASTIC_ERROR_FILE"]
+Path(sys.argv[1], f"{os.getpid()}.log").write_text(error_file)
+if sys.argv[2] == "wait":
+    time.sleep(120)
+sys.exit(int(sys.argv[2] == "fail"))
+"""
+
+
+@needs_torchrun
+@pytest.mark.parametrize("end", ["done", "fail", "interrupt"])
+def test_torchrun_leaves_nothing_in_the_temporary_folder(
+    tmp_path, mark, monkeypatch, end
+):
+    # Left alone, torchrun makes a torchelastic_* folder per run in the temporary
+    # folder and leaves it. Here that folder (this process's and, through TMPDIR,
+    # torchrun's) is one of this test's own, so that only this run's entries count.
+    temp, ranks = tmp_path / "tmp", tmp_path / "ranks"
+    temp.mkdir()
+    ranks.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    _script(tmp_path, RANK_LOGS)
+    command = torchrun_command(tmp_path / "s.py", ranks, end, nproc_per_node=2)
+
+    def interrupt_when_both_ranks_are_up() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(ranks.glob("*.log"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _thread.interrupt_main()  # the kernel's stop button
+
+    if end == "interrupt":
+        threading.Thread(target=interrupt_when_both_ranks_are_up, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt, match=r"^interrupted; stopped"):
+            run_command(command, env={MARK: mark}, timeout=60, show=False)
+    else:
+        result = run_command(
+            command, env={MARK: mark}, timeout=60, show=False, check=False
+        )
+        assert result.returncode == (1 if end == "fail" else 0), result.stderr
+    # torchrun wrote in a folder of the workshop's own, in the temporary folder...
+    written = [Path(p.read_text()) for p in ranks.glob("*.log")]
+    assert len(written) == 2
+    for path in written:
+        assert path.relative_to(temp).parts[0].startswith("workshop-torchrun-")
+    # ... which is gone, with nothing else left there.
+    assert sorted(temp.iterdir()) == []
+
+
 def test_an_error_while_showing_output_stops_everything(tmp_path, mark, monkeypatch):
     class BrokenScreen(io.StringIO):
         def write(self, text: str) -> int:
@@ -702,13 +756,18 @@ run_command({command!r}, env={{"{MARK}": {mark!r}}}, cwd={cwd!r}, timeout=120)
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
-def test_a_killed_kernel_leaves_no_process_behind(launcher, tmp_path, mark, script):
+def test_a_killed_kernel_leaves_no_process_behind(
+    launcher, tmp_path, mark, script, monkeypatch
+):
     if (
         shutil.which(launcher, path=f"{Path(PYTHON).parent}:{os.environ['PATH']}")
         is None
     ):
         pytest.skip(f"needs {launcher}")
     _script(tmp_path, SLEEPER)
+    temp = tmp_path / "tmp"  # the kernel's temporary folder, and torchrun's
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     if launcher == "torchrun":
         command = torchrun_command(tmp_path / "s.py", tmp_path, nproc_per_node=2)
     else:
@@ -729,9 +788,13 @@ def test_a_killed_kernel_leaves_no_process_behind(launcher, tmp_path, mark, scri
     assert os.getpgid(workers[0]) != os.getpgid(launcher_pid)
     if launcher == "torchrun":
         assert os.getsid(workers[0]) != os.getsid(launcher_pid)
+    if launcher == "torchrun":  # its log folder, made by the kernel
+        assert [p.name[:18] for p in temp.iterdir()] == ["workshop-torchrun-"]
     os.kill(kernel.popen.pid, signal.SIGKILL)  # the kernel dies; nothing may survive
     kernel.popen.wait(10)
     assert _none_marked(mark) == []
+    if launcher == "torchrun":  # removed by the keeper, the last of the tree to end
+        assert sorted(temp.iterdir()) == []
 
 
 # --- the real launchers on the real script --------------------------------------------

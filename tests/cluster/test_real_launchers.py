@@ -227,7 +227,8 @@ def test_the_plain_ddp_script_refuses_to_start_without_a_launcher(tmp_path):
 
 def test_the_plain_ddp_script_under_torchrun(tmp_path):
     torchrun = str(Path(PYTHON).parent / "torchrun")
-    command = [torchrun, "--standalone", "--nproc_per_node=2", str(DDP_MINIMAL)]
+    logs = f"--log-dir={tmp_path / 'torchrun-logs'}"  # not a torchelastic_* in /tmp
+    command = [torchrun, "--standalone", logs, "--nproc_per_node=2", str(DDP_MINIMAL)]
     _trained_in_step(_run(command, clean_env(), tmp_path), tmp_path)
 
 

@@ -165,9 +165,11 @@ def test_submit_options_override_the_scripts_lines_in_a_fixed_order():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"nodes": 0}, ValueError, r"nodes must be a whole number >= 1, got 0"),
-        ({"gpus_per_node": -1}, ValueError, r"gpus_per_node must be .* >= 0, got -1"),
-        ({"ntasks_per_node": True}, ValueError, r"ntasks_per_node .* got True"),
+        ({"nodes": 0}, ValueError, r"nodes must be a whole number, 1 or more, "
+         r"not 0; e\.g\. submit\("),
+        ({"gpus_per_node": -1}, ValueError, r"gpus_per_node must be a whole "
+         r"number, 0 or more, not -1"),
+        ({"ntasks_per_node": True}, ValueError, r"ntasks_per_node must be .* not True"),
         ({"nodes": 1, "options": {"nodes": 2}}, ValueError,
          r"nodes is given twice, as an argument of submit\(\) and in options"),
         ({"options": "--exclusive"}, TypeError,

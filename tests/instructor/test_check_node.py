@@ -11,6 +11,7 @@ import _thread
 import io
 import json
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -421,11 +422,17 @@ def test_a_command_past_its_timeout_is_stopped_with_everything_it_started():
     assert gone([int(ran.stdout.split()[0])]) == []
 
 
-def test_notebooks_run_into_a_copy_and_their_error_cells_are_counted(tmp_path):
+def test_notebooks_run_into_a_copy_and_their_error_cells_are_counted(
+    tmp_path, monkeypatch
+):
     nbformat = pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     folder = tmp_path / "notebooks"
     folder.mkdir()
+    temp = tmp_path / "tmp"  # the check's temporary folder (and its probes')
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [
         nbformat.v4.new_code_cell("x = 6 * 7\nprint(x)"),
@@ -445,6 +452,16 @@ def test_notebooks_run_into_a_copy_and_their_error_cells_are_counted(tmp_path):
     assert run["errors"] == 1 and run["cells"] == 3 and run["seconds"] > 0
     executed = nbformat.read(run["copy"], as_version=4)
     assert executed.cells[2].outputs[0]["text"] == "43\n"
+    # The copies are kept to be read, and nothing else (the kernel's connection file)
+    kept = Path(result.figures["folder"])
+    assert kept.parent == temp and sorted(kept.iterdir()) == [Path(run["copy"])]
+    # Fixed, the notebook passes and its copy is not kept.
+    del notebook.cells[1]
+    nbformat.write(notebook, source)
+    result = check_steps.step_notebooks(context(tmp_path))
+    assert result.status == "PASS", result.summary
+    assert result.figures["notebooks"][0]["errors"] == 0
+    assert sorted(temp.iterdir()) == [kept]
 
 
 # --- one real run ---------------------------------------------------------------------

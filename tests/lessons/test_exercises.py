@@ -199,3 +199,5 @@ def test_a_raising_answer_and_an_unknown_name(capsys):
         r"are '01.dp'",
     ):
         judge("01.nope", 1)
+    with pytest.raises(KeyError, match=r"no exercise named \['01.dp'\]"):
+        judge(["01.dp"], 1)  # TypeError: unhashable type: 'list' before

@@ -36,14 +36,27 @@ def test_a_warm_up_that_would_ramp_down_is_refused(scale):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"world_size": 1}, r"world_size=1 must be a whole number, 2 or more"),
-        ({"per_rank_batch": 0}, r"per_rank_batch=0 must be a whole number, 1 or more"),
-        ({"epochs": 1.5}, r"epochs=1.5 must be a whole number, 1 or more"),
-        ({"warmup_steps": -1}, r"warmup_steps=-1 must be a whole number, 0 or more"),
-        ({"lr": 0.0}, r"lr=0.0 must be a number above 0"),
-        ({"lr": float("nan")}, r"lr=nan must be a number above 0"),
-        ({"seeds": ()}, r"seeds=\(\) must be one or more whole numbers"),
-        ({"seeds": (0, "1")}, r"seeds=\(0, '1'\) must be one or more whole numbers"),
+        (
+            {"world_size": 1},
+            r"world_size must be a whole number, 2 or more, not 1; "
+            r"e\.g\. compare_global_batch\(world_size=4",
+        ),
+        ({"per_rank_batch": 0}, r"per_rank_batch must be a whole number, 1 or more, "),
+        ({"epochs": 1.5}, r"epochs must be a whole number, 1 or more, not 1\.5"),
+        ({"warmup_steps": -1}, r"warmup_steps must be a whole number, 0 or more, not"),
+        ({"lr": 0.0}, r"lr must be a number above 0, not 0\.0; e\.g\. lr=0\.05"),
+        ({"lr": float("nan")}, r"lr must be a number above 0, not nan"),
+        (
+            {"seeds": ()},
+            r"seeds must be one or more whole numbers, each 0 or more, "
+            r"not \(\); e\.g\. seeds=\(0, 1, 2\)",
+        ),
+        ({"seeds": (0, "1")}, r"seeds must be one or more whole numbers.*\(0, '1'\)"),
+        (
+            {"seeds": 3},
+            r"seeds must be one or more whole numbers, each 0 or more, "
+            r"not 3",
+        ),
     ],
 )
 def test_bad_settings_are_refused_before_any_rank_starts(kwargs, message):

@@ -10,11 +10,8 @@ from torch import nn
 
 from workshop.env import visible_gpu_count
 from workshop.lessons.notebook01_pipeline import TwoStageModel
-from workshop.lessons.notebook01_split import (
-    RELATIVE_TOLERANCE,
-    SplitCheck,
-    check_split,
-)
+from workshop.lessons.notebook01_split import SplitCheck, check_split
+from workshop.training.precision import RELATIVE_TOLERANCE
 
 # Every test trains in this process: see conftest.py.
 pytestmark = pytest.mark.backward_in_process

@@ -22,12 +22,12 @@ from workshop.parallel.tensor import (
     copy_to_ranks,
 )
 from workshop.parallel.tensor_check import (
-    RELATIVE_TOLERANCE,
     check_parallel_linear,
     check_tensor_parallel,
     column_parallel_demo,
     tensor_parallel_bytes,
 )
+from workshop.training.precision import RELATIVE_TOLERANCE
 
 # The checks allow RELATIVE_TOLERANCE (1e-5) of the largest number compared; the
 # numbers here stay below 20, so no difference may pass 2e-4.
@@ -241,9 +241,17 @@ def test_an_uneven_split_is_refused_with_the_sizes_that_would_work():
 
 
 def test_other_bad_layers_are_explained():
-    with pytest.raises(ValueError, match=r"rank=2 is not one of the 2 ranks 0 to 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"rank must be a whole number from 0 to 1, "
+        r"not 2; one of the 2",
+    ):
         ColumnParallelLinear(nn.Linear(4, 4), rank=2, world_size=2)
-    with pytest.raises(ValueError, match=r"world_size=0; pass the number of ranks"):
+    with pytest.raises(
+        ValueError,
+        match=r"world_size must be a whole number, "
+        r"1 or more, not 0; pass the",
+    ):
         RowParallelLinear(nn.Linear(4, 4), rank=0, world_size=0)
     with pytest.raises(ValueError, match=r"full is a Conv1d, not a torch.nn.Linear"):
         ColumnParallelLinear(nn.Conv1d(4, 4, 1), rank=0, world_size=2)

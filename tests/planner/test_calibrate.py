@@ -296,6 +296,7 @@ def test_on_a_gpu_node_the_calibrated_estimate_is_the_measured_step(tmp_path):
                     steps=WARM_UP + 8, calibrate=True)  # fmt: skip
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--log-dir={tmp_path / 'torchrun-logs'}",  # not a torchelastic_* in /tmp
          f"--nproc-per-node={gpus}", "-m", "workshop.planner.job_train",
          "--plan", str(job.plan)],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=clean_env(),

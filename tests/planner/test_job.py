@@ -50,6 +50,8 @@ def test_the_script_asks_slurm_for_the_plans_nodes_and_starts_torchrun(tmp_path)
         "# export NCCL_DEBUG=INFO",
         '    torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" \\',
         '    --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" \\',
+        # torchrun's logs with the job's files, not in a node's /tmp
+        '    --rdzv-id="$SLURM_JOB_ID" --log-dir="${JOB_DIR}/torchrun-logs" \\',
         '    -m workshop.planner.job_train --plan "${JOB_DIR}/plan.json"',
     ):
         assert line in text.splitlines(), line
@@ -139,6 +141,56 @@ def test_bad_input_is_refused_before_anything_is_written(
     assert not (tmp_path / "job").exists()
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        # Each gave a raw error before, or (calibrate) was taken as True.
+        ({"folder": 5}, TypeError, r"write_job: folder must be a folder name, not 5"),
+        ({"folder": None}, TypeError, r"folder must be a folder name, not None"),
+        ({"calibrate": "no"}, ValueError,
+         r"write_job: calibrate='no' must be True or False"),
+        ({"model": ["tiny"]}, ValueError, r"model=\['tiny'\] is not one the planner"),
+    ],
+)  # fmt: skip
+def test_wrong_kinds_are_refused_before_anything_is_written(
+    tmp_path, kwargs, error, match
+):
+    args = {"model": "tiny", "layout": DP_TP, "folder": tmp_path / "job", **CPU}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        write_job(**args)
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        # TypeError from pathlib, "'int' object is not subscriptable" and
+        # KeyError: 'node' before.
+        (lambda: job_figures(5), TypeError,
+         r"job must be the PlannedJob write_job returned or its folder, not 5"),
+        (lambda: job_rows(5), TypeError,
+         r"job_rows: figures must be a list of the ranks' figures \(dicts\), one "
+         r"or more, not 5; e\.g\. figures = job_figures\(job\)"),
+        (lambda: job_rows([5]), TypeError, r"not a list holding 5 \(a int\)"),
+        (lambda: job_against_estimate([]), ValueError,
+         r"job_against_estimate: figures must be .* one or more, not \[\]"),
+        (lambda: job_against_estimate([{}]), ValueError,
+         r"job_against_estimate: figures must be .* not a list holding one without "
+         r"'rank'; e\.g\. figures = job_figures\(job\)"),
+    ],
+)  # fmt: skip
+def test_wrong_figures_are_refused_naming_what_to_pass(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_rank_file_cut_short_is_named(tmp_path):
+    (tmp_path / "rank-0.json").write_text('{"rank": 0, "wor')
+    with pytest.raises(ValueError, match=r"holds a rank-\*\.json that is not JSON"):
+        job_figures(tmp_path)
+
+
 def test_a_folder_that_cannot_be_made_is_named(tmp_path):
     (tmp_path / "a-file").write_text("")
     folder = tmp_path / "a-file" / "job"  # FileExistsError or NotADirectoryError
@@ -180,7 +232,7 @@ def test_the_table_reads_figures_that_match_the_estimate():
         "weights after the steps: yes"
     )
     assert all(len(line) <= 88 for line in lines)
-    with pytest.raises(ValueError, match="needs the ranks' figures"):
+    with pytest.raises(ValueError, match=r"figures must be .* one or more, not \[\]"):
         job_against_estimate([])
 
 
@@ -263,6 +315,7 @@ def test_on_a_gpu_node_the_same_training_runs_with_nccl(tmp_path):
     job = write_job("tiny", layout, tmp_path, nodes=1, gpus_per_node=gpus)
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--log-dir={tmp_path / 'torchrun-logs'}",  # not a torchelastic_* in /tmp
          f"--nproc-per-node={gpus}", "-m", "workshop.planner.job_train",
          "--plan", str(job.plan)],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=clean_env(),

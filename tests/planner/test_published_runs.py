@@ -20,6 +20,7 @@ from workshop.planner.published_runs import (
     estimated_figure,
     plot_against_published,
     published_table,
+    step_breakdown,
 )
 from workshop.planner.step_time import (
     DEFAULT_MFU,
@@ -338,3 +339,33 @@ def test_meta_s_layout_fits_only_with_its_blocks_recomputed():
         full = dataclasses.replace(row.run.layout, checkpointing="full")
         est = estimate(row.run.model, full, row.run.gpu, row.run.network)
         assert est.fits
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        # "'int' object is not iterable", "'str' object has no attribute 'model'"
+        # and the like before.
+        (lambda: against_published(5),
+         r"runs must be a list of PublishedRun records, not 5; e\.g\. "),
+        (lambda: against_published(("x",)),
+         r"runs must be a list of PublishedRun records, not a list holding 'x'"),
+        (lambda: published_table(5),
+         r"rows must be a list of Against rows, not 5; e\.g\. rows = "
+         r"against_published\(\)"),
+        (lambda: published_table(["x"]), r"not a list holding 'x' \(a str\)"),
+        (lambda: plot_against_published(5), r"rows must be a list of Against rows"),
+        (lambda: estimated_figure("x", None),
+         r"run must be a PublishedRun, not 'x' \(a str\); e\.g\. PUBLISHED_RUNS"),
+        (lambda: step_breakdown(None),
+         r"row must be an Against, not None .*step_breakdown\(against_published"),
+    ],
+)  # fmt: skip
+def test_wrong_kinds_are_refused_naming_what_to_pass(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_an_empty_plot_is_refused():
+    with pytest.raises(ValueError, match=r"rows must be .* one or more, not \[\]"):
+        plot_against_published([])  # max() of an empty sequence before

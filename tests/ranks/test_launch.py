@@ -294,8 +294,8 @@ def test_bad_world_size_is_explained():
     for bad in (0, -2):
         with pytest.raises(
             ValueError,
-            match=rf"world_size must be a whole number of "
-            rf"ranks, 1 or more; got {bad}\. Pass world_size=2",
+            match=rf"world_size must be a whole number, 1 or more, not {bad}; the "
+            rf"number of ranks, e\.g\. world_size=2",
         ):
             launch(_rank_facts, world_size=bad)
     for bad in (2.5, True, "4"):
@@ -321,8 +321,8 @@ def test_unknown_backend_and_start_method_are_explained():
         launch(_rank_facts, world_size=2, backend="ncl")
     with pytest.raises(
         ValueError,
-        match=r"unknown start_method='forkserver'; pass one "
-        r"of 'auto', 'fork', 'server', 'spawn'",
+        match=r"start_method must be one of 'auto', 'fork', 'server' or 'spawn', "
+        r"not 'forkserver'",
     ):
         launch(_rank_facts, world_size=2, start_method="forkserver")
     with pytest.raises(

@@ -37,7 +37,7 @@ def _refused(*args, **kwargs) -> None:
 def test_an_unknown_show_is_refused():
     with pytest.raises(
         ValueError,
-        match=r"unknown show='foo'; pass one of 'auto', 'lines', 'none' \('auto': "
+        match=r"show must be one of 'auto', 'lines' or 'none', not 'foo'; 'auto': "
         r"live in the cell",
     ):
         _refused(dist.get_rank, world_size=2, show="foo")
@@ -72,10 +72,22 @@ def test_functions_a_rank_could_not_run_are_refused(fn, kind, fix):
 @pytest.mark.parametrize(
     ("timeout", "message"),
     [
-        (math.nan, r"timeout=nan is not a number of seconds; pass timeout=60"),
+        (
+            math.nan,
+            r"timeout must be a number of seconds above 0 and at most "
+            r"2147483, not nan; e\.g\. timeout=60, or None for no limit",
+        ),
+        # timedelta overflows beyond about 1e14 s, and the process group's C int
+        # of milliseconds beyond 2147483 s: refused before a rank starts.
+        (
+            1e15,
+            r"timeout must be a number of seconds above 0 and at most 2147483, "
+            r"not 1000000000000000\.0; e\.g\. timeout=60, or None for no limit",
+        ),
+        (2147484, r"at most 2147483, not 2147484;"),
         (1e-6, r"timeout=1e-06 s is too short for ranks even to start"),
         (-5, r"timeout=-5 s is too short .*pass at least timeout=1, or None"),
-        ("10", r"timeout must be a number of seconds, or None for no limit; got '10'"),
+        ("10", r"timeout must be a number of seconds above 0 .*not '10'; e\.g\. "),
     ],
 )
 def test_timeouts_that_cannot_work_are_refused(timeout, message):
@@ -83,12 +95,12 @@ def test_timeouts_that_cannot_work_are_refused(timeout, message):
         _refused(dist.get_rank, world_size=2, timeout=timeout)
 
 
-@pytest.mark.parametrize("value", [0, -2, math.inf, math.nan, True, "5"])
+@pytest.mark.parametrize("value", [0, -2, math.inf, math.nan, True, "5", 1e15])
 def test_collective_timeouts_that_cannot_work_are_refused(value):
     with pytest.raises(
         ValueError,
-        match=rf"collective_timeout must be a positive, finite number of seconds .*"
-        rf"got {value!r}.*None for the default \(timeout \+ 10 s\)",
+        match=rf"collective_timeout must be a number of seconds above 0 and at most "
+        rf"2147483, not {value!r}; .*None for the default \(timeout \+ 10 s\)",
     ):
         _refused(dist.get_rank, world_size=2, collective_timeout=value)
 
@@ -98,6 +110,9 @@ def test_collectives_wait_longer_than_the_launch_by_default():
     assert checks.collective_timeout_for(None, 30.0) > 30.0
     assert checks.collective_timeout_for(None, None) == 3600.0
     assert checks.collective_timeout_for(2, 30.0) == 2.0
+    # and by no more than the process group can wait
+    longest = checks.LONGEST_WAIT_S
+    assert checks.collective_timeout_for(None, longest) == longest
 
 
 def test_an_infinite_timeout_means_no_limit():

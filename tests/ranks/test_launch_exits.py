@@ -143,3 +143,30 @@ def test_a_rank_killed_without_a_report_is_named_by_its_last_line():
         r"line: 'last words'",
     ):
         launch(_killed_on_rank_1, world_size=2)
+
+
+def _os_exit_0_on_rank_1():
+    import os
+
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the group is up everywhere
+    if dist.get_rank() == 1:
+        os._exit(0)  # leaves without a report, with the code of a success
+    dist.all_reduce(t)  # rank 0 waits for rank 1 here, and loses it
+    return dist.get_rank()
+
+
+def test_a_rank_that_leaves_by_os_exit_0_is_named_as_the_cause():
+    # Before, the error blamed rank 0 with gloo's "Connection closed by peer" and
+    # never named rank 1.
+    with pytest.raises(LaunchError) as caught:
+        launch(_os_exit_0_on_rank_1, world_size=2, timeout=120)
+    message = str(caught.value)
+    assert message.startswith(
+        "rank(s) 1 of 2 ended their process with exit code 0 without returning "
+        "(os._exit(0), or a library that ended the process) while rank(s) 0 still "
+        "called a collective with them"
+    ), message
+    assert "look for a return, sys.exit or os._exit that only some ranks" in message
+    assert caught.value.failed_ranks == [0]
+    assert caught.value.result.exit_codes[1] == 0

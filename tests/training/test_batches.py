@@ -34,12 +34,12 @@ def test_rounding_down_trains_on_fewer_samples():
         ),
         ((3, 4), {}, "global_batch=3 is smaller than world_size=4"),
         ((3, 4), {"exact": False}, "global_batch=3 is smaller than world_size=4"),
-        ((0, 4), {}, "global_batch=0 must be a whole number, 1 or more"),
-        ((256.0, 4), {}, "global_batch=256.0 must be a whole number"),
-        ((True, 1), {}, "global_batch=True must be a whole number"),
-        ((256, 0), {}, "world_size=0 must be a whole number, 1 or more"),
-        ((256, -2), {}, "world_size=-2 must be a whole number"),
-        ((256, "4"), {}, "world_size='4' must be a whole number"),
+        ((0, 4), {}, r"global_batch must be a whole number, 1 or more, not 0; e\.g"),
+        ((256.0, 4), {}, r"global_batch must be a whole number, 1 or more, not 256\.0"),
+        ((True, 1), {}, "global_batch must be a whole number, 1 or more, not True"),
+        ((256, 0), {}, "world_size must be a whole number, 1 or more, not 0"),
+        ((256, -2), {}, "world_size must be a whole number, 1 or more, not -2"),
+        ((256, "4"), {}, "world_size must be a whole number, 1 or more, not '4'"),
     ],
 )
 def test_bad_input_is_named(args, kwargs, message):

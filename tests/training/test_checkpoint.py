@@ -170,6 +170,42 @@ def test_errors_say_what_was_wrong(tmp_path):
         save_checkpoint(5, model)
 
 
+def test_a_module_passed_as_the_optimizer_is_refused(tmp_path):
+    # It was saved as the optimizer's state before (a module has a state_dict too).
+    model = nn.Linear(3, 2)
+    refused = (
+        r"optimizer must be a torch.optim optimizer or None, not a "
+        r"torch\.nn\.modules\.linear\.Linear; e\.g\. {}\('ckpt\.pt', model, "
+        r"optimizer\) with optimizer = torch\.optim\.SGD"
+    )
+    with pytest.raises(TypeError, match=refused.format("save_checkpoint")):
+        save_checkpoint(tmp_path / "c.pt", model, optimizer=model)
+    assert not (tmp_path / "c.pt").exists()
+    save_checkpoint(tmp_path / "c.pt", model)
+    with pytest.raises(TypeError, match=refused.format("load_checkpoint")):
+        load_checkpoint(tmp_path / "c.pt", model, optimizer=model)
+
+
+def test_an_optimizer_of_another_class_is_refused_naming_both(tmp_path):
+    # An SGD state loaded into Adam without a word before; Adam's first step then
+    # failed with KeyError: 'betas'.
+    model = nn.Linear(3, 2)
+    save_checkpoint(tmp_path / "c.pt", model, torch.optim.SGD(model.parameters(), 0.1))
+    adam = torch.optim.Adam(model.parameters(), lr=0.01)
+    with pytest.raises(
+        ValueError,
+        match=r"c\.pt holds the state of an optimizer of class SGD, but one of class "
+        r"Adam was given; build one of class SGD to continue .*, or leave optimizer "
+        r"out to start the Adam afresh; nothing was loaded",
+    ):
+        load_checkpoint(tmp_path / "c.pt", model, adam)
+    for p in model.parameters():  # (no backward pass in the pytest process)
+        p.grad = torch.ones_like(p)
+    adam.step()  # untouched: it steps as a fresh Adam
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    load_checkpoint(tmp_path / "c.pt", model, sgd)  # the same class loads
+
+
 def _train(epochs: int, path: str, resume: bool) -> dict[str, torch.Tensor]:
     """The notebook's resumable DDP loop, on every rank."""
     from torch.nn.parallel import DistributedDataParallel

@@ -109,14 +109,26 @@ def test_quiet_profiler_silences_kineto_and_the_cycle_warning(monkeypatch):
 
 
 def test_bad_input_is_explained(tmp_path):
-    with pytest.raises(ValueError, match=r"active must be a whole number >= 1, got 0"):
+    with pytest.raises(
+        ValueError,
+        match=r"active must be a whole number, "
+        r"1 or more, not 0",
+    ):
         recorded_steps(5, wait=1, warmup=1, active=0)
-    with pytest.raises(ValueError, match=r"wait must be a whole number >= 0, got -1"):
+    with pytest.raises(
+        ValueError,
+        match=r"wait must be a whole number, "
+        r"0 or more, not -1",
+    ):
         recorded_steps(5, wait=-1, warmup=1, active=1)
-    with pytest.raises(ValueError, match=r"steps must be a whole number >= 0, got 2.5"):
+    with pytest.raises(
+        ValueError,
+        match=r"steps must be a whole number, "
+        r"0 or more, not 2\.5",
+    ):
         recorded_steps(2.5, wait=0, warmup=0, active=1)
     with pytest.raises(
-        ValueError, match=r"repeat must be a whole number >= 0, got True"
+        ValueError, match=r"repeat must be a whole number, 0 or more, not True"
     ):
         recorded_steps(5, wait=0, warmup=0, active=1, repeat=True)
     with pytest.raises(ValueError, match=r"is not a folder; pass the folder given"):

@@ -36,7 +36,7 @@ COMMANDS = {
         scaling_bench.main,
     ),
     "concurrent": (
-        "many kernels launching at once: failures and restarts per launch",
+        "many kernels launching at once: failed launches and lines on stderr",
         concurrent_launches.add_arguments,
         concurrent_launches.main,
     ),

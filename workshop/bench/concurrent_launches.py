@@ -2,7 +2,6 @@
 (``python -m workshop.bench concurrent``).
 
     python -m workshop.bench concurrent                  # 6 kernels, 200 launches
-    python -m workshop.bench concurrent --plain          # plain torch.distributed
 
 Each "kernel" is a Python process of its own that imports ``workshop``, as a notebook
 kernel has, and waits; then all are told to go at once, and each makes its share of
@@ -14,9 +13,9 @@ collective and returns at once (the cell whose ranks once failed to connect, iss
 launcher writes its notices. ``workshop.launch`` starts the ranks once: a process
 group that fails to connect is a failure here, never hidden by a restart.
 
-``--plain`` runs the same jobs with plain ``torch.distributed`` and no workshop code
-in the ranks (:mod:`workshop.bench.plain_launch`), with each of the ways to leave a
-group that it compares.
+The same jobs with plain ``torch.distributed`` (no workshop code in the ranks), and
+the ways a plain rank may leave its group, were measured once and are kept as
+findings in docs/benchmarks.md, "Many kernels launching at once".
 """
 
 from __future__ import annotations
@@ -37,15 +36,46 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._cli import above_zero, names_from, whole_number, writable_file
-from .plain_launch import BARRIERS, JOBS, expected, first_line, plain_launch
+from .._cli import above_zero, whole_number, writable_file
+from .._house import ROOT
+from ..ranks.start import START_METHODS
 
 __all__ = ["Round", "measure"]
 
-# The plain variants run by default: the cause, and two ways to avoid it.
-DEFAULT_BARRIERS = ["none", "joined", "leave"]
-# workshop.launch's start methods ("auto": what a notebook gets).
-START_METHODS = ("auto", "fork", "server", "spawn")
+
+# -- the jobs every launch runs, in turn
+def return_rank() -> int:
+    """Returns at once, with no collective: a hello-world cell."""
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def all_reduce_and_broadcast() -> float:
+    """An all-reduce and a broadcast of one number: the first cells of notebook 02."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    dist.broadcast(value, src=0)
+    return value.item()
+
+
+JOBS = {"no collective": return_rank, "collectives": all_reduce_and_broadcast}
+
+
+def expected(job: str, world_size: int) -> list[Any]:
+    """What each rank of ``job`` returns when all went well."""
+    if job == "no collective":
+        return list(range(world_size))
+    return [world_size * (world_size + 1) / 2] * world_size
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, cut where gloo starts its advice."""
+    text = str(exc).strip().split("\n")[0].split(" This is typically")[0]
+    return f"{type(exc).__name__}: {text}"[:200]
 
 
 # -- one launch, in a kernel
@@ -86,14 +116,9 @@ def run_kernel(spec_text: str) -> None:
         # Kernels start on different jobs, so both kinds run at every moment.
         job = names[(spec["kernel"] + i) % len(names)]
         t0 = time.perf_counter()
-        if spec["barrier"] is None:
-            record = workshop_launch(
-                job, spec["world_size"], spec["method"], spec["timeout"]
-            )
-        else:
-            record = plain_launch(
-                job, spec["world_size"], spec["barrier"], spec["timeout"]
-            )
+        record = workshop_launch(
+            job, spec["world_size"], spec["method"], spec["timeout"]
+        )
         record["seconds"] = time.perf_counter() - t0
         records.append(record)
     Path(spec["out"]).write_text(json.dumps(records))
@@ -104,7 +129,6 @@ class Round:
     """K kernels launching at once, and what came of every launch.
 
     Attributes:
-        variant: "workshop.launch", or a plain variant of ``BARRIERS``.
         kernels, world_size, start_method: how it ran.
         records: one dict per launch: job, error (None, or its first line),
             seconds.
@@ -114,7 +138,6 @@ class Round:
         stderr_lines: lines the kernels printed on stderr (the launcher's notices).
     """
 
-    variant: str
     kernels: int
     world_size: int
     start_method: str
@@ -131,7 +154,6 @@ class Round:
             seconds = [r["seconds"] for r in mine] or [0.0]
             rows.append(
                 {
-                    "variant": self.variant,
                     "job": job,
                     "launches": len(mine),
                     "failed": sum(r["error"] is not None for r in mine),
@@ -146,11 +168,6 @@ class Round:
         return Counter(
             re.sub(r"\]:\d+", "]:PORT", r["error"]) for r in self.records if r["error"]
         )
-
-
-def _root() -> str:
-    """The folder that holds this package, so that a kernel imports this one."""
-    return str(Path(__file__).resolve().parents[2])
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -181,7 +198,6 @@ def measure(
     world_size: int = 4,
     start_method: str = "auto",
     timeout: float = 120.0,
-    barrier: str | None = None,
 ) -> Round:
     """Start ``kernels`` kernel processes, tell them to go at once, and collect
     what came of ``launches`` launches between them (see the module's docstring).
@@ -190,11 +206,8 @@ def measure(
         kernels: kernel processes launching at the same time.
         launches: launches in all, shared out as evenly as can be.
         world_size: ranks per launch.
-        start_method: ``launch``'s start_method (plain launches always fork).
+        start_method: ``launch``'s start_method.
         timeout: seconds one launch may take.
-        barrier: None for ``workshop.launch``; else a plain launch, and how its
-            ranks leave: one of ``plain_launch.BARRIERS`` ("none", "joined",
-            "leave", "init").
 
     Returns:
         A :class:`Round` with one record per launch.
@@ -207,11 +220,7 @@ def measure(
         >>> measure(2, 4, world_size=2).rows()[-1]["failed"]   # doctest: +SKIP
         0
     """
-    variant = "workshop.launch" if barrier is None else BARRIERS[barrier]
-    method = start_method if barrier is None else "fork"
-    result = Round(variant, kernels, world_size, method)
-    # What the kernel has imported before the first launch, as a notebook has.
-    imported = "workshop" if barrier is None else "torch.distributed"
+    result = Round(kernels, world_size, start_method)
     shares = [launches // kernels + (k < launches % kernels) for k in range(kernels)]
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="workshop-concurrent-") as tmp:
@@ -221,10 +230,11 @@ def measure(
         try:
             for k in range(kernels):
                 spec = dict(kernel=k, launches=shares[k], world_size=world_size)
-                spec.update(method=method, timeout=timeout, barrier=barrier)
-                spec["out"] = str(outs[k])
+                spec.update(method=start_method, timeout=timeout, out=str(outs[k]))
+                # The kernel imports workshop before its first launch, as a
+                # notebook has.
                 code = (
-                    f"import {imported}\n"
+                    "import workshop\n"
                     "from workshop.bench.concurrent_launches import run_kernel\n"
                     f"run_kernel({json.dumps(spec)!r})\n"
                 )
@@ -235,7 +245,7 @@ def measure(
                             stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE,
                             stderr=log,
-                            cwd=_root(),
+                            cwd=ROOT,  # so that a kernel imports this workshop
                             start_new_session=True,
                             text=True,
                         )
@@ -313,18 +323,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds one launch may take (default 120)",
     )
     parser.add_argument(
-        "--plain",
-        action="store_true",
-        help="plain torch.distributed instead of workshop.launch",
-    )
-    parser.add_argument(
-        "--barriers",
-        type=names_from(tuple(BARRIERS), "--barriers none,leave"),
-        default=None,
-        help="with --plain: how ranks leave, from none, joined, leave, init "
-        "(default none,joined,leave)",
-    )
-    parser.add_argument(
         "--json",
         type=writable_file("--json concurrent.json"),
         metavar="PATH",
@@ -346,16 +344,6 @@ def check_options(args: argparse.Namespace) -> None:
             f"each kernel makes one launch at least; pass --launches {args.kernels} "
             "or more"
         )
-    if args.barriers is not None and not args.plain:
-        raise ValueError(
-            "--barriers chooses how plain ranks leave and needs --plain; e.g. "
-            "--plain --barriers none,leave"
-        )
-    if args.plain and args.start_method not in ("auto", "fork"):
-        raise ValueError(
-            f"--start-method {args.start_method} is for workshop.launch; --plain "
-            "always forks its ranks from the kernel. Leave --start-method out"
-        )
     ranks = args.kernels * args.world_size
     fit, why = min(capacity("fork"))
     if ranks > fit:
@@ -366,78 +354,61 @@ def check_options(args: argparse.Namespace) -> None:
         )
 
 
-def print_rounds(rounds: list[Round]) -> None:
-    """The table of every round, its wall time and load, and its failures."""
-    print(
-        f"\n{'variant':<24}{'job':<15}{'launches':>9}{'failed':>8}"
-        f"{'median s':>10}{'max s':>8}"
-    )
-    for round_ in rounds:
-        for row in round_.rows():
-            print(
-                f"{row['variant']:<24}{row['job']:<15}{row['launches']:>9}"
-                f"{row['failed']:>8}{row['median_s']:>10.3f}"
-                f"{row['max_s']:>8.3f}"
-            )
-    for round_ in rounds:
-        load = round_.load
+def print_round(round_: Round) -> None:
+    """The table of the round, its wall time and load, and its failures."""
+    print(f"\n{'job':<15}{'launches':>9}{'failed':>8}{'median s':>10}{'max s':>8}")
+    for row in round_.rows():
         print(
-            f"\n{round_.variant}: wall time {round_.wall_seconds:.1f} s; load average "
-            f"(1 min) {load['before']:.1f} before, {load['max']:.1f} at most, "
-            f"{load['after']:.1f} after; {len(round_.stderr_lines)} lines on the "
-            "kernels' stderr"
+            f"{row['job']:<15}{row['launches']:>9}{row['failed']:>8}"
+            f"{row['median_s']:>10.3f}{row['max_s']:>8.3f}"
         )
-        for line, count in round_.failures().most_common():
-            print(f"  failed {count}x: {line}")
+    load = round_.load
+    print(
+        f"\nwall time {round_.wall_seconds:.1f} s; load average (1 min) "
+        f"{load['before']:.1f} before, {load['max']:.1f} at most, "
+        f"{load['after']:.1f} after; {len(round_.stderr_lines)} lines on the "
+        "kernels' stderr"
+    )
+    for line, count in round_.failures().most_common():
+        print(f"  failed {count}x: {line}")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``python -m workshop.bench concurrent``: 1 where a workshop.launch
-    failed or the kernels printed on stderr (the goal is neither), else 0."""
+    """Run ``python -m workshop.bench concurrent``: 1 where a launch failed or the
+    kernels printed on stderr (the goal is neither), else 0."""
     import torch
 
     from ..allocation import usable_cores
 
     check_options(args)
-    barriers = [None] if not args.plain else (args.barriers or DEFAULT_BARRIERS)
-    method = "fork" if args.plain else args.start_method
     print(
         f"concurrent launches: {args.kernels} kernels at once, {args.launches} "
-        f"launches of {args.world_size} ranks each (gloo, start_method={method}), "
-        f"{usable_cores()} cores, torch {torch.__version__}",
+        f"launches of {args.world_size} ranks each (gloo, "
+        f"start_method={args.start_method}), {usable_cores()} cores, "
+        f"torch {torch.__version__}",
         flush=True,
     )
-    rounds = [
-        measure(
-            args.kernels,
-            args.launches,
-            args.world_size,
-            args.start_method,
-            args.timeout,
-            barrier,
-        )
-        for barrier in barriers
-    ]
-    print_rounds(rounds)
+    round_ = measure(
+        args.kernels, args.launches, args.world_size, args.start_method, args.timeout
+    )
+    print_round(round_)
     if args.json:
         report = {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "cores": usable_cores(),
             "torch": torch.__version__,
             "python": sys.version.split()[0],
-            "rows": [row for r in rounds for row in r.rows()],
-            "rounds": [asdict(r) | {"failures": dict(r.failures())} for r in rounds],
+            "rows": round_.rows(),
+            "round": asdict(round_) | {"failures": dict(round_.failures())},
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
         print(f"\nwrote {args.json}")
-    if not args.plain:
-        failed = rounds[0].rows()[-1]["failed"]
-        said = len(rounds[0].stderr_lines)
-        met = failed == 0 and said == 0
-        print(
-            f"goal, 0 failures and nothing on stderr: {failed} failures, {said} "
-            f"lines: {'met' if met else 'NOT met'}"
-        )
-        return 0 if met else 1
-    return 0
+    failed = round_.rows()[-1]["failed"]
+    said = len(round_.stderr_lines)
+    met = failed == 0 and said == 0
+    print(
+        f"goal, 0 failures and nothing on stderr: {failed} failures, {said} "
+        f"lines: {'met' if met else 'NOT met'}"
+    )
+    return 0 if met else 1

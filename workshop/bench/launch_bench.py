@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .._cli import names_from, whole_number, writable_file
+from .._house import ROOT  # run from it, so that a fresh process imports this copy
 
 # The no-op torchrun runs: the same work a launch does around the lesson's function.
 _TORCHRUN_NOOP = """\
@@ -158,8 +159,6 @@ def time_optimizer_launch(
     ``WORKSHOP_PRELOAD=0`` there, so each rank imports what it needs itself."""
     from ..ranks.start import PRELOAD_VAR
 
-    # Run from the folder that holds this package, so that it imports this one.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, **({} if preload else {PRELOAD_VAR: "0"}))
     code = (
         "import workshop\n"
@@ -168,7 +167,7 @@ def time_optimizer_launch(
     )
     command = [sys.executable, "-c", code]
     run = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env=env, cwd=root
+        command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT
     )
     if run.returncode != 0:
         raise RuntimeError(
@@ -268,6 +267,9 @@ def time_torchrun(world_size: int, repeats: int) -> LaunchTimes:
             "torch.distributed.run",
             "--standalone",
             f"--nproc_per_node={world_size}",
+            # Its logs in this run's folder: without a log dir, torchrun makes a
+            # torchelastic_* folder in /tmp per run and leaves it there.
+            f"--log-dir={os.path.join(tmp, 'torchrun-logs')}",
             script,
         ]
         for _ in range(repeats):

@@ -12,9 +12,9 @@ a line through one point, or through points worked back from a percentage, would
 look like a measurement that nobody published.
 
 A figure from one of the workshop's source documents names the document itself
-(:func:`workshop.sources.document`) and holds only numbers that document contains:
-:func:`figures_not_in_documents` checks it. Document 004's tables in seconds (MNIST
-on CPU cores and GPUs) are not throughput tables: they live, with all its other
+(:func:`workshop.sources.documents.document`) and holds only numbers that document
+contains: :func:`figures_not_in_documents` checks it. Document 004's tables in seconds
+(MNIST on CPU cores and GPUs) are not throughput tables: they live, with all its other
 tables, in :mod:`workshop.sources.tables` (``workshop.sources.document_tables()``), and
 :func:`workshop.bench.scaling_plots.plot_efficiency` draws their efficiency.
 """

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
+from ..checks import one_of, whole, whole_list
 from .allreduce_result import load_allreduce
 from .scaling_results import MODES, ScalingResult, _row, assemble, ranks_text
 
@@ -326,11 +327,6 @@ def scaling_worker(
 
 
 # ------------------------------------------------------------------ measuring
-def _whole(name: str, value: Any, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name}={value!r} must be a whole number, {least} or more")
-
-
 def check_settings(
     world_sizes: Any,
     mode: str,
@@ -342,41 +338,26 @@ def check_settings(
 ) -> tuple[list[int], list[str]]:
     from ..training.models import RESNETS
 
-    if isinstance(world_sizes, (str, bytes)) or not isinstance(world_sizes, Sequence):
-        raise ValueError(
-            f"world_sizes={world_sizes!r} must be a list of rank counts, for example "
-            "(1, 2, 4)"
-        )
-    if not world_sizes:
-        raise ValueError("world_sizes is empty; pass rank counts such as (1, 2, 4)")
-    for n in world_sizes:
-        _whole("each of world_sizes", n, 1)
+    world_sizes = whole_list("world_sizes", world_sizes, 1, fix="e.g. (1, 2, 4)")
     if len(set(world_sizes)) != len(world_sizes):
         raise ValueError(f"world_sizes={list(world_sizes)} repeats a rank count")
-    if mode not in (*MODES, "both"):
-        raise ValueError(f"mode={mode!r} is not known; pass 'weak', 'strong' or 'both'")
-    _whole("steps", steps, 1)
-    _whole("warmup", warmup, 0)
-    _whole("batch", batch, 1)
-    if model not in (*CNN_NAMES, *RESNETS):
-        raise ValueError(
-            f"model={model!r} is not known; pass 'cnn' or one of " + ", ".join(RESNETS)
-        )
+    one_of("mode", mode, (*MODES, "both"))
+    whole("steps", steps, 1, fix="e.g. steps=20")
+    whole("warmup", warmup, 0, fix="e.g. warmup=3")
+    whole("batch", batch, 1, fix="e.g. batch=32")
+    one_of("model", model, (*CNN_NAMES, *RESNETS))
     if image_size is not None:  # None: the model's default; 0 is not that
         # The CNN halves the image twice (2x2 pooling): below 4 pixels nothing is
         # left, and the ranks would fail in their first step.
         least = _CNN_MIN_IMAGE if model in CNN_NAMES else 1
-        if (
-            isinstance(image_size, bool)
-            or not isinstance(image_size, int)
-            or image_size < least
-        ):
-            why = " (its two 2x2 poolings need 4)" if model in CNN_NAMES else ""
-            raise ValueError(
-                f"image_size={image_size!r} is not a whole number of pixels, {least} "
-                f"or more, for model {model!r}{why}; pass, e.g., image_size="
-                f"{default_image_size(model)}, or None for that default"
-            )
+        why = " (its two 2x2 poolings need 4)" if model in CNN_NAMES else ""
+        whole(
+            "image_size",
+            image_size,
+            least,
+            fix=f"pixels for model {model!r}{why}; pass, e.g., image_size="
+            f"{default_image_size(model)}, or None for that default",
+        )
     return sorted(world_sizes), list(MODES) if mode == "both" else [mode]
 
 
@@ -517,10 +498,10 @@ def measure_scaling(
     sizes, modes = check_settings(
         world_sizes, mode, steps, warmup, batch, model, image_size
     )
-    _whole("seed", seed, 0)  # here, not in every rank's first line
+    whole("seed", seed, 0, fix="e.g. seed=0")  # here, not in every rank's first line
     global_batch = batch if global_batch is None else global_batch
     if "strong" in modes:
-        _whole("global_batch", global_batch, 1)
+        whole("global_batch", global_batch, 1, fix="e.g. global_batch=128")
         check_divides(global_batch, sizes)
     # Chosen once, for the largest world size: left to each launch, "auto" on a node
     # with 1 GPU would run 1 rank on the GPU (NCCL) and 2 on the CPU (gloo), and the

@@ -162,7 +162,13 @@ def _setup(args: argparse.Namespace) -> _Setup:
             f"--image-size {args.image_size} is too small for {args.model} in batches "
             f"of {batch}: {least} or more; e.g. --image-size {max(least, 32)}"
         )
-    amp = None if args.amp == "none" or (args.amp == "fp16" and not gpu) else args.amp
+    if args.amp == "fp16" and not gpu:  # as train(amp="fp16") refuses it on a CPU
+        raise ValueError(
+            "--amp fp16 needs a GPU (float16 autocast is not generally supported on "
+            "a CPU), but this run is on the CPU; pass --amp bf16 (bfloat16 autocast "
+            "works on CPUs) or --amp none"
+        )
+    amp = None if args.amp == "none" else args.amp
     channels, classes = (1, 10) if args.model == "smallcnn" else (3, 1000)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(

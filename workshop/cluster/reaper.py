@@ -1,7 +1,7 @@
 """The keeper that stands between a notebook kernel and a command it runs (torchrun,
 mpirun, a script), so that the command's whole process tree ends when it should.
 
-    python -I reaper.py PARENT_PID GRACE -- COMMAND [ARG ...]
+    python -I reaper.py PARENT_PID GRACE [--remove FOLDER] -- COMMAND [ARG ...]
 
 Why a separate process: torchrun starts each worker in a session of its own, and
 mpirun each rank in a process group of its own, so signalling the command's process
@@ -13,6 +13,8 @@ found by walking /proc. It takes the whole tree down (SIGTERM, ``GRACE`` seconds
 then SIGKILL) when it gets SIGTERM, SIGINT or SIGHUP; when the kernel that started it
 (``PARENT_PID``) dies, even by SIGKILL; and when the command ends but leaves processes
 behind. It exits as the command did: the same code, or killed by the same signal.
+With ``--remove FOLDER`` it then removes that folder (torchrun's log folder, made
+per run by ``run.py``), whichever way the command ended.
 
 One more case needs it while the command still runs: mpirun ends only once every
 rank's output pipe is closed, so a child a rank left behind (it inherited the pipe)
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -183,10 +186,23 @@ def _stop_orphans(
 
 
 def main(argv: list[str]) -> None:
-    """``PARENT GRACE -- COMMAND...``: keep the command, then end as it ended."""
-    if len(argv) < 4 or argv[2] != "--":
-        sys.exit("usage: python -I reaper.py PARENT_PID GRACE -- COMMAND [ARG ...]")
-    status = keep(argv[3:], int(argv[0]), float(argv[1]))
+    """``PARENT GRACE [--remove FOLDER] -- COMMAND...``: keep the command, remove
+    ``FOLDER`` once its whole tree has ended, then end as the command ended."""
+    remove = argv[3] if argv[2:3] == ["--remove"] and len(argv) > 3 else None
+    rest = argv[4:] if remove is not None else argv[2:]
+    if len(argv) < 3 or len(rest) < 2 or rest[0] != "--":
+        sys.exit(
+            "usage: python -I reaper.py PARENT_PID GRACE [--remove FOLDER] -- "
+            "COMMAND [ARG ...]"
+        )
+    try:
+        status = keep(rest[1:], int(argv[0]), float(argv[1]))
+    finally:
+        # A folder the command's tree wrote in (torchrun's logs): removed here,
+        # after the last process that could write in it, even when the kernel that
+        # made it died first.
+        if remove is not None:
+            shutil.rmtree(remove, ignore_errors=True)
     if status is None:
         sys.exit(1)
     if os.WIFSIGNALED(status):  # end the same way, so the kernel sees -signal

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,13 @@ from .reaper import descendants
 # connectFullMesh failed ... Connection refused") or hang (pytorch issue #135712).
 # With this set, every rendezvous round uses a fresh store.
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# Without a log folder torchrun makes one per run in the temporary folder
+# (tempfile.mkdtemp(prefix="torchelastic_"), for each rank's error.json) and never
+# removes it: one more folder in /tmp for every torchrun cell. PET_LOG_DIR is its
+# --log-dir read from the environment (torch 2.4 and later), which leaves the command
+# line as the learner would type it and the ranks' own TMPDIR untouched.
+TORCHRUN_LOGS = "PET_LOG_DIR"
+TORCHRUN_LOGS_PREFIX = "workshop-torchrun-"
 _INSTALL = {
     "torchrun": "it comes with PyTorch: pip install torch, in the environment of "
     "the python that runs this notebook",
@@ -33,7 +41,7 @@ _INSTALL = {
 }
 _KEEPER = str(Path(__file__).with_name("reaper.py"))
 _LINGER = 5.0  # seconds to wait for the last output once every command has ended
-LIVE: set[subprocess.Popen] = set()
+LIVE_COMMANDS: set[subprocess.Popen] = set()
 
 
 class Run:
@@ -58,19 +66,28 @@ class Run:
             "stderr": [[] for _ in commands],
         }
         self.seconds: list[float | None] = [None] * len(commands)
+        self.scratch: list[str] = []  # torchrun log folders, removed by close()
         self.first_failed: int | None = None
         self.outcome = ""
         self.open = 0
         self.started = time.monotonic()
 
     def start(self) -> None:
-        """Start every command under its keeper, in a session of its own."""
+        """Start every command under its keeper, in a session of its own; a
+        torchrun gets a log folder of its own, which its keeper removes once its
+        tree has ended (the kernel may be gone by then) and :meth:`close` too."""
         keeper = [sys.executable, "-I", _KEEPER, str(os.getpid()), str(self.grace)]
         for index, (command, env) in enumerate(
             zip(self.commands, self.envs, strict=True)
         ):
+            remove = []
+            if needs_log_folder(command, env):
+                folder = tempfile.mkdtemp(prefix=TORCHRUN_LOGS_PREFIX)
+                self.scratch.append(folder)
+                env = {**env, TORCHRUN_LOGS: folder}
+                remove = ["--remove", folder]
             proc = subprocess.Popen(
-                [*keeper, "--", *command],
+                [*keeper, *remove, "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -79,7 +96,7 @@ class Run:
                 start_new_session=True,
             )
             self.procs.append(proc)
-            LIVE.add(proc)
+            LIVE_COMMANDS.add(proc)
             for name in ("stdout", "stderr"):
                 self.pipes.follow(index, name, getattr(proc, name))
                 self.open += 1
@@ -152,7 +169,11 @@ class Run:
         self.pump(time.monotonic() + 2.0, stop_on_failure=False)
         self.pipes.join(2.0)
         for proc in self.procs:
-            LIVE.discard(proc)
+            LIVE_COMMANDS.discard(proc)
+        # The keeper removed it already, unless it was killed (SIGKILL from stop)
+        # or never started.
+        for folder in self.scratch:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def text(self, name: str, index: int) -> str:
         """What command ``index`` printed on ``name`` ("stdout" or "stderr")."""
@@ -269,6 +290,13 @@ def is_torchrun(command: Sequence[str]) -> bool:
     )
 
 
+def needs_log_folder(command: Sequence[str], env: Mapping[str, str]) -> bool:
+    """True for a torchrun given no log folder, which would make its own in the
+    temporary folder and leave it there (``TORCHRUN_LOGS``)."""
+    chosen = any(str(w).startswith(("--log-dir", "--log_dir")) for w in command)
+    return is_torchrun(command) and not chosen and TORCHRUN_LOGS not in env
+
+
 def check_program(program: str, path: str | None, cwd: str | None = None) -> None:
     """Raise FileNotFoundError, saying what to install, if ``program`` is missing."""
     if os.sep in program:
@@ -292,7 +320,7 @@ def short_names(commands: list[list[str]]) -> str:
 
 
 def timeout_message(commands: list[list[str]], timeout: float, grace: float) -> str:
-    """What :class:`CommandError` says when ``timeout`` passed."""
+    """What :class:`.commands.CommandError` says when ``timeout`` passed."""
     return (
         f"{short_names(commands)} ran past timeout={timeout:g} s, so every process "
         f"was stopped (SIGTERM, then SIGKILL after {grace:g} s). If it needs longer, "
@@ -303,7 +331,7 @@ def timeout_message(commands: list[list[str]], timeout: float, grace: float) -> 
 def failure_message(
     command: list[str], returncode: int, stderr: str, others_stopped: bool
 ) -> str:
-    """What :class:`CommandError` says when ``command`` failed."""
+    """What :class:`.commands.CommandError` says when ``command`` failed."""
     tail = stderr.splitlines()[-10:]
     return (
         f"{short_names([command])} exited with code {returncode}"
@@ -317,6 +345,6 @@ def failure_message(
 @atexit.register
 def _stop_live() -> None:
     """At interpreter exit, ask every keeper still running to stop its command."""
-    for proc in list(LIVE):
+    for proc in list(LIVE_COMMANDS):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

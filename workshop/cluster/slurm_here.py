@@ -24,10 +24,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._house import ROOT
 from . import slurm_watchdog
 
-_ROOT = Path(__file__).resolve().parents[2]
-_LOCAL_SLURM = _ROOT / "scripts" / "local_slurm.sh"
+_LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 _DAEMONS = ("slurmctld", "slurmd", "munged")
 _NO_SBATCH = (
     "sbatch not found: on a cluster, run this notebook on a login node or inside an "

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._house import ROOT
 from ..allocation import job_variables
-
-_ROOT = Path(__file__).resolve().parents[2]
+from ..checks import whole
 
 
 def project_root(script: Path) -> Path:
@@ -33,7 +33,7 @@ def find_script(script: str | os.PathLike[str], cwd: Path | None) -> Path:
     """
     path = Path(script).expanduser()
     bases = [path] if path.is_absolute() else [
-        (base / path) for base in (cwd, Path.cwd(), _ROOT) if base is not None
+        (base / path) for base in (cwd, Path.cwd(), ROOT) if base is not None
     ]  # fmt: skip
     for candidate in bases:
         if candidate.is_file():
@@ -43,12 +43,6 @@ def find_script(script: str | os.PathLike[str], cwd: Path | None) -> Path:
         f"no batch script {str(script)!r} (looked in {where}); give its path from "
         "the repository root, like 'slurm/hello_ranks.sbatch'"
     )
-
-
-def _whole(name: str, value: Any, least: int) -> str:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
-    return str(value)
 
 
 def sbatch_options(
@@ -72,16 +66,17 @@ def sbatch_options(
         >>> sbatch_options(nodes=2, gpus_per_node=0, options={"cpus_per_task": 1})
         ['--nodes=2', '--gpus-per-node=0', '--cpus-per-task=1']
     """
-    named = {
-        "nodes": None if nodes is None else _whole("nodes", nodes, 1),
-        "ntasks-per-node": None
-        if ntasks_per_node is None
-        else _whole("ntasks_per_node", ntasks_per_node, 1),
-        "gpus-per-node": None
-        if gpus_per_node is None
-        else _whole("gpus_per_node", gpus_per_node, 0),
-        "time": None if time is None else str(time),
+    fix = "e.g. submit('slurm/hello_ranks.sbatch', nodes=2, ntasks_per_node=4)"
+    counts = {
+        ("nodes", "nodes", 1): nodes,
+        ("ntasks-per-node", "ntasks_per_node", 1): ntasks_per_node,
+        ("gpus-per-node", "gpus_per_node", 0): gpus_per_node,
     }
+    named: dict[str, str | None] = {
+        key: None if value is None else str(whole(name, value, least, fix=fix))
+        for (key, name, least), value in counts.items()
+    }
+    named["time"] = None if time is None else str(time)
     out = [f"--{key}={value}" for key, value in named.items() if value is not None]
     if isinstance(options, (str, bytes)):
         raise TypeError(
@@ -136,8 +131,9 @@ def sbatch_environment(
     own: the old ``SLURM_MEM_PER_NODE`` beside the new ``SLURM_MEM_PER_CPU`` makes
     every ``srun`` in it fail, the old ``SLURM_NTASKS`` starts too few tasks, and
     the old ``SLURM_STEP_ID`` makes the batch script look like a job step. So the
-    job's variables (:func:`workshop.env.job_variables`) are left out; the client's
-    settings (``SLURM_CONF``) and everything else stay. Outside a job nothing is.
+    job's variables (:func:`workshop.allocation.job_variables`) are left out; the
+    client's settings (``SLURM_CONF``) and everything else stay. Outside a job nothing
+    is.
 
     Args:
         environ: the environment to start from; ``os.environ`` when omitted.

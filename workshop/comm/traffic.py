@@ -25,8 +25,9 @@ root+1 -> ... -> root-1; reduce: the reverse, ending at the root): every link
 carries the whole tensor once, (N-1)·S in all. gather and scatter go straight to
 or from the root. Rooted calls assume the group is the default one (ranks 0..N-1).
 
-Nothing here needs torch: events may be :class:`TraceEvent` objects or their dicts
-(:func:`workshop.comm.trace_data.to_dicts`), so a saved trace can be counted anywhere.
+Nothing here needs torch: events may be :class:`~workshop.comm.tracing.TraceEvent`
+objects or their dicts (:func:`workshop.comm.trace_data.to_dicts`), so a saved trace can
+be counted anywhere.
 
 Example::
 

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .diagrams import FONT, _pyplot
+from .diagrams import DIAGRAM_FONT, _pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -129,7 +129,7 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
     # projector's 1,100 px; the type shrinks with the slots, down to 13 px.
     inch = min(0.9, 10.4 / width)
     shrink = inch / 0.9
-    with plt.rc_context(FONT):
+    with plt.rc_context(DIAGRAM_FONT):
         fig, ax = plt.subplots(
             figsize=(max(inch * width, 7), inch * height + 1.2), layout="constrained"
         )

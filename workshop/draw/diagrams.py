@@ -43,7 +43,7 @@ _IDLE_EDGE = "0.55"
 _CENTRE = {"ha": "center", "va": "center"}
 
 # fmt: off
-FONT = {"font.size": 16, "axes.titlesize": 18, "axes.labelsize": 17,
+DIAGRAM_FONT = {"font.size": 16, "axes.titlesize": 18, "axes.labelsize": 17,
         "xtick.labelsize": 15, "ytick.labelsize": 15, "legend.fontsize": 15}
 # The lane diagrams' type: 12 points is 16.7 px at the inline backend's 100 dpi, well
 # above the projector's 12 px floor (workshop.draw.projector), and it leaves room.

@@ -23,7 +23,7 @@ from .comm_diagrams import (
     _shapes,
     _values,
 )
-from .diagrams import FONT, _pyplot
+from .diagrams import DIAGRAM_FONT, _pyplot
 
 __all__ = ["draw_point_to_point"]
 
@@ -77,7 +77,7 @@ def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
     inch = min(0.7, 10 / (world * step), 2.75 / (top - bottom))
     # "rank r" in bold is about 4 em wide: as large as its circle holds.
     name_pt = max(9.5, min(15, 2 * radius * inch * 72 * 0.95 / 4.0))
-    with plt.rc_context(FONT):
+    with plt.rc_context(DIAGRAM_FONT):
         fig, ax = plt.subplots(
             figsize=(max(world * step * inch + 0.4, 7.4), (top - bottom) * inch + 1.5),
             layout="constrained",

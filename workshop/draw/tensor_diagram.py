@@ -5,8 +5,9 @@ The maths' view of ``Y = GELU(X W1) W2`` (``W1 = fc1.weight.T``, ``d_model x
 d_hidden``; ``W2 = fc2.weight.T``, ``d_hidden x d_model``): W1 is cut by columns
 and W2 by rows, a colour per rank, so each rank's hidden slice goes from its piece of
 W1 through GELU to its piece of W2 without leaving the rank. Two all-reduces remain:
-the partial outputs forward (at g, :func:`reduce_from_ranks`) and the input's
-gradient backward (at f, :func:`copy_to_ranks`). Given a trace of
+the partial outputs forward (at g,
+:func:`~workshop.parallel.tensor.reduce_from_ranks`) and the input's gradient
+backward (at f, :func:`~workshop.parallel.tensor.copy_to_ranks`). Given a trace of
 ``check_tensor_parallel`` (``launch(..., trace=True).traces``), each is labelled
 with the bytes that were recorded.
 
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..comm.costmodel import bus_factor
 from .comm_diagrams import _TIMES, CENTRE, OP_COLOURS, PALETTE, _event, _ink
-from .diagrams import FONT, HEIGHT_IN, WIDTH_IN, _pyplot, patch
+from .diagrams import DIAGRAM_FONT, HEIGHT_IN, WIDTH_IN, _pyplot, patch
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -75,7 +76,7 @@ def draw_tensor_parallel(
     traced = _all_reduces(events) if events is not None else None
     plt = _pyplot()
     rows = "batch" if batch is None else str(batch)
-    with plt.rc_context(FONT):
+    with plt.rc_context(DIAGRAM_FONT):
         # Whole on a 1280x720 projector (workshop.draw.projector).
         fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN), dpi=100)
         fig.subplots_adjust(left=0.005, right=0.995, bottom=0.005, top=0.86)

@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import TextIO
 
 from .._cli import above_zero, whole_number, writable_file
+from .._house import ROOT, WIDTH
 from .._procs import interrupted
 from ..env import visible_gpu_count
 from ..training.models import RESNETS, smallest_image
 from .check_results import SKIPPED, STEPS, CheckReport, CheckStep, TrainSettings
-from .check_steps import ROOT, STEP_FUNCTIONS, Context
+from .check_steps import STEP_FUNCTIONS, Context
 
 __all__ = ["check_node"]
 
 QUICK_SKIPS = ("train", "notebooks")
-WIDTH = 88  # columns of the verdict: a terminal, a projector
 DEFAULT_TIMEOUT = 900.0
 
 

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -33,12 +34,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._house import ROOT  # the clone: tests/ and notebooks/
 from .check_compile import probe_compile
 from .check_results import FAILED, PASS, SKIPPED, CheckStep, TrainSettings
 
 START_PATHS = ("fork", "server", "spawn")
 NCCL_BYTES = 256 * 2**20
-ROOT = Path(__file__).resolve().parents[2]  # the clone: tests/ and notebooks/
 _PIP_ALL = 'pip install -e ".[lab,test]"'
 ANSWER = "workshop-check-answer: "
 
@@ -359,14 +360,18 @@ def step_notebooks(ctx: Context) -> CheckStep:
                     f"(first: {answer['first_error']})"
                 )
         ctx.say(f"{notebook.name:<36} {answer['seconds']:6.1f} s  {found}")
-    ctx.say(f"executed copies in {folder}")
     figures = {"folder": str(folder), "notebooks": runs}
     if problems:
+        # Kept for reading; with every notebook clean there is nothing to read.
+        ctx.say(f"executed copies in {folder}")
         fix = (
             f"open the executed copy in {folder} and read the first error "
-            f"(a slow notebook: --timeout {2 * ctx.timeout:.0f})"
+            f"(a slow notebook: --timeout {2 * ctx.timeout:.0f}); then remove the "
+            "folder"
         )
         return _failed("notebooks", problems[0], fix, figures)
+    shutil.rmtree(folder, ignore_errors=True)
+    figures = {"notebooks": [{k: v for k, v in r.items() if k != "copy"} for r in runs]}
     times = ", ".join(f"{r['notebook'][:2]} {r['seconds']:.0f} s" for r in runs)
     summary = f"{len(runs)} notebooks, no error cells ({times})"
     return CheckStep("notebooks", PASS, summary=summary, figures=figures)
@@ -502,17 +507,29 @@ def _probe_notebook(source: str, copy: str, timeout: str) -> dict[str, Any]:
             return KernelSpec(resource_dir=ipykernel.kernelspec.RESOURCES, **spec)
 
     notebook = nbformat.read(source, as_version=4)
+    # The kernel's connection file beside the copy: a KernelManager given none makes
+    # one in /tmp (tempfile.mkstemp). And nbclient shuts down only a kernel manager
+    # it made itself, so this one is shut down here, which removes that file.
+    connection = Path(copy).with_name(f".{Path(copy).stem}-kernel.json")
+    km = KernelManager(
+        kernel_spec_manager=ThisPython(), connection_file=str(connection)
+    )
     client = NotebookClient(
         notebook,
         timeout=int(float(timeout)),
         allow_errors=True,
-        km=KernelManager(kernel_spec_manager=ThisPython()),
+        km=km,
         resources={"metadata": {"path": str(Path(source).parent)}},
     )
     try:
         client.execute()
     finally:
-        nbformat.write(notebook, copy)
+        try:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+        finally:
+            connection.unlink(missing_ok=True)
+            nbformat.write(notebook, copy)
     errors = [
         output
         for cell in notebook.cells

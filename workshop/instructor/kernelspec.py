@@ -27,7 +27,7 @@ from pathlib import Path
 from .._cli import above_zero
 from .kernelspec_plan import (
     DEFAULT_NAME,
-    TIMEOUT_S,
+    KERNEL_TIMEOUT_S,
     WRAPPER,
     KernelSpecError,
     KernelSpecPlan,
@@ -97,7 +97,7 @@ def _by_hand(folder: Path, spec: dict) -> str:
     return f"{shown} -c 'import workshop, torch'"
 
 
-def check_kernel(folder: str | Path, timeout: float = TIMEOUT_S) -> KernelCheck:
+def check_kernel(folder: str | Path, timeout: float = KERNEL_TIMEOUT_S) -> KernelCheck:
     """Start the kernel whose spec is in ``folder`` through ``jupyter_client``, run
     ``import workshop, torch`` in it and return what it reported; shut it down. It
     runs in an empty folder (the current one could make the workshop importable),
@@ -332,10 +332,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=above_zero("--timeout 120"),
-        default=TIMEOUT_S,
+        default=KERNEL_TIMEOUT_S,
         metavar="S",
         help=f"seconds for the Python, the kernel's start and its imports, each "
-        f"(default {TIMEOUT_S:.0f})",
+        f"(default {KERNEL_TIMEOUT_S:.0f})",
     )
 
 

@@ -37,6 +37,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._house import ROOT
+from .site_env import MIN_PYTHON
+
 __all__ = [
     "KernelSpecError",
     "KernelSpecPlan",
@@ -52,10 +55,8 @@ __all__ = [
 DEFAULT_NAME = "scaling-pytorch-hpc"
 DEFAULT_DISPLAY_NAME = "Scaling PyTorch on HPC"
 WRAPPER = "kernel-wrapper.sh"
-ROOT = Path(__file__).resolve().parents[2]
-MIN_PYTHON = (3, 10)  # pyproject.toml: requires-python
 # A kernel that imports torch started in 5 s here; a shared file system is slower.
-TIMEOUT_S = 120.0
+KERNEL_TIMEOUT_S = 120.0
 _NAME = re.compile(r"[A-Za-z0-9._-]+")  # what Jupyter accepts as a kernel name
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Run by the kernel's Python (through the wrapper, with --module) before writing:
@@ -381,7 +382,7 @@ def plan_kernel_spec(
     env: Mapping[str, str] | None = None,
     where: Path | None = None,
     modules_init: str | Path | None = None,
-    timeout: float = TIMEOUT_S,
+    timeout: float = KERNEL_TIMEOUT_S,
 ) -> KernelSpecPlan:
     """Decide what the kernel spec holds, after asking the kernel's Python (through
     the module loads) whether it has ipykernel, torch and the workshop.

@@ -25,11 +25,11 @@ import sysconfig
 import time
 from pathlib import Path
 
+from .._house import ROOT
 from .._procs import is_alive
 
-# The project (the notebooks a learner gets, the hub's configuration module) and
-# the script of the private Slurm cluster that start starts and stop stops.
-ROOT = Path(__file__).resolve().parents[2]
+# The project, ROOT (the notebooks a learner gets, the hub's configuration module),
+# and the script of the private Slurm cluster that start starts and stop stops.
 LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 
 

@@ -19,10 +19,9 @@ import pwd
 import subprocess
 from pathlib import Path
 
+from .._house import WIDTH
 from .._procs import is_alive
 from .portal_learners import PortalError, _pid
-
-WIDTH = 88  # a projector's line, as the code's (STYLE.md)
 
 
 def no_portal(folder: Path) -> PortalError:

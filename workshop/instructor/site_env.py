@@ -55,11 +55,13 @@ __all__ = [
 MIN_TORCH = (2, 4)  # pyproject.toml: torch>=2.4
 MIN_PYTHON = (3, 10)  # pyproject.toml: requires-python
 PTH_NAME = "workshop-site.pth"
+# workshop._house's ROOT, written again: this file runs as a script of the standard
+# library alone (see the top), where the package cannot be imported.
 ROOT = Path(__file__).resolve().parents[2]
 # The project, or the current folder where this file came out of the workshop's wheel.
 HERE = ROOT if (ROOT / "pyproject.toml").is_file() else Path()
 WHEELHOUSE = HERE / "wheelhouse"  # from make wheelhouse: wheels for a node offline
-TIMEOUT_S = 600  # a venv with pip takes 7 s on a slow 2-core machine
+SETUP_TIMEOUT_S = 600  # a venv with pip takes 7 s on a slow 2-core machine
 
 
 class SiteEnvError(RuntimeError):
@@ -479,10 +481,10 @@ def _run(command: list[str], what: str, hint: str) -> str:
     """Run ``command``; its output, or :class:`SiteEnvError` with ``hint``."""
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=TIMEOUT_S
+            command, capture_output=True, text=True, timeout=SETUP_TIMEOUT_S
         )
     except subprocess.TimeoutExpired as e:
-        raise SiteEnvError(f"{what} took over {TIMEOUT_S} s: {command}") from e
+        raise SiteEnvError(f"{what} took over {SETUP_TIMEOUT_S} s: {command}") from e
     if done.returncode != 0:
         raise SiteEnvError(
             f"{what} failed (exit status {done.returncode}):\n{done.stderr.strip()}\n"

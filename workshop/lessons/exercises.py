@@ -58,7 +58,7 @@ def check(name: str, answer: Any) -> None:
 def judge(name: str, answer: Any) -> bool:
     """Print the verdict on ``answer`` to exercise ``name`` and return it (True when
     right); see :func:`check`."""
-    if name not in EXERCISES:
+    if not isinstance(name, str) or name not in EXERCISES:  # (a list: unhashable)
         raise KeyError(
             f"no exercise named {name!r}; the exercises are "
             + ", ".join(repr(n) for n in EXERCISES)

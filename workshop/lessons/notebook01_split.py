@@ -18,18 +18,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# The forward pass of the split model runs the very same operations as the unsplit
+# one, so its outputs agree bit for bit on devices of one kind. The gradients of a
+# pipeline are sums over micro-batches, each micro-batch's loss weighted by its share:
+# the same numbers added in another order, so they agree within RELATIVE_TOLERANCE.
+from ..training.precision import RELATIVE_TOLERANCE
 from .notebook01_devices import LossFn
 from .notebook01_pipeline import TwoStageModel, _stages_of, pipeline_forward_backward
 
-__all__ = ["RELATIVE_TOLERANCE", "SplitCheck", "check_split"]
-
-#: Differences allowed, relative to the largest number compared (at least 1). The
-#: forward pass of the split model runs the very same operations as the unsplit one,
-#: so its outputs agree bit for bit on devices of one kind. The gradients of a
-#: pipeline are sums over micro-batches, each micro-batch's loss weighted by its share:
-#: the same numbers added in another order, so they agree to a few units of
-#: float32's last place (about 1e-7 relative), not bit for bit.
-RELATIVE_TOLERANCE = 1e-5
+__all__ = ["SplitCheck", "check_split"]
 
 
 @dataclass

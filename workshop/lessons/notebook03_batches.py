@@ -19,11 +19,12 @@ so each setting is trained with a few seeds and the table gives their mean::
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+
+from ..checks import positive_number, whole, whole_list
 
 __all__ = [
     "BatchRun",
@@ -215,15 +216,6 @@ class LargeBatchResult:
         return "\n".join([*lines, *textwrap.wrap(note, 88)])
 
 
-def _whole(name: str, value: object, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(
-            f"{name}={value!r} must be a whole number, {least} or more; for example "
-            "compare_global_batch(world_size=4, per_rank_batch=32, epochs=1)"
-        )
-    return value
-
-
 def compare_global_batch(
     world_size: int = 4,
     per_rank_batch: int = 32,
@@ -263,23 +255,13 @@ def compare_global_batch(
     """
     from ..ranks.launcher import launch
 
-    _whole("world_size", world_size, 2)
-    _whole("per_rank_batch", per_rank_batch, 1)
-    _whole("epochs", epochs, 1)
-    _whole("warmup_steps", warmup_steps, 0)
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, (int, float))
-        or not (math.isfinite(lr) and lr > 0)
-    ):
-        raise ValueError(f"lr={lr!r} must be a number above 0, e.g. lr=0.05")
-    seeds = tuple(seeds)
-    if not seeds or not all(
-        isinstance(s, int) and not isinstance(s, bool) for s in seeds
-    ):
-        raise ValueError(
-            f"seeds={seeds!r} must be one or more whole numbers, e.g. seeds=(0, 1, 2)"
-        )
+    example = "e.g. compare_global_batch(world_size=4, per_rank_batch=32, epochs=1)"
+    whole("world_size", world_size, 2, fix=example)
+    whole("per_rank_batch", per_rank_batch, 1, fix=example)
+    whole("epochs", epochs, 1, fix=example)
+    whole("warmup_steps", warmup_steps, 0, fix=example)
+    positive_number("lr", lr, fix="e.g. lr=0.05")
+    seeds = tuple(whole_list("seeds", seeds, 0, fix="e.g. seeds=(0, 1, 2)"))
     n = world_size
     one = launch(
         large_batch_worker, [(lr, 0, 1.0)], per_rank_batch, epochs, seeds,

@@ -36,7 +36,7 @@ FIT = {
     "global_batch": 256,
 }
 #: How much slower than the best layout a right answer to 04.fit8b may be.
-FIT_TOLERANCE = 0.05
+NEAR_FASTEST = 0.05
 
 #: 04.tp_nodes: one layout of 64 GPUs, on nodes of 8 GPUs and on nodes of 4.
 TP_NODES = {
@@ -109,7 +109,7 @@ def _fit_layout(answer: Any) -> bool | str:
             f"an {FIT['gpu']} holds {mine.gpu.memory_gb:g} GB"
         )
     best = best_fit()
-    if mine.step > best.step * (1 + FIT_TOLERANCE):
+    if mine.step > best.step * (1 + NEAR_FASTEST):
         return (
             f"{answer.describe()} fits, but its step takes {mine.step:.2f} s where "
             f"the fastest layout that fits takes {best.step:.2f} s "
@@ -186,7 +186,7 @@ _SPECS: dict[str, tuple[str, Any, str]] = {
         f"a Layout of {FIT['model']} on {FIT['gpus']} GPUs ({FIT['gpu']}, "
         f"{FIT['gpus_per_node']} per node) with a global batch of "
         f"{FIT['global_batch']} sequences that fits and whose step is within "
-        f"{FIT_TOLERANCE:.0%} of the fastest that fits",
+        f"{NEAR_FASTEST:.0%} of the fastest that fits",
         _fit_layout,
         "try best_layouts or plan() with ZeRO-3 and with tensor parallelism inside a "
         "node; checkpointing buys memory for about a third more compute",

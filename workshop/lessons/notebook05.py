@@ -20,22 +20,22 @@ from .questions import question
 
 __all__ = ["EXERCISES", "FILE_SYSTEMS", "QUESTIONS", "QUIZ", "WHERE_ITEMS"]
 
-DAY = 86_400.0
+_DAY = 86_400.0
 
 
 def _purge_expected(mtimes: dict[str, float], now: float, days: float) -> list[str]:
-    return sorted(name for name, t in mtimes.items() if now - t > days * DAY)
+    return sorted(name for name, t in mtimes.items() if now - t > days * _DAY)
 
 
 def _purge_function(answer: Any) -> bool | str:
     now = 1_800_000_000.0
     cases = [
-        ({"a.log": now - 90 * DAY, "b.log": now - DAY}, now, 60),
-        ({"ckpt.pt": now - 60 * DAY}, now, 60),  # exactly 60 days: not older
-        ({"ckpt.pt": now - 60 * DAY - 1}, now, 60),  # one second more: older
-        ({"x": now - 10.5 * DAY, "y": now - 9.5 * DAY, "z": now}, now, 10),
+        ({"a.log": now - 90 * _DAY, "b.log": now - _DAY}, now, 60),
+        ({"ckpt.pt": now - 60 * _DAY}, now, 60),  # exactly 60 days: not older
+        ({"ckpt.pt": now - 60 * _DAY - 1}, now, 60),  # one second more: older
+        ({"x": now - 10.5 * _DAY, "y": now - 9.5 * _DAY, "z": now}, now, 10),
         ({}, now, 60),
-        ({"new": now - 5, "old": now - 3 * DAY}, now, 0),
+        ({"new": now - 5, "old": now - 3 * _DAY}, now, 0),
     ]
 
     def same(got: Any, want: list[str]) -> bool:

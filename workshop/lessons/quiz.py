@@ -18,6 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from .._house import WIDTH
 from . import notebook01, notebook02, notebook03, notebook04, notebook05
 from .questions import LETTERS, Question
 
@@ -31,7 +32,6 @@ QUIZZES: dict[str, tuple[str, tuple[Question, ...]]] = {
     "04": notebook04.QUIZ,
     "05": notebook05.QUIZ,
 }
-WIDTH = 88  # printed lines fit a projector
 RIGHT, WRONG = "Right:", "Not quite:"
 
 

@@ -133,8 +133,9 @@ def scaling_verdict(result: Any) -> str:
     and efficiency it printed, and whether the ranks were faster than its baseline.
 
     Args:
-        result: a :class:`workshop.bench.ScalingResult` (``rows`` with ``mode``,
-            ``world_size``, ``speedup``, ``efficiency``, ``base_world_size``).
+        result: a :class:`workshop.bench.scaling_results.ScalingResult` (``rows``
+            with ``mode``, ``world_size``, ``speedup``, ``efficiency``,
+            ``base_world_size``).
 
     Returns:
         ``"weak scaling, 1 to 2 ranks: speed-up 0.99, efficiency 50%: about as

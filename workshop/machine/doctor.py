@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from .. import env
+from .._house import WIDTH
 from ..allocation import cpu_limit, memory_limit, slurm_allocation
 from ..ranks.streams import display_path
 from .doctor_probes import (
@@ -43,7 +44,6 @@ from .doctor_probes import (
 __all__ = ["Row", "collect_rows", "doctor", "format_rows"]
 
 #: Columns of the printed table: fits a terminal and a projector.
-WIDTH = 88
 
 #: Seconds each outside command (``nvidia-smi``, ``mpirun --version``, ...) may take.
 COMMAND_TIMEOUT_S = 5.0

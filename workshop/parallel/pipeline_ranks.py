@@ -19,17 +19,17 @@ import time
 from typing import Any
 
 from ..ranks.worker import group_place, rank_device
+
+# A stage's gradients against the unsplit model's: cutting the batch changes the
+# order in which float32 sums are taken, which moves the last bits only (about 1e-8
+# here), well within RELATIVE_TOLERANCE.
+from ..training.precision import RELATIVE_TOLERANCE
 from .pipeline_schedules import (
-    SCHEDULES,
+    PIPELINE_SCHEDULES,
     schedule_order,
 )
 
-__all__ = ["TOLERANCE", "run_pipeline"]
-
-#: Largest difference allowed between a stage's gradients and the unsplit model's,
-#: relative to the largest gradient (at least 1). Cutting the batch changes the order
-#: in which float32 sums are taken, which moves the last bits only: about 1e-8 here.
-TOLERANCE = 1e-5
+__all__ = ["run_pipeline"]
 
 
 def run_pipeline(
@@ -89,7 +89,7 @@ def run_pipeline(
         gradients and the same parameters' gradients in the unsplit model run on
         the whole batch in this process; ``max_abs_grad``: the largest of those
         reference gradients; ``tolerance``: what the difference must stay under
-        (``TOLERANCE`` x max(1, max_abs_grad)).
+        (``RELATIVE_TOLERANCE`` x max(1, max_abs_grad)).
 
     Raises:
         ValueError: an unknown schedule, a count below 1, ``batch`` not divisible
@@ -153,7 +153,7 @@ def run_pipeline(
         "reference_loss": reference_loss,
         "max_abs_grad_diff": diff,
         "max_abs_grad": largest,
-        "tolerance": TOLERANCE * max(1.0, largest),
+        "tolerance": RELATIVE_TOLERANCE * max(1.0, largest),
     }
 
 
@@ -255,10 +255,10 @@ def _check_settings(
     schedule: Any, micro_batches: Any, batch: Any, width: Any, stage_seconds: Any
 ) -> None:
     """Refuse bad settings before any message is sent (every rank refuses alike)."""
-    if not isinstance(schedule, str) or schedule.lower() not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule.lower() not in PIPELINE_SCHEDULES:
         raise ValueError(
             f"schedule={schedule!r} is not a pipeline schedule this workshop knows; "
-            f"pass one of {', '.join(repr(s) for s in SCHEDULES)}"
+            f"pass one of {', '.join(repr(s) for s in PIPELINE_SCHEDULES)}"
         )
     for name, value in (
         ("micro_batches", micro_batches),

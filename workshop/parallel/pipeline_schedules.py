@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "SCHEDULES",
+    "PIPELINE_SCHEDULES",
     "gpipe_order",
     "idle_fraction",
     "one_f_one_b_order",
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: The schedules :func:`schedule_order` knows.
-SCHEDULES = ("gpipe", "1f1b")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 Work = tuple[str, int]  # ("forward" or "backward", micro-batch)
 
@@ -125,7 +125,7 @@ def schedule_order(
         return one_f_one_b_order(stage, stages, micro_batches)
     raise ValueError(
         f"schedule={schedule!r} is not a pipeline schedule this workshop knows; "
-        f"pass one of {', '.join(repr(s) for s in SCHEDULES)}"
+        f"pass one of {', '.join(repr(s) for s in PIPELINE_SCHEDULES)}"
     )
 
 

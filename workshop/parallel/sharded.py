@@ -62,7 +62,7 @@ __all__ = ["check_sharded", "measure_zero_memory"]
 # the tolerance is a hundredth of one Adam step (lr = 1e-3). A real mistake is far
 # above it: gradients not summed over the ranks move the weights by 6e-3 and the
 # losses by 1e-3 in three steps.
-TOLERANCE = 1e-5
+STEP_TOLERANCE = 1e-5
 
 
 def _reduce_scatter_runs(device: torch.device) -> bool:
@@ -312,7 +312,7 @@ def check_sharded(
         "kept": bytes this rank keeps between steps (measured), "unsplit": 16 Ψ,
         what DDP keeps by the formula,
         "loss_diff": the largest difference of a step's loss, "max_abs_diff": of a
-        final parameter, both over all ranks and steps, "tolerance": TOLERANCE,
+        final parameter, both over all ranks and steps, "tolerance": STEP_TOLERANCE,
         "losses_equal", "weights_equal", "equal": both within the tolerance,
         "gradient_reduce": the collective the hand-written stages used}``.
 
@@ -342,7 +342,7 @@ def check_sharded(
                 "why": run["why"],
                 "steps": steps,
                 "world_size": world_size,
-                "tolerance": TOLERANCE,
+                "tolerance": STEP_TOLERANCE,
             }
         name, reduce = "FSDP2", "reduce_scatter (FSDP2's own)"
     else:
@@ -371,10 +371,10 @@ def check_sharded(
         "unsplit": zero_bytes(run["parameters"], world_size, 0)["total"],
         "loss_diff": loss_diff,
         "max_abs_diff": max_abs_diff,
-        "tolerance": TOLERANCE,
-        "losses_equal": loss_diff <= TOLERANCE,
-        "weights_equal": max_abs_diff <= TOLERANCE,
-        "equal": loss_diff <= TOLERANCE and max_abs_diff <= TOLERANCE,
+        "tolerance": STEP_TOLERANCE,
+        "losses_equal": loss_diff <= STEP_TOLERANCE,
+        "weights_equal": max_abs_diff <= STEP_TOLERANCE,
+        "equal": loss_diff <= STEP_TOLERANCE and max_abs_diff <= STEP_TOLERANCE,
         "gradient_reduce": reduce,
     }
 

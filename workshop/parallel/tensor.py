@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import whole
 from ..ranks.worker import group_place
 
 __all__ = [
@@ -160,21 +161,21 @@ def gather_from_ranks(x: torch.Tensor) -> torch.Tensor:
 # --- checks of what a layer is cut into ----------------------------------------------
 
 
-def _whole(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _check_place(rank: int, world_size: int, who: str) -> None:
-    if not _whole(world_size, 1):
-        raise ValueError(
-            f"{who}: world_size={world_size!r}; pass the number of ranks, a whole "
-            "number 1 or more (dist.get_world_size() inside a rank)"
-        )
-    if not (_whole(rank, 0) and rank < world_size):
-        raise ValueError(
-            f"{who}: rank={rank!r} is not one of the {world_size} ranks 0 to "
-            f"{world_size - 1}; pass this rank's number (dist.get_rank() inside a rank)"
-        )
+    whole(
+        f"{who}: world_size",
+        world_size,
+        1,
+        fix="pass the number of ranks (dist.get_world_size() inside a rank)",
+    )
+    whole(
+        f"{who}: rank",
+        rank,
+        0,
+        world_size - 1,
+        fix=f"one of the {world_size} ranks; pass this rank's number "
+        "(dist.get_rank() inside a rank)",
+    )
     if dist.is_available() and dist.is_initialized():
         found = (dist.get_rank(), dist.get_world_size())
         if (rank, world_size) != found:

@@ -27,6 +27,10 @@ from torch import nn
 
 from ..comm.costmodel import bus_factor
 from ..ranks.worker import group_place, rank_device
+
+# The split sums the same float32 products in another order (the all-reduce adds
+# the ranks' partial sums), so the results agree within RELATIVE_TOLERANCE.
+from ..training.precision import RELATIVE_TOLERANCE
 from .tensor import (
     ACTIVATIONS,
     ColumnParallelLinear,
@@ -37,18 +41,11 @@ from .tensor import (
 )
 
 __all__ = [
-    "RELATIVE_TOLERANCE",
     "check_parallel_linear",
     "check_tensor_parallel",
     "column_parallel_demo",
     "tensor_parallel_bytes",
 ]
-
-#: Differences allowed, relative to the largest number compared (at least 1). The
-#: split sums the same float32 products in another order (the all-reduce adds the
-#: ranks' partial sums), so the results agree to a few units of float32's last place
-#: (about 1e-7 relative), not bit for bit.
-RELATIVE_TOLERANCE = 1e-5
 
 
 def _place(who: str) -> tuple[int, int]:

@@ -21,8 +21,8 @@ from typing import Any
 from .hardware import GPU, Network
 
 __all__ = [
+    "CALIBRATION_KIND",
     "FAMILIES",
-    "KIND",
     "VERSION",
     "Calibration",
     "calibration_from",
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 #: What the JSON file says it is, and the layout of its fields.
-KIND = "workshop.planner calibration"
+CALIBRATION_KIND = "workshop.planner calibration"
 VERSION = 2
 #: Sequences per micro-batch whose token counts calibrate() times the model's
 FAMILIES = ("norm", "activation", "residual", "loss", "attention", "optimizer")
@@ -53,7 +53,7 @@ class Calibration:
         operation_points: ``((family, rate), ...)``: each family of operations at
             the model's shape, forward and backward through autograd, its bytes
             (or FLOPs, for "attention") counted as the formula sheet counts them
-            (:func:`_measure_families`).
+            (:func:`~workshop.planner.calibrating._measure_families`).
         memory_gbs: GB/s of ``c = a + b``, bytes read and written.
         memory_bytes: bytes one of its tensors holds.
         launch_s: seconds of one add on a one-element tensor.
@@ -180,7 +180,7 @@ class Calibration:
 
     def as_data(self) -> dict[str, Any]:
         """The record as plain data for JSON, kind and version first."""
-        return {"kind": KIND, "version": VERSION, **asdict(self)}
+        return {"kind": CALIBRATION_KIND, "version": VERSION, **asdict(self)}
 
     def save(self, path: str | Path) -> Path:
         """Write the record as JSON; return the path."""
@@ -257,8 +257,8 @@ def calibration_from(data: Any, path: Path | str) -> Calibration:
         ValueError: data that is not a calibration, naming what is wrong.
     """
     path = Path(path)
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise _bad(path, f"its kind is not {KIND!r}")
+    if not isinstance(data, dict) or data.get("kind") != CALIBRATION_KIND:
+        raise _bad(path, f"its kind is not {CALIBRATION_KIND!r}")
     if data.get("version") != VERSION:
         raise _bad(path, f"version {data.get('version')!r}, this reads {VERSION}")
     names = {f.name for f in fields(Calibration)}

@@ -231,10 +231,11 @@ def estimate(
         layout: the :class:`~workshop.planner.layout.Layout`.
         gpu, network: records or names of ``GPUS`` and ``NETWORKS``.
         gpus_per_node: GPUs in one node (consecutive ranks).
-        mfu: the fraction of peak FLOP/s reached (default :data:`DEFAULT_MFU` for a
-            transformer; for a module the fraction ResNet-50 reached on the node).
+        mfu: the fraction of peak FLOP/s reached (default
+            :data:`.step_time.DEFAULT_MFU` for a transformer; for a module the
+            fraction ResNet-50 reached on the node).
         samples_per_s: a module's measured training throughput on one GPU (default:
-            :data:`MEASURED`, when it has this model, GPU and precision).
+            :data:`.step_time.MEASURED`, when it has this model, GPU and precision).
         stage: the pipeline stage to report (default: the first or the last, whichever
             needs more memory).
         optimizer: how the step updates the weights: "fused" (one Adam kernel,

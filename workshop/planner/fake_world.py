@@ -55,6 +55,7 @@ import traceback
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .._house import ROOT
 from .._procs import die_with_parent, interrupted, signal_group
 from .fake_rank import MAX_BYTES, PHASE_MARK, run_job
 from .fake_record import find_features, warm_up
@@ -369,9 +370,9 @@ def fake_run(
             of 16); tensor-parallel and pipeline traffic scale with tokens, and the
             report scales them to the layout's ``micro_batch x seq``.
         layers_in_step: blocks the step runs (default: as many as fit in
-            :data:`STEP_BUDGET` of gathered parameters); with fewer than the stage
-            holds, a second step without blocks gives the per-block traffic, which
-            is scaled to all blocks (every block sends the same).
+            :data:`.fake_rank.STEP_BUDGET` of gathered parameters); with fewer
+            than the stage holds, a second step without blocks gives the per-block
+            traffic, which is scaled to all blocks (every block sends the same).
         timeout: seconds before the child is stopped.
 
     Returns:
@@ -449,8 +450,9 @@ def fake_runs(
 
 def _in_child(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
     env["WORKSHOP_FAKE_PARENT"] = str(os.getpid())
     env["WORKSHOP_FAKE_STARTED"] = repr(time.time())
     child = subprocess.Popen(

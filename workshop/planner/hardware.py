@@ -36,7 +36,7 @@ def pick(
     """
     if isinstance(name, record):
         return name
-    if name not in catalogue:
+    if not isinstance(name, str) or name not in catalogue:  # (a list is unhashable)
         raise ValueError(
             f"{what}={name!r} is not one the planner knows; choose one of "
             f"{', '.join(catalogue)}, or describe yours with {how}"

@@ -24,6 +24,7 @@ may not import): the notebook submits ``job.script``::
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checks import list_of
 from .estimator import estimate
 from .job_train import WARM_UP, shape_fields
 from .layout import Layout, ModelShape, check_counts, model_shape
@@ -272,12 +274,15 @@ def _script(job: PlannedJob, time: str, mem: str | None, cpus: int) -> str:
         "--cpus-per-task",
         "# from sbatch since Slurm 22.05). --kill-on-bad-exit: when a node's torchrun "
         "fails,",
-        "# stop the other nodes' too.",
+        "# stop the other nodes' too. --log-dir: each node's torchrun keeps its ranks'",
+        "# error files (error.json) beside the job's, not in a torchelastic_* folder "
+        "of",
+        "# the node's /tmp that nothing removes.",
         'srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 \\',
         '    --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" --kill-on-bad-exit=1 \\',
         '    torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$NPROC_PER_NODE" \\',
         '    --rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" \\',
-        '    --rdzv-id="$SLURM_JOB_ID" \\',
+        '    --rdzv-id="$SLURM_JOB_ID" --log-dir="${JOB_DIR}/torchrun-logs" \\',
         '    -m workshop.planner.job_train --plan "${JOB_DIR}/plan.json"',
         "",
     ]
@@ -367,6 +372,12 @@ def write_job(
     check_counts("write_job", cpus_per_task=cpus)
     if isinstance(seed, bool) or not isinstance(seed, int):  # else every rank fails
         raise _refuse("seed", seed, "must be a whole number, e.g. seed=0")
+    if not isinstance(calibrate, bool):  # 'no' would be read as True
+        raise _refuse("calibrate", calibrate, "must be True or False")
+    if isinstance(folder, bytes) or not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(
+            f"write_job: folder must be a folder name, not {folder!r}; e.g. 'runs/plan'"
+        )
     where = Path(folder).resolve()
     try:
         where.mkdir(parents=True, exist_ok=True)
@@ -424,6 +435,11 @@ def job_figures(job: PlannedJob | str | Path) -> list[dict[str, Any]]:
         >>> figures[0]["held"]["params"]                         # doctest: +SKIP
         230528
     """
+    if not isinstance(job, (PlannedJob, str, os.PathLike)):
+        raise TypeError(
+            f"job must be the PlannedJob write_job returned or its folder, not "
+            f"{job!r}; e.g. job_figures(job) or job_figures('runs/plan')"
+        )
     folder = job.folder if isinstance(job, PlannedJob) else Path(job)
     files = sorted(folder.glob("rank-*.json"), key=lambda p: int(p.stem[5:]))
     if not files:
@@ -432,7 +448,12 @@ def job_figures(job: PlannedJob | str | Path) -> list[dict[str, Any]]:
             "before its ranks wrote; wait for it (job.wait()) and read its output "
             "(job.output())"
         )
-    figures = [json.loads(p.read_text()) for p in files]
+    try:  # a file cut short (a rank killed mid-write), said as such
+        figures = [json.loads(p.read_text()) for p in files]
+    except ValueError as e:
+        why = f"{folder} holds a rank-*.json that is not JSON ({e})"
+        raise ValueError(f"{why}; run the job again (job.output() says why)") from e
+    _check_figures(figures, "job_figures")
     world = figures[0]["world_size"]
     missing = sorted(set(range(world)) - {f["rank"] for f in figures})
     if missing:
@@ -442,6 +463,13 @@ def job_figures(job: PlannedJob | str | Path) -> list[dict[str, Any]]:
             "output (job.output())"
         )
     return figures
+
+
+def _check_figures(figures: Any, who: str) -> None:
+    # What job_rows and job_against_estimate read of each rank's figures.
+    keys = ("rank", "world_size", "stage", "node", "model", "layout", "held")
+    fix, what = "e.g. figures = job_figures(job)", "the ranks' figures (dicts)"
+    list_of(f"{who}: figures", figures, dict, what, fix, empty=False, keys=keys)
 
 
 def _estimate(first: dict[str, Any], stage: int, ranks_per_node: int):
@@ -467,6 +495,7 @@ def job_rows(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
         memory in bytes, collectives as ``[calls, bytes]``, None where one side has
         no figure.
     """
+    _check_figures(figures, "job_rows")
     first = figures[0]
     per_node = sum(1 for f in figures if f["node"] == first["node"]) or 1
     rows: list[dict[str, Any]] = []
@@ -525,8 +554,7 @@ def job_against_estimate(figures: list[dict[str, Any]]) -> str:
     Example:
         >>> print(job_against_estimate(job_figures(job)))        # doctest: +SKIP
     """
-    if not figures:
-        raise ValueError("job_against_estimate needs the ranks' figures: job_figures")
+    _check_figures(figures, "job_against_estimate")
     first, rows = figures[0], job_rows(figures)
     lay = Layout(**first["layout"])
     nodes = 1 + max(f["node"] for f in figures)

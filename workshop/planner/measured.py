@@ -310,12 +310,12 @@ def layout_machine(result: dict[str, Any]) -> tuple[GPU, Network]:
 def measured_against_estimate(results: list[dict[str, Any]]) -> str:
     """The estimate of the run's layout beside what its ranks measured, as a table.
 
-    The estimate is the planner's own (:func:`~workshop.planner.estimator.
-    estimate`), for this machine as :func:`layout_machine` describes it: the memory
-    terms are formulas of the shape alone, the step time uses the FLOP/s and the
-    all-reduce times measured in the same run. Memory is rank 0's (every rank of a
-    divisible layout holds the same); the step is the slowest rank's, since a step
-    ends when the last rank's does.
+    The estimate is the planner's own
+    (:func:`~workshop.planner.estimator.estimate`), for this machine as
+    :func:`layout_machine` describes it: the memory terms are formulas of the shape
+    alone, the step time uses the FLOP/s and the all-reduce times measured in the same
+    run. Memory is rank 0's (every rank of a divisible layout holds the same); the step
+    is the slowest rank's, since a step ends when the last rank's does.
 
     Raises:
         ValueError: no results, or results of :func:`measure_layout` missing a figure.

@@ -77,8 +77,7 @@ Memory per GPU (bytes)
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..checks import whole
 from ..training.models import module_figures
 from .layout import Layout, ModelShape, model_shape
 from .operations import StageRecord, stage_layers, stage_record
@@ -128,14 +127,6 @@ def stage_number(stage: int | str) -> int:
     )
 
 
-def _whole(name: str, value: Any, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{name}={value!r} must be a whole number, 1 or more; for example {example}"
-        )
-    return value
-
-
 def zero_bytes(
     parameters: int, world_size: int, stage: int | str, precision: str = "fp32"
 ) -> dict[str, int]:
@@ -165,8 +156,8 @@ def zero_bytes(
         >>> zero_bytes(1000, 4, 2)["total"]      # 4 Ψ + 12 Ψ / 4
         7000
     """
-    _whole("parameters", parameters, "zero_bytes(1_000_000, 4, stage=2)")
-    _whole("world_size", world_size, "zero_bytes(1_000_000, 4, stage=2)")
+    whole("parameters", parameters, fix="e.g. zero_bytes(1_000_000, 4, stage=2)")
+    whole("world_size", world_size, fix="e.g. zero_bytes(1_000_000, 4, stage=2)")
     number = stage_number(stage)
     if precision not in PRECISIONS:
         raise ValueError(

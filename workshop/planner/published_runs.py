@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..checks import list_of
 from ..sources.scale_data import quoted_figures, scale_table
 from .estimator import Estimate, estimate
 from .layout import Layout, ModelShape
@@ -293,9 +294,23 @@ def _narayanan_flops(model: ModelShape, batch: int) -> float:
     return 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
+_ROWS_EXAMPLE = "e.g. rows = against_published()"
+
+
+def _one(name: str, value: object, kind: type, fix: str) -> None:
+    if not isinstance(value, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise TypeError(
+            f"{name} must be {article} {kind.__name__}, not {value!r} (a "
+            f"{type(value).__name__}); {fix}"
+        )
+
+
 def estimated_figure(run: PublishedRun, est: Estimate) -> float:
     """The estimate's figure in the run's own measure (seconds, MFU, or TFLOP/s
     per GPU)."""
+    _one("run", run, PublishedRun, "e.g. PUBLISHED_RUNS[0]")
+    _one("est", est, Estimate, "e.g. the estimate(...) of that run")
     gpus = run.layout.world_size
     if run.measure == "seconds":
         return est.step
@@ -341,6 +356,9 @@ def against_published(runs: tuple[PublishedRun, ...] = PUBLISHED_RUNS) -> list[A
         >>> all(row.estimate.fits for row in rows)
         True
     """
+    runs = list_of(
+        "runs", runs, PublishedRun, "PublishedRun records", "e.g. PUBLISHED_RUNS[:2]"
+    )
     rows = []
     for run in runs:
         est = estimate(run.model, run.layout, run.gpu, run.network, gpus_per_node=8)
@@ -358,6 +376,7 @@ def published_table(rows: list[Against]) -> str:
     """The runs, one a line, in 88 columns: layout, memory per GPU, estimate,
     published, the estimate's error, and the gap where it is outside the run's
     tolerance (or its layout does not fit)."""
+    rows = list_of("rows", rows, Against, "Against rows", _ROWS_EXAMPLE)
     lines = [
         f"{'run':<31}{'tp pp dp':>11}{'GB':>5}{'estimate':>10}{'published':>10}"
         f"{'error':>8}  ",
@@ -404,6 +423,7 @@ def step_breakdown(row: Against) -> str:
         >>> print(step_breakdown(against_published()[0]).splitlines()[0][:40])
         Megatron 22B full, 8 A100: one step of
     """
+    _one("row", row, Against, "e.g. step_breakdown(against_published()[0])")
     est = row.estimate
     published = est.step * row.figure / row.run.published
     if row.run.measure == "seconds":
@@ -435,6 +455,7 @@ def _stage(est: Estimate) -> str:
 def plot_against_published(rows: list[Against]) -> Figure:
     """Each run's error (estimate / published - 1, in its own measure), one point
     a run, with its tolerance shaded; sized for a 1280x720 projector."""
+    rows = list_of("rows", rows, Against, "Against rows", _ROWS_EXAMPLE, empty=False)
     import matplotlib.pyplot as plt
 
     from ..draw.diagrams import HEIGHT_IN, WIDTH_IN

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._house import WIDTH
+from ..draw.plan_plots import MEMORY_TERMS, TIME_TERMS
 from .estimator import Estimate, estimate, table
 from .layout import GPUS, MODELS, NETWORKS, Layout, check_counts, model_shape
 
@@ -40,11 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Planner", "explore", "layout_for_gpus", "plan", "plan_table", "throughput"]
 
-WIDTH = 88  # printed lines fit a projector
 DEFAULT_GPU = "H100 80GB"
 DEFAULT_NETWORK = "NVLink 4 + NDR 400G"
-MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "buffers")
-TIME_TERMS = ("compute", "dp comm", "tp comm", "pp comm", "bubble")
 
 
 def layout_for_gpus(

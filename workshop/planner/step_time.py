@@ -21,14 +21,15 @@ Time per step (seconds)
   :data:`TILE` tiles over the SMs, and never faster than its bytes at the memory
   bandwidth; a memory-bound operation as its bytes over ``GPU.memory_gbs`` (a
   published streaming benchmark); each plus ``GPU.launch_s``. The optimizer step:
-  the bytes Adam touches per parameter (:data:`~workshop.planner.operations.
-  OPTIMIZER_BYTES`) over the memory bandwidth. A pipeline goes at the pace of its
-  slowest stage. A module: samples / measured samples per second where the
-  workshop measured it (:data:`MEASURED`), else 3 x forward FLOPs (counted on the
-  meta device) / peak at the MFU ResNet-50 reached in that measurement.
+  the bytes Adam touches per parameter
+  (:data:`~workshop.planner.operations.OPTIMIZER_BYTES`) over the memory
+  bandwidth. A pipeline goes at the pace of its slowest stage. A module: samples /
+  measured samples per second where the workshop measured it (:data:`MEASURED`),
+  else 3 x forward FLOPs (counted on the meta device) / peak at the MFU ResNet-50
+  reached in that measurement.
 - collectives: at the bus bandwidth the link reaches for the message size
-  (``Network.busbw_intra`` / ``busbw_inter``: nccl-tests' figures), the bytes each GPU
-  moves being 2 (n-1)/n S for an all-reduce, (n-1)/n S for a gather or scatter;
+  (``Network.busbw_intra`` / ``busbw_inter``: nccl-tests' figures), the bytes each
+  GPU moves being 2 (n-1)/n S for an all-reduce, (n-1)/n S for a gather or scatter;
   without a curve, the alpha-beta model with ring algorithms (Thakur, Rabenseifner and
   Gropp, 2005; Patarasuk and Yuan, 2009), for a group of n GPUs and S bytes (the whole
   tensor): all-reduce 2 (n-1)/n S/B + 2 (n-1) alpha; all-gather and reduce-scatter

@@ -29,10 +29,12 @@ import cloudpickle
 from .. import _procs
 from .._procs import EXPLANATIONS, TAG_VAR, choose_start_method, interrupted
 from ..allocation import available_memory, cpu_limit, usable_cores
+from ..checks import LONGEST_WAIT_S, one_of, positive_number, whole
 from ..env import Rendezvous, choose_backend, visible_gpu_count
 from .output import RankOutput
 from .rank import Job, StackDumps
 from .session import LIVE, LaunchSession, RunResult
+from .setup_failure import failed_while_connecting, setup_failure
 from .start import START_METHODS, ForkServer, preload
 
 __all__ = ["launch"]
@@ -210,9 +212,6 @@ def launch(
     if running:
         raise run.timeout_error(running)
     if stopped is not None:
-        # Read only when a launch failed: a launch that works reads eight files.
-        from .setup_failure import failed_while_connecting, setup_failure
-
         error = run.failure(stopped)
         if failed_while_connecting(error):  # never started again: see that module
             raise setup_failure(error, stopped, world_size)
@@ -378,46 +377,33 @@ def validate(
             "create the generator and never run its body. Return a value instead, "
             "for example a list of what it would yield"
         )
-    if (
-        isinstance(world_size, bool)
-        or not isinstance(world_size, int)
-        or world_size < 1
-    ):
-        raise ValueError(
-            "world_size must be a whole number of ranks, 1 or more; got "
-            f"{world_size!r}. Pass world_size=2, for example"
-        )
+    whole("world_size", world_size, 1, fix="the number of ranks, e.g. world_size=2")
     if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise ValueError(
-                "timeout must be a number of seconds, or None for no limit; got "
-                f"{timeout!r}"
-            )
-        if math.isnan(timeout):
-            raise ValueError(
-                "timeout=nan is not a number of seconds; pass timeout=60, for "
-                "example, or None for no limit"
-            )
-        if math.isinf(timeout) and timeout > 0:
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if number and math.isinf(timeout) and timeout > 0:
             timeout = None  # no limit, as asked
-        elif timeout < MIN_TIMEOUT:
+        elif number and timeout < MIN_TIMEOUT:
             raise ValueError(
                 f"timeout={timeout!r} s is too short for ranks even to start (that "
                 "takes 0.1 to 0.5 s when forked and seconds for fresh interpreters); "
                 f"pass at least timeout={MIN_TIMEOUT:g}, or None for no limit"
             )
-    if start_method not in START_METHODS:
-        raise ValueError(
-            f"unknown start_method={start_method!r}; pass one of "
-            + ", ".join(repr(m) for m in START_METHODS)
-        )
-    if show not in SHOW_MODES:
-        raise ValueError(
-            f"unknown show={show!r}; pass one of "
-            + ", ".join(repr(m) for m in SHOW_MODES)
-            + " ('auto': live in the cell, 'lines': plain lines, 'none': only "
-            "collect the output into the result)"
-        )
+        else:  # nan, a string, or more than the process group can wait
+            timeout = positive_number(
+                "timeout",
+                timeout,
+                most=LONGEST_WAIT_S,
+                what="a number of seconds",
+                fix="e.g. timeout=60, or None for no limit",
+            )
+    one_of("start_method", start_method, START_METHODS)
+    one_of(
+        "show",
+        show,
+        SHOW_MODES,
+        fix="'auto': live in the cell, 'lines': plain lines, 'none': only collect "
+        "the output into the result",
+    )
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be True or False, got {trace!r}")
     return timeout
@@ -438,20 +424,18 @@ def collective_timeout_for(value: Any, timeout: float | None) -> float:
         ValueError: ``value`` is not a positive, finite number of seconds.
     """
     if value is None:
-        return 3600.0 if timeout is None else timeout + COLLECTIVE_MARGIN
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(
-            "collective_timeout must be a positive, finite number of seconds a "
-            f"collective may wait for the other ranks; got {value!r}. Pass "
-            "collective_timeout=5, for example, or None for the default "
-            f"(timeout + {COLLECTIVE_MARGIN:g} s)"
-        )
-    return float(value)
+        if timeout is None:
+            return 3600.0
+        return min(timeout + COLLECTIVE_MARGIN, float(LONGEST_WAIT_S))
+    return positive_number(
+        "collective_timeout",
+        value,
+        most=LONGEST_WAIT_S,
+        what="a number of seconds",
+        fix="how long a collective may wait for the other ranks, e.g. "
+        "collective_timeout=5, or None for the default "
+        f"(timeout + {COLLECTIVE_MARGIN:g} s)",
+    )
 
 
 def refuse_inside_a_rank() -> None:

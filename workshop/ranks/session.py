@@ -313,8 +313,15 @@ class LaunchSession:
         # A rank that returned leaves its group; one still calling a collective with
         # it loses it there. The cause is the rank that returned early.
         finished = sorted(r for r, m in self.results.items() if m[0] == "ok")
-        if len(followers) == len(raised) and not crashed and finished:
-            return self._returned_early(finished, followers, errors, stopped)
+        # A rank whose process ended with code 0 and no report left by os._exit(0)
+        # (or a library that ends the process): the cause, as a rank that returned.
+        vanished = [
+            h.rank
+            for h in self.handles
+            if h.exit_code == 0 and h.rank not in self.results and h.rank not in stopped
+        ]
+        if len(followers) == len(raised) and not crashed and (finished or vanished):
+            return self._returned_early(finished, vanished, followers, errors, stopped)
         if len(followers) == len(raised) and not crashed:
             followers = []
         raised = [r for r in raised if r not in followers]
@@ -358,20 +365,38 @@ class LaunchSession:
         )
 
     def _returned_early(
-        self, finished: list[int], lost: list[int], errors: dict, stopped: list[int]
+        self,
+        finished: list[int],
+        vanished: list[int],
+        lost: list[int],
+        errors: dict,
+        stopped: list[int],
     ) -> LaunchError:
-        """The error of a launch where ``finished`` returned from the function while
+        """The error of a launch where ``finished`` returned from the function (or
+        ``vanished`` ended their process with code 0 without reporting) while
         ``lost`` still called a collective with them, and failed in it."""
         first = errors[lost[0]]
+        left = []
+        if finished:
+            left.append(
+                f"rank(s) {', '.join(map(str, finished))} of {self.world_size} "
+                "returned from the function (or called sys.exit)"
+            )
+        if vanished:
+            left.append(
+                f"rank(s) {', '.join(map(str, vanished))} of {self.world_size} ended "
+                "their process with exit code 0 without returning (os._exit(0), or a "
+                "library that ended the process)"
+            )
+        how = "return (or sys.exit)" if not vanished else "return, sys.exit or os._exit"
         lines = [
-            f"rank(s) {', '.join(map(str, finished))} of {self.world_size} returned "
-            "from the function (or called sys.exit) while rank(s) "
-            f"{', '.join(map(str, lost))} still called a collective with them; a "
-            "rank that returns leaves the process "
+            " and ".join(left)
+            + f" while rank(s) {', '.join(map(str, lost))} still called a collective "
+            "with them; a rank that returns leaves the process "
             f"group, so rank {lost[0]} failed in it with {first.type}: "
             + first.message.split(" This is typically")[0],
             "HINT: every rank must call the same collectives in the same order; look "
-            "for a return (or sys.exit) that only some ranks reach.",
+            f"for a {how} that only some ranks reach.",
         ]
         if stopped:
             lines.append(

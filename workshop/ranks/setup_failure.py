@@ -17,7 +17,7 @@ __all__ = ["failed_while_connecting", "setup_failure"]
 # at once, or ended its group itself, closed its connections while a slower rank was
 # still making its own. Plain torch.distributed does the same: 3 and 5 of 200
 # launches from six processes at once failed, and none once the ranks waited for
-# each other (docs/benchmarks.md, python -m workshop.bench concurrent --plain).
+# each other (docs/benchmarks.md, "Many kernels launching at once").
 # workshop.process_group now starts no function before every rank has joined: 200
 # launches, and 120 of a function that only destroys its group, made no failure.
 # The launcher used to start the ranks again after such a failure (7 restarts in 200

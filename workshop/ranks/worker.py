@@ -11,7 +11,6 @@ and a rank started by ``torchrun``, ``srun`` or ``mpirun``::
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from ..allocation import slurm_allocation, usable_cores
+from ..checks import LONGEST_WAIT_S, positive_number
 from ..env import (
     RankInfo,
     backend_name,
@@ -317,16 +317,13 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
     import torch
     import torch.distributed as dist
 
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ValueError(
-            f"timeout={timeout!r} must be a finite number of seconds above 0 that a "
-            "collective may wait, e.g. timeout=600"
-        )
+    timeout = positive_number(
+        "timeout",
+        timeout,
+        most=LONGEST_WAIT_S,
+        what="a number of seconds",
+        fix="how long a collective may wait, e.g. timeout=600",
+    )
     info = rank_info()
     backend = choose_backend(backend, info.local_world_size)
     _configure_threads(info)

@@ -48,7 +48,8 @@ class PublishedTable:
         setup: how it was measured (model, precision, batch, software).
         points: (GPUs, samples per second), as the source gives them.
         source: where it was published: a :class:`Source`, or the workshop's
-            source :class:`~workshop.sources.Document` that holds the table.
+            source :class:`~workshop.sources.documents.Document` that holds the
+            table.
         stated_speedup: the speed-up at the largest count as the source states
             it in a column of its own, None where it states none.
         table: the document's table the points are read from, None for a source
@@ -78,7 +79,7 @@ class PublishedQuote:
         name: a short key.
         statement: the figure, in words; its numbers as the source writes them.
         source: where it was published: a :class:`Source`, or the workshop's
-            source :class:`~workshop.sources.Document` that says it.
+            source :class:`~workshop.sources.documents.Document` that says it.
     """
 
     name: str

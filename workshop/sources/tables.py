@@ -2,8 +2,8 @@
 
 Every cell is kept as the document writes it ("762.10", "9318.20 (10143.52)", a
 blank where the slide has none, "*" where it marks a count it could not run), so
-that :func:`workshop.sources.holds` can check each one against the document. Speed-up
-and efficiency are worked out here from those cells, never copied::
+that :func:`workshop.sources.documents.holds` can check each one against the
+document. Speed-up and efficiency are worked out here from those cells, never copied::
 
     table = document_table("cpu-batch50")
     print(table)                 # the cells, speed-up and efficiency, the source

@@ -11,13 +11,9 @@ possible). Notebook 02, section 6, prints the split with :func:`per_rank_batch`.
 
 from __future__ import annotations
 
+from ..checks import whole
+
 __all__ = ["per_rank_batch"]
-
-
-def _whole(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
-    return value
 
 
 def per_rank_batch(global_batch: int, world_size: int, *, exact: bool = True) -> int:
@@ -45,8 +41,9 @@ def per_rank_batch(global_batch: int, world_size: int, *, exact: bool = True) ->
         >>> per_rank_batch(256, 6, exact=False)   # 6 x 42 = 252 samples per step
         42
     """
-    global_batch = _whole("global_batch", global_batch)
-    world_size = _whole("world_size", world_size)
+    example = "e.g. per_rank_batch(256, world_size=4)"
+    global_batch = whole("global_batch", global_batch, fix=example)
+    world_size = whole("world_size", world_size, fix=example)
     per_rank, left = divmod(global_batch, world_size)
     if per_rank == 0:
         raise ValueError(

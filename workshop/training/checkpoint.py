@@ -115,6 +115,17 @@ def _write_atomically(state: dict[str, Any], path: Path) -> None:
             os.close(directory)
 
 
+def _check_optimizer(optimizer: Any, example: str) -> None:
+    # A module passed as the optimizer has a state_dict() too: without this its
+    # weights would be saved as the optimizer's state, or loaded into it.
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "optimizer must be a torch.optim optimizer or None, not a "
+            f"{type_name(optimizer)}; e.g. {example} with optimizer = "
+            "torch.optim.SGD(model.parameters(), lr=0.05)"
+        )
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     model: nn.Module,
@@ -147,7 +158,8 @@ def save_checkpoint(
             that :func:`load_checkpoint` could not read back, e.g. a numpy array
             or a namedtuple; the message names where it is
             (``extra['history'][3]``) and its type. Raised on every rank. Also a
-            ``model`` that is not a module, or a ``path`` that is not a path.
+            ``model`` that is not a module, an ``optimizer`` that is not a
+            torch.optim optimizer, or a ``path`` that is not a path.
         OSError: the file could not be written (a parent of ``path`` is a file,
             ``path`` is a folder, the folder is read-only or not yours, the disk
             or quota is full); the message names ``path``, the cause and a fix,
@@ -163,6 +175,7 @@ def save_checkpoint(
             f"model must be a torch.nn.Module, got {type(model).__name__}; e.g. "
             "save_checkpoint('ckpt.pt', model, optimizer)"
         )
+    _check_optimizer(optimizer, "save_checkpoint('ckpt.pt', model, optimizer)")
     path = Path(path)
     # Every rank checks (cheap: references, no copies), so that a value that cannot
     # be saved stops all ranks with the same error instead of rank 0 alone while
@@ -175,6 +188,9 @@ def save_checkpoint(
             if optimizer is not None
             else None
         ),
+        # Its class, so that a load into another kind is refused: an SGD state
+        # loads into Adam without a word, and Adam's first step fails on 'betas'.
+        "optimizer_class": None if optimizer is None else type(optimizer).__name__,
         "extra": plain_copy(extra, "extra"),
     }
     rank, distributed = _distributed()
@@ -220,14 +236,17 @@ def load_checkpoint(
             type refused); it was saved from a model of another shape (the
             message names the first parameters that differ, with both shapes,
             and those only one of the two has) or, for the optimizer, over other
-            parameters; or it holds no optimizer state but an optimizer was
-            passed. Each message names ``path``.
+            parameters, or of another class (both named); or it holds no
+            optimizer state but an optimizer was passed. Each message names
+            ``path``.
         PermissionError: ``path`` cannot be opened for reading.
+        TypeError: ``optimizer`` is not a torch.optim optimizer.
 
     Example:
         >>> state = load_checkpoint("ckpt.pt", ddp_model, optimizer)  # doctest: +SKIP
         >>> start_epoch = state["epoch"] + 1                          # doctest: +SKIP
     """
+    _check_optimizer(optimizer, "load_checkpoint('ckpt.pt', model, optimizer)")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(
@@ -283,6 +302,14 @@ def load_checkpoint(
             raise ValueError(
                 f"{path} holds no optimizer state (it was saved without one); "
                 "call load_checkpoint without optimizer"
+            )
+        saved, given = state.get("optimizer_class"), type(optimizer).__name__
+        if saved is not None and saved != given:  # (None: saved before it was kept)
+            raise ValueError(
+                f"{path} holds the state of an optimizer of class {saved}, but one "
+                f"of class {given} was given; build one of class {saved} to continue "
+                f"the run it was saved from, or leave optimizer out to start the "
+                f"{given} afresh; nothing was loaded"
             )
         try:  # torch checks the groups before it changes anything
             optimizer.load_state_dict(state["optimizer"])

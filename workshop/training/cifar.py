@@ -4,7 +4,7 @@ On a cluster the dataset usually sits in a shared folder that others can write. 
 each file is checked against its published MD5 sum, and unpickled by a reader that
 runs no code from the file: it rebuilds only what a genuine CIFAR-10 batch holds
 (dicts, lists, strings, numbers and uint8 arrays), and names the file and what it
-asked for otherwise. :func:`workshop.training.data.cifar10` is this module's
+asked for otherwise. :func:`workshop.training.cifar.cifar10` is this module's
 :func:`cifar10`.
 """
 

@@ -14,8 +14,8 @@ Three sources, from smallest to largest:
   the data does not matter but its shape does.
 
 :func:`make_loader` (in :mod:`workshop.training.loaders`, re-exported here) wraps any of
-them in a seeded ``DataLoader`` and :func:`time_loader` measures how fast a loader
-delivers samples.
+them in a seeded ``DataLoader`` and :func:`~workshop.training.loaders.time_loader`
+measures how fast a loader delivers samples.
 """
 
 from __future__ import annotations

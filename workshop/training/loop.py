@@ -38,12 +38,12 @@ from .steps import (
     train_step,
 )
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "train"]
+__all__ = ["LR_SCHEDULES", "OPTIMIZERS", "train"]
 
 #: Values of ``optimizer``, with the learning rate each uses when ``lr`` is None.
 OPTIMIZERS = {"sgd": 0.05, "adam": 1e-3}
 #: Values of ``schedule``: how the learning rate changes over a run.
-SCHEDULES = ("cosine", "constant")
+LR_SCHEDULES = ("cosine", "constant")
 
 
 def _groups(loader: Iterable, size: int) -> Iterator[list[Any]]:
@@ -114,10 +114,10 @@ def _lr_factor(schedule: str, step: int, total: int | None) -> float:
 def _planned_steps(
     schedule: str, epochs: int, steps_per_epoch: int | None, max_steps: int | None
 ) -> int | None:
-    if schedule not in SCHEDULES:
+    if schedule not in LR_SCHEDULES:
         raise ValueError(
             f"schedule={schedule!r} is not known; pass one of "
-            + ", ".join(repr(n) for n in SCHEDULES)
+            + ", ".join(repr(n) for n in LR_SCHEDULES)
         )
     planned = None if steps_per_epoch is None else epochs * steps_per_epoch
     if max_steps is not None:
@@ -160,7 +160,7 @@ def train(
     Args:
         model: a module (plain or DDP-wrapped) mapping inputs to class scores.
         loader: batches of (inputs, targets), e.g. from
-            :func:`workshop.training.data.make_loader`.
+            :func:`workshop.training.loaders.make_loader`.
         epochs: passes over the data.
         lr: learning rate; None takes the optimizer's default in :data:`OPTIMIZERS`
             (0.05 for SGD, 1e-3 for Adam).

@@ -19,9 +19,21 @@ import math
 from contextlib import nullcontext
 from typing import Any
 
-__all__ = ["autocast", "float_format", "low_precision_loss", "saved_activation_bytes"]
+__all__ = [
+    "RELATIVE_TOLERANCE",
+    "autocast",
+    "float_format",
+    "low_precision_loss",
+    "saved_activation_bytes",
+]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+#: Differences allowed between a split run (tensor or pipeline parallel, a model
+#: cut across devices) and the whole one, relative to the largest number compared
+#: (at least 1). A split adds the same float32 numbers in another order, which moves
+#: the last bits only (about 1e-7 relative), so the two agree well within this but
+#: not bit for bit.
+RELATIVE_TOLERANCE = 1e-5
 
 
 def autocast(amp: str | None, device_type: str):

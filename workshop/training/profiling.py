@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checks import whole
+
 __all__ = [
     "OperatorCost",
     "Profile",
@@ -205,11 +207,6 @@ def quiet_profiler() -> None:
     warnings.filterwarnings("ignore", message=r".*Profiler clears events")
 
 
-def _whole(name: str, value: object, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be a whole number >= {least}, got {value!r}")
-
-
 def recorded_steps(
     steps: int,
     *,
@@ -241,15 +238,15 @@ def recorded_steps(
         >>> recorded_steps(12, wait=1, warmup=1, active=3, repeat=2)
         [2, 3, 4, 7, 8, 9]
     """
-    _whole("steps", steps, 0)
+    whole("steps", steps, 0)
     for name, value in (
         ("wait", wait),
         ("warmup", warmup),
         ("repeat", repeat),
         ("skip_first", skip_first),
     ):
-        _whole(name, value, 0)
-    _whole("active", active, 1)
+        whole(name, value, 0)
+    whole("active", active, 1)
     cycle = wait + warmup + active
     recorded = []
     for step in range(skip_first, steps):

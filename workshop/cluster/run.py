@@ -292,9 +292,12 @@ def is_torchrun(command: Sequence[str]) -> bool:
 
 def needs_log_folder(command: Sequence[str], env: Mapping[str, str]) -> bool:
     """True for a torchrun given no log folder, which would make its own in the
-    temporary folder and leave it there (``TORCHRUN_LOGS``)."""
+    temporary folder and leave it there (``TORCHRUN_LOGS``). The old launcher,
+    ``python -m torch.distributed.launch`` (notebook 03 runs it beside torchrun),
+    is torchrun under another name and does the same."""
     chosen = any(str(w).startswith(("--log-dir", "--log_dir")) for w in command)
-    return is_torchrun(command) and not chosen and TORCHRUN_LOGS not in env
+    old = bool(command) and "torch.distributed.launch" in command[1:3]
+    return (is_torchrun(command) or old) and not chosen and TORCHRUN_LOGS not in env
 
 
 def check_program(program: str, path: str | None, cwd: str | None = None) -> None:

@@ -3,6 +3,8 @@
 #   make lab     set up .venv, then open the workshop in JupyterLab
 #   make test    set up .venv, then run every test, notebooks included
 #
+# (make test-fast: the unit tests alone, in about two minutes, for the inner loop.)
+#
 # Where there is no .venv and python3 already has everything (a site's torch module
 # plus pip install, or pip install --target with PYTHONPATH), both use python3 and
 # set nothing up.
@@ -26,7 +28,7 @@ PLATFORM ?=
 DRY_RUN ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup environment lab test test-notebooks test-cpus test-site lint \
+.PHONY: help setup environment lab test test-fast test-notebooks test-cpus test-site lint \
 	wheelhouse clean check-node portal portal-stop record record-table
 
 help:
@@ -34,6 +36,8 @@ help:
 	@echo "            (extra options: LAB_ARGS=\"--no-browser --port=8890\")"
 	@echo "make test   set up .venv, then run every test, notebooks included"
 	@echo "            (no .venv, and python3 has everything: both use it, no set-up)"
+	@echo "make test-fast  the unit tests alone, for the inner loop: no *_integration.py"
+	@echo "            file (ranks, kernels, jobs, the browser), no notebook"
 	@echo "make setup  create or update .venv only (scripts/setup.sh)"
 	@echo "make test-notebooks  only the notebooks, compared with their stored outputs"
 	@echo "            exactly as make test compares them"
@@ -132,6 +136,17 @@ run_pytest = @echo "$(1)"; $(COMPILE); $(WAIT_POLICY); rc=0; $(1) || rc=$$?; \
 
 test: environment
 	$(call run_pytest,$(PYTEST))
+
+# The unit tests alone, for the inner loop: at most 3 minutes on 2 cores (about 2 when
+# the machine is quiet). A test that starts ranks, a kernel, a Slurm job or a browser,
+# or takes more than about a second, sits in a *_integration.py file beside the unit
+# tests of its module (tests/bench/test_scaling_bench.py and
+# test_scaling_bench_integration.py); make test runs both, and the notebooks.
+FAST_PYTEST = $(RUN_PYTHON) -m pytest --timeout=600 --durations=10 $(XDIST) \
+	--ignore-glob='*_integration.py' tests/ $(PYTEST_ARGS)
+
+test-fast: environment
+	$(call run_pytest,$(FAST_PYTEST))
 
 # The notebooks alone, compared exactly as make test compares them.
 test-notebooks: environment

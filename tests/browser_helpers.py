@@ -106,7 +106,7 @@ def rank_processes(mark: str) -> dict[int, str]:
     """The marked processes that are ranks of a ``workshop.launch``, or started by
     one: a rank names itself after its launch's tag (``w<kernel pid>.<launch>`` in
     base 36, /proc/PID/comm) and what it starts has ``WORKSHOP_LAUNCH`` in its
-    environment (workshop/_procs.py)."""
+    environment (workshop/ranks/sweep.py)."""
     ranks = {}
     for pid, cmdline in marked_processes(mark).items():
         try:

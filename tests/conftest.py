@@ -5,7 +5,7 @@ share the tests (`-n 3 --dist loadfile`).
 
 Also the run order and a guard that keep the test process forkable on a GPU node.
 Two things in the pytest process make forked ranks unusable there (see
-workshop/_procs.py): starting CUDA, and a backward pass with a GPU visible.
+workshop/ranks/forkable.py): starting CUDA, and a backward pass with a GPU visible.
 So tests run in three groups: the rest first, then those marked
 ``backward_in_process`` (they run a backward pass here), then those marked ``gpu``.
 A test that starts CUDA without the gpu mark, or runs a backward pass without either
@@ -25,8 +25,8 @@ import time
 import warnings
 from pathlib import Path
 
+import leftovers
 import pytest
-from leftovers import left_behind, summary, temp_entries
 
 from workshop.cluster.commands import free_port  # (the tests import it from here)
 
@@ -86,6 +86,9 @@ def pytest_configure(config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _count_backward_passes()
     config.pluginmanager.register(_NotebookStderr(), "workshop-notebook-stderr")
+    # Fails the run on what it left in /tmp, /var/tmp and /dev/shm (issue 47).
+    if not config.pluginmanager.is_registered(leftovers):
+        config.pluginmanager.register(leftovers, "workshop-leftovers")
 
 
 class _NotebookStderr:
@@ -115,34 +118,10 @@ def notebook_stderr(outputs) -> str:
     )
 
 
-# --- what the run leaves in /tmp, /var/tmp and /dev/shm (tests/leftovers.py) --------
-_TEMP_BEFORE = pytest.StashKey[dict]()
-
-
-def _controller(config) -> bool:
-    """The process that runs the session: pytest alone, or xdist's controller (its
-    workers end before it reports, so what they left is there to see)."""
-    return not hasattr(config, "workerinput")
-
-
-def pytest_sessionstart(session) -> None:
-    if _controller(session.config):
-        session.config.stash[_TEMP_BEFORE] = temp_entries()
-
-
 def pytest_terminal_summary(terminalreporter, config) -> None:
-    """Say where the process stopped being forkable, as the doctor would say it;
-    and what the run left in the temporary folders."""
-    before = config.stash.get(_TEMP_BEFORE, None)
-    if before is not None:
-        # Reported, not yet failed on: a whole run leaving nothing is not proven
-        # (issue 47), and on a shared machine another process of the same user may
-        # add entries while the suite runs. Once a fresh clone's `make test` shows
-        # nothing here, this can fail the run (session.exitstatus).
-        for line in summary(left_behind(before, temp_entries())):
-            terminalreporter.write_line(line)
+    """Say where the process stopped being forkable, as the doctor would say it."""
     if _BACKWARD["first"] is not None:
-        from workshop._procs import AUTOGRAD, HAZARDS
+        from workshop.ranks.forkable import AUTOGRAD, HAZARDS
 
         terminalreporter.write_line(
             f"workshop: {HAZARDS[AUTOGRAD]} (the first backward pass in the pytest "
@@ -303,7 +282,7 @@ def _stand_in_for_autograd_threads(tmp_root: Path) -> None:
     named ``pt_autograd_0`` (forkable.TASK_DIR pointed at a folder that lists one).
     On a CPU machine the engine starts none, so without this the CPU suite would
     never take the path the node takes."""
-    from workshop import _procs as forkable
+    from workshop.ranks import forkable
 
     task = tmp_root / "autograd-stand-in" / "1"
     task.mkdir(parents=True, exist_ok=True)
@@ -324,7 +303,7 @@ def _forks_are_poisoned() -> bool:
     driver), without forking. Else one child is forked and asked, as ``launch``
     does; only its real answer counts (``_POISONED``), not a child that did not
     answer in time."""
-    from workshop import _procs as forkable
+    from workshop.ranks import forkable
 
     if not (hasattr(os, "fork") and forkable._driver_loaded()):
         return False
@@ -638,10 +617,10 @@ def private_slurm(_slurm_for_the_run):
 def no_leftover_children():
     """Fail a test that leaves a child process of the test process behind (the fork
     server and the launcher's watchdog are the children meant to outlive a launch)."""
-    from workshop.ranks import launcher
+    from workshop.ranks import start, sweep
 
     yield
-    kept = {p.pid for p in (launcher.SERVER.popen, launcher._WATCHDOG) if p is not None}
+    kept = {p.pid for p in (start.SERVER.popen, sweep._WATCHDOG) if p is not None}
     kept |= _RUN_WIDE_CHILDREN
     deadline = time.monotonic() + 10
     while True:
@@ -800,9 +779,9 @@ class MadeLab:
 
 @pytest.fixture(scope="session")
 def make_lab(tmp_path_factory):
-    """One ``make lab`` for the tests of it (tests/test_lab.py, and test_listening.py
-    on its sockets): started on first use, stopped at the end of the run, when
-    none of its processes may be left."""
+    """One ``make lab`` for the tests of it (tests/test_lab_integration.py, and
+    test_listening_integration.py on its sockets): started on first use, stopped at
+    the end of the run, when none of its processes may be left."""
     from workshop.cluster.reaper import descendants
 
     if shutil.which("make") is None:

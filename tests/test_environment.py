@@ -214,7 +214,8 @@ def test_sanitiser_replaces_what_changes_between_runs() -> None:
         ),
         "activations: 12.5 GiB": "activations: 12.5 GiB",
         # A training run's digits, by their shape; the claim printed beside them is
-        # left alone (tests/test_stored_outputs.py runs a cell on other CPUs).
+        # left alone (tests/test_stored_outputs_integration.py runs a cell on other
+        # CPUs).
         "epoch 2/3  loss 0.326  accuracy 0.952  eval accuracy 0.972": (
             "epoch 2/3  loss N.NNN  accuracy N.NNN  eval accuracy N.NNN"
         ),

@@ -33,7 +33,7 @@ def _nccl_sum():
 
 
 def test_nccl_with_one_rank_and_cuda_tensors_come_back_on_the_cpu():
-    from workshop._procs import _cuda_initialized, fork_hazard
+    from workshop.ranks.forkable import _cuda_initialized, fork_hazard
 
     # GPU tests run last (conftest): another test may have started CUDA here, or a
     # backward pass autograd's GPU threads, and then ranks come from the server.
@@ -96,7 +96,7 @@ def test_the_thread_signal_agrees_with_a_forked_childs_backward(script):
     s = script("""
         import torch
         from workshop._procs import answer_in_child
-        from workshop import _procs as forkable
+        from workshop.ranks import forkable
 
         def child_backward():
             try:
@@ -169,7 +169,7 @@ def _resumable(
 
 def test_notebook_02s_checkpoint_lesson_after_the_kernel_trained(tmp_path):
     from workshop import LaunchError
-    from workshop import _procs as forkable
+    from workshop.ranks import forkable
 
     # The kernel trains a step first, on the CPU, as notebook 02 does before.
     from workshop.training.models import SmallCNN

@@ -17,6 +17,7 @@ test's interpreter: nothing is installed, nothing is downloaded.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -437,3 +438,53 @@ def test_setup_refuses_an_unknown_argument(tmp_path):
     done = _run(["bash", "scripts/setup.sh", "--chek"], project, _env(project))
     assert done.returncode == 1
     assert "unknown argument '--chek'" in done.stderr
+
+
+# --- make test-fast: the unit tests alone ---------------------------------------------
+
+
+def test_make_test_fast_leaves_out_every_integration_file_and_the_notebooks(tmp_path):
+    # The slow tests live in *_integration.py files beside the unit tests; make
+    # test-fast runs tests/ without them, and without the notebooks (make test runs
+    # all of it).
+    project = _project(tmp_path)
+    python3 = _python(tmp_path / "bin" / "python3")
+    done = _run(["make", "--no-print-directory", "-n", "test-fast"], project,
+                _env(project, python3.parent))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    command = next(line for line in done.stdout.splitlines() if " -m pytest " in line)
+    assert "--ignore-glob='*_integration.py' tests/" in command, command
+    assert "--nbval" not in command and "notebooks" not in command, command
+
+
+def _starts_shared(path: Path) -> bool:
+    """Whether a test file asks for the run's private Slurm cluster or its make lab
+    (a fixture argument, or request.getfixturevalue) or imports the browser's
+    helpers."""
+    shared = {"private_slurm", "make_lab"}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.arg) and node.arg in shared:
+            return True
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "getfixturevalue"
+            and any(getattr(a, "value", None) in shared for a in node.args)
+        ):
+            return True
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [node.module] if isinstance(node, ast.ImportFrom) else []
+            modules += [alias.name for alias in getattr(node, "names", [])]
+            if "browser_helpers" in modules:
+                return True
+    return False
+
+
+def test_what_starts_the_runs_cluster_lab_or_browser_is_an_integration_file():
+    # A test that uses the run's private Slurm cluster, its make lab or a browser
+    # would start them in make test-fast: it belongs in a *_integration.py file.
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        if not path.stem.endswith("_integration") and _starts_shared(path)
+    ]
+    assert found == [], "move these tests to *_integration.py files beside them"

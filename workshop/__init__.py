@@ -44,23 +44,29 @@ from . import (
     training,
 )
 from ._version import __version__ as __version__
-from .env import RankInfo, backend_name
+from .env import RankInfo, backend_name, rank_device
 from .features import has_collective
 from .lessons.exercises import check
 from .lessons.quiz import quiz
 from .machine.doctor import doctor
 from .ranks.launcher import launch
 from .ranks.session import LaunchError
-from .ranks.worker import process_group, rank_device
+from .ranks.worker import process_group
 from .training.batches import per_rank_batch
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .training.cifar import cifar10
+from .training.compiled import keep_compiled_code_in_cache as _keep_compiled
 from .training.data import digits
 from .training.loaders import make_loader
 from .training.loop import train
 from .training.models import SmallCNN, count_parameters, resnet
 from .training.progress import Progress
 from .training.steps import evaluate, train_step
+
+# Before anything compiles (none of the imports above imports torch._dynamo, which
+# makes the cache folder): torch.compile's cache in the user's cache folder, not a
+# torchinductor_USER folder in /tmp, for this process and all it starts.
+_keep_compiled()
 
 __all__ = [
     "LaunchError",

@@ -25,8 +25,7 @@ leave them out. What the process may use (cores, memory, the Slurm job) is read 
 ``allocation.py``.
 
 The other side of the same contract is here too: :func:`rank_env`, the complete
-environment ``workshop.launch`` gives each rank of a single-node launch, and
-:class:`Rendezvous`, the store on a loopback port where those ranks meet.
+environment ``workshop.launch`` gives each rank of a single-node launch.
 """
 
 from __future__ import annotations
@@ -36,9 +35,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 
-from ._procs import TAG_VAR
 from .allocation import (
     task_variables,
     usable_cores,
@@ -51,6 +48,8 @@ __all__ = [
     "choose_backend",
     "default_world_size",
     "group_backend",
+    "group_place",
+    "rank_device",
     "rank_info",
     "visible_gpu_count",
 ]
@@ -339,6 +338,72 @@ def backend_name(backend: str) -> str:
     return per_device.get("cuda", per_device.get("cpu", backend))
 
 
+def group_place(who: str, how: str | None = None) -> tuple[int, int]:
+    """(rank, world_size) of this rank's default process group, or a clear error
+    where ``who`` was called outside the ranks (in the notebook's own process, say).
+
+    Args:
+        who: the function that needs the group, named in the error.
+        how: how to start it, for the error; ``workshop.launch(who, world_size=2)``
+            by default.
+
+    Returns:
+        ``(rank, world_size)``.
+
+    Raises:
+        RuntimeError: no process group is initialised in this process.
+
+    Example:
+        >>> group_place("run_pipeline")  # doctest: +SKIP
+        (0, 2)
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        how = how or f"workshop.launch({who}, world_size=2)"
+        raise RuntimeError(
+            f"{who} runs in every rank of a process group, and no process group is "
+            f"initialised in this process; start it with {how} (under torchrun: "
+            "inside `with workshop.process_group():`)"
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rank_device(backend: str | None = None, info: RankInfo | None = None):
+    """The device a rank computes on: its own GPU for NCCL, the CPU otherwise.
+
+    Args:
+        backend: the group's backend: "nccl", "gloo", "mpi", or what
+            ``dist.get_backend()`` returns ("cpu:gloo,cuda:nccl" counts as NCCL);
+            read from the initialised process group when omitted.
+        info: the rank's place; read from the environment when omitted.
+
+    Returns:
+        ``torch.device("cuda", local_rank)`` for NCCL, else ``torch.device("cpu")``.
+
+    Example:
+        >>> rank_device("gloo")
+        device(type='cpu')
+    """
+    import torch
+    import torch.distributed as dist
+
+    if backend is None:
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    name = backend_name(backend)
+    # Every backend this torch knows (the planner's "fake" too); a typo is refused.
+    if name not in dist.Backend.backend_list or name == "undefined":
+        raise ValueError(
+            f"backend={backend!r} is not a process group backend; give 'nccl', "
+            "'gloo' or 'mpi' (or what dist.get_backend() returns), or None to read "
+            "it from the process group"
+        )
+    if name == "nccl":
+        info = info or rank_info()
+        return torch.device("cuda", info.local_rank)
+    return torch.device("cpu")
+
+
 def default_world_size(gpus: int | None = None) -> int:
     """World size the workshop uses when none is given: one rank per GPU, else 4 CPU
     ranks (2 where this process may use a single core: inside a Slurm job, the
@@ -360,75 +425,9 @@ def _loopback_interface() -> str | None:
     return None
 
 
-class Rendezvous:
-    """The TCP store every rank meets at, served from this process on a loopback port
-    this process bound itself: no other host can reach it, and no two launches can
-    race for a port.
-
-    The socket listens from the start, but the store's server (a thread) starts only
-    once the ranks are running (:meth:`serve`): a rank forked while that thread is
-    busy could inherit one of its locks held, and wait for it forever. Ranks that
-    connect earlier wait in the socket's backlog.
-    """
-
-    def __init__(self, world_size: int, timeout: float):
-        """Listen on a free loopback port for ``world_size`` ranks."""
-        self.world_size = world_size
-        self.timeout = timeout
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(max(128, world_size))
-        self.port = self.listener.getsockname()[1]
-        self.fd = self.listener.fileno()
-        self.store = None
-
-    def serve(self) -> None:
-        """Start serving the store on the listening socket."""
-        import torch.distributed as dist
-
-        from .features import torch_release
-
-        kwargs = dict(
-            is_master=True,
-            timeout=timedelta(seconds=self.timeout),
-            wait_for_workers=False,
-        )
-        # torch 2.4's default (libuv) store cannot serve a socket bound elsewhere: it
-        # refuses, after logging an error line into the cell. Ask for the older
-        # store at once there.
-        if torch_release() < (2, 5):
-            kwargs["use_libuv"] = False
-        try:
-            # The store takes ownership of the descriptor it is given and closes it.
-            self.store = dist.TCPStore(
-                "127.0.0.1",
-                self.port,
-                self.world_size,
-                master_listen_fd=os.dup(self.fd),
-                **kwargs,
-            )
-        except (RuntimeError, TypeError, ValueError):
-            # Some torch releases serve a pre-bound socket only without libuv.
-            kwargs["use_libuv"] = False
-            self.store = dist.TCPStore(
-                "127.0.0.1",
-                self.port,
-                self.world_size,
-                master_listen_fd=os.dup(self.fd),
-                **kwargs,
-            )
-        finally:
-            self.listener.close()
-
-    def close(self) -> None:
-        """Stop the store and release the port."""
-        self.store = None  # closes the store's copy of the socket
-        self.listener.close()
-
-
-def rank_env(rank: int, world_size: int, port: int, tag: str = "") -> dict[str, str]:
-    """The complete environment of ``rank`` in a single-node launch; ``tag`` marks
-    every process the rank starts as the launch's (see ``_procs.stop_tagged``).
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The complete environment of ``rank`` in a single-node launch, whose store
+    the launching process serves on the loopback ``port``.
 
     A kernel that runs as a Slurm job step (a cluster's Jupyter portal starts it with
     ``srun``) has that step's task variables: ``SLURM_PROCID=0``, ``SLURM_STEP_ID``,
@@ -448,8 +447,6 @@ def rank_env(rank: int, world_size: int, port: int, tag: str = "") -> dict[str, 
         MASTER_PORT=str(port),
     )
     env[LAUNCHER_STORE_VAR] = "1"
-    if tag:
-        env[TAG_VAR] = tag
     loopback = _loopback_interface()
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
         # Ranks of a single-node launch talk over loopback only; this also spares

@@ -151,14 +151,14 @@ def test_relative_efficiency_formula():
         ({"x": []}, r"series 'x' has no points; give at least one"),
         (
             {"x": [(1, 100.0), (2, 0.0)]},
-            r"samples per second must be a number above 0, got 0\.0 at 2 ranks",
+            r"samples per second must be a number above 0, not 0\.0; at 2 ranks",
         ),
-        ({"x": [(1, -5)]}, r"above 0, got -5 at 1 ranks"),
+        ({"x": [(1, -5)]}, r"above 0, not -5; at 1 ranks"),
         (
             {"x": [(0, 10.0)]},
-            r"series 'x': ranks must be whole numbers, 1 or more; got 0",
+            r"series 'x': ranks must be a whole number, 1 or more, not 0",
         ),
-        ({"x": [(1.5, 10.0)]}, r"ranks must be whole numbers, 1 or more; got 1\.5"),
+        ({"x": [(1.5, 10.0)]}, r"ranks must be a whole number, 1 or more, not 1\.5"),
         ({"x": [(1, 10.0), (1, 11.0)]}, r"more than one throughput for \[1\] ranks"),
         (
             {"x": [(1, 10.0, 3)]},

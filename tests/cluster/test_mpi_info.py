@@ -4,14 +4,13 @@ mpirun with notebook 03's binding options (skipped without Open MPI)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 
 import pytest
 
 from workshop.cluster import mpi_info
-from workshop.cluster.commands import mpirun_command, run_command
+from workshop.cluster.commands import mpirun_command
 from workshop.cluster.mpi_info import (
     MpiInstallation,
     binding_lines,
@@ -98,25 +97,3 @@ def test_options_go_before_the_program_and_a_string_is_refused():
     assert command[-1] == "--x"
     with pytest.raises(ValueError, match=r"list of words, got the string"):
         mpirun_command("slurm/cores_per_rank.py", np=1, options="--bind-to none")
-
-
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
-def test_doc_004s_binding_options_give_each_rank_its_cores_and_the_variable():
-    if mpi_installation().implementation != "Open MPI":
-        pytest.skip("--report-bindings and --map-by slot:PE= are Open MPI's")
-    cores = len(os.sched_getaffinity(0))
-    np = min(2, cores)
-    options = ["--bind-to", "core", "--map-by", f"slot:PE={cores // np}",
-               "--report-bindings", "-x", "NCCL_DEBUG=INFO",
-               "--mca", "pml", "ob1", "--mca", "btl", "^openib"]  # fmt: skip
-    command = mpirun_command("slurm/cores_per_rank.py", np=np, options=options)
-    result = run_command(command, show=False, timeout=120)
-    lines = sorted(result.stdout.splitlines())
-    assert len(lines) == np
-    for rank, line in enumerate(lines):
-        assert line.startswith(f"rank {rank} of {np} ")
-        assert f" {cores // np} core(s) " in line, line
-        assert line.endswith("NCCL_DEBUG=INFO")
-    assert [b.split()[1] for b in binding_lines(result.stderr)] == [
-        str(r) for r in range(np)
-    ]

@@ -1,7 +1,7 @@
 """workshop.cluster.srun, and what the other launchers' lines and commands do inside a
 Slurm job step: the place of a notebook kernel that a cluster's portal started with
 ``srun``. Checked without Slurm (a stand-in ``srun`` on PATH); the same lines run on
-the private cluster in test_in_job.py."""
+the private cluster in test_in_job_integration.py."""
 
 from __future__ import annotations
 

@@ -70,26 +70,50 @@ def test_gradient_bytes_last_layer_first_trainable_once():
     "call,message",
     [
         (lambda: plan_buckets([]), "no gradient sizes given"),
-        (lambda: plan_buckets([4, 0]), r"sizes\[1\]=0 is not a byte count"),
-        (lambda: plan_buckets([4.0]), r"sizes\[0\]=4.0 is not a byte count"),
-        (lambda: plan_buckets([True]), r"sizes\[0\]=True is not a byte count"),
-        (lambda: plan_buckets([4], bucket_cap_mb=0), "bucket_cap_mb=0 must be above"),
-        (lambda: plan_buckets([4], bucket_cap_mb=-1), "bucket_cap_mb=-1 must be above"),
-        (lambda: plan_buckets([4], bucket_cap_mb=math.nan), "bucket_cap_mb=nan must"),
-        (lambda: plan_buckets([4], bucket_cap_mb="25"), "bucket_cap_mb='25' must be a"),
-        (lambda: plan_buckets([4], first_cap_mb=0), "first_cap_mb=0 must be above"),
+        (
+            lambda: plan_buckets([4, 0]),
+            r"sizes\[1\] must be a whole number, 1 or more, not 0",
+        ),
+        (
+            lambda: plan_buckets([4.0]),
+            r"sizes\[0\] must be a whole number, 1 or more, not 4\.0",
+        ),
+        (
+            lambda: plan_buckets([True]),
+            r"sizes\[0\] must be a whole number, 1 or more, not True",
+        ),
+        (
+            lambda: plan_buckets([4], bucket_cap_mb=0),
+            "bucket_cap_mb must be a number of MiB above 0, not 0",
+        ),
+        (
+            lambda: plan_buckets([4], bucket_cap_mb=-1),
+            "bucket_cap_mb must be a number of MiB above 0, not -1",
+        ),
+        (
+            lambda: plan_buckets([4], bucket_cap_mb=math.nan),
+            "bucket_cap_mb must be a number of MiB above 0, not nan",
+        ),
+        (
+            lambda: plan_buckets([4], bucket_cap_mb="25"),
+            "bucket_cap_mb must be a number of MiB above 0, not '25'",
+        ),
+        (
+            lambda: plan_buckets([4], first_cap_mb=0),
+            "first_cap_mb must be a number of MiB above 0, not 0",
+        ),
         (lambda: gradient_bytes(nn.ReLU()), "ReLU has no trainable parameter"),
         (
             lambda: count_ddp_buckets(nn.Linear(2, 2), torch.ones(1, 2), steps=1),
-            "steps=1: DDP settles its buckets after step 1",
+            "steps must be a whole number, 2 or more, not 1; DDP settles its buckets",
         ),
         (
             lambda: count_ddp_buckets(nn.Linear(2, 2), torch.ones(1, 2), steps=True),
-            "steps=True",
+            "steps must be a whole number, 2 or more, not True",
         ),
         (
             lambda: count_ddp_buckets(nn.Linear(2, 2), torch.ones(1, 2), 0),
-            "bucket_cap_mb=0 must be above 0",
+            "bucket_cap_mb must be a number of MiB above 0, not 0",
         ),
     ],
 )

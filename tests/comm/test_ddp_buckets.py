@@ -194,8 +194,8 @@ def test_bad_input_is_named():
     assert len(errors) == 5
     assert "needs a DistributedDataParallel model, got Linear" in errors[0]
     assert "compress='int8' is not one of None, 'bf16', 'fp16'" in errors[1]
-    assert "amp='fp16' is not one of None, 'bf16'" in errors[2]
-    assert "accumulate must be a whole number >= 1, got 0" in errors[3]
+    assert "amp must be one of None or 'bf16', not 'fp16'" in errors[2]
+    assert "accumulate must be a whole number, 1 or more, not 0" in errors[3]
     assert "got 1 batches but one step needs accumulate=2" in errors[4]
 
 

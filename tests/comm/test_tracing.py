@@ -278,7 +278,9 @@ def test_exceptions_of_the_wrapped_call_are_unchanged():
 
 def test_max_values_must_not_be_negative():
     with (
-        pytest.raises(ValueError, match="max_values must be 0 or more, got -1"),
+        pytest.raises(
+            ValueError, match="max_values must be a whole number, 0 or more, not -1"
+        ),
         record(max_values=-1),
     ):
         pass

@@ -118,5 +118,7 @@ def test_events_that_cannot_be_counted_are_explained():
         wire_bytes(_ev("broadcast", 8, 2), rank=0)
     with pytest.raises(ValueError, match=r"one list of events per rank, got dict"):
         bytes_by_rank({"op": "send"})
-    with pytest.raises(ValueError, match=r"steps must be a whole number.*got 0"):
+    with pytest.raises(
+        ValueError, match=r"steps must be a whole number, 1 or more, not 0"
+    ):
         bytes_per_step([[]], steps=0)

@@ -159,8 +159,7 @@ def test_the_tracers_own_events_and_a_flat_list_draw_the_same():
 def test_what_cannot_be_drawn_is_explained():
     with pytest.raises(
         ValueError,
-        match=r"world_size=7 cannot be drawn with a colour per rank; pass a whole "
-        r"number from 1 to 6",
+        match=r"world_size must be a whole number from 1 to 6, not 7",
     ):
         draw_tensor_parallel(7, 16, 70)
     with pytest.raises(
@@ -169,7 +168,9 @@ def test_what_cannot_be_drawn_is_explained():
         r"differ in size; pass a d_hidden that is a multiple of 4, e.g. 12",
     ):
         draw_tensor_parallel(4, 16, 10)
-    with pytest.raises(ValueError, match=r"d_model=0; pass a whole number, 1 or more"):
+    with pytest.raises(
+        ValueError, match=r"d_model must be a whole number, 1 or more, not 0"
+    ):
         draw_tensor_parallel(2, 0, 64)
     with pytest.raises(
         ValueError,

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import ROOT, repo_env, run_module
+from conftest import ROOT, repo_env
 
 from workshop import env
 from workshop.__main__ import main
-from workshop._procs import choose_start_method, fork_hazard
 from workshop.machine.doctor import WIDTH, Row, collect_rows, doctor, format_rows
 from workshop.machine.doctor_probes import slurm_unconfigured, version_line
+from workshop.ranks.forkable import choose_start_method, fork_hazard
 from workshop.ranks.streams import display_path
 
 # The module, beside its function doctor imported above: tests patch its globals.
@@ -526,25 +526,6 @@ def test_doctor_prints_the_table_and_returns_the_rows(clean_env, capsys):
     assert out.rstrip("\n").endswith(format_rows(rows))
 
 
-def test_doctor_leaves_cuda_uninitialised_in_a_fresh_process():
-    # A fresh interpreter: another test may have initialised CUDA in this one.
-    code = (
-        "import io, torch, workshop\n"
-        "workshop.doctor(io.StringIO())\n"
-        "print('initialised:', torch.cuda.is_initialized())\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=repo_env(),
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "initialised: False"
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(
     torch.cuda.device_count() == 0,
@@ -600,20 +581,3 @@ def test_main_with_an_unknown_command_is_argparses_error(capsys):
         main(["frobnicate"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
-
-
-def test_python_m_workshop_doctor_prints_the_table_and_exits_0():
-    result = run_module("workshop", "doctor", timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    for heading in SECTIONS:
-        assert f"\n{heading}\n" in result.stdout
-    assert torch.__version__ in result.stdout
-    assert max(len(line) for line in result.stdout.splitlines()) <= WIDTH
-
-
-def test_python_m_workshop_without_a_command_exits_2_with_usage():
-    result = run_module("workshop", timeout=120)
-    assert result.returncode == 2
-    assert "usage: python -m workshop" in result.stderr
-    assert "doctor" in result.stderr

@@ -202,7 +202,9 @@ def test_own_tcp_bytes_leaves_out_retransmissions(monkeypatch):
 def test_bad_input_is_explained():
     with pytest.raises(ValueError, match=r"size_bytes must be 4 or more .*got 2"):
         watch_allreduce(2)
-    with pytest.raises(ValueError, match=r"world_size must be 2 or more ranks.*got 1"):
+    with pytest.raises(
+        ValueError, match=r"world_size must be a whole number, 2 or more, not 1"
+    ):
         watch_allreduce(world_size=1)
     with pytest.raises(ValueError, match=r"repeats must be a whole number, 1 or more"):
         watch_allreduce(repeats=0)

@@ -81,11 +81,15 @@ def test_bad_input_is_explained(tmp_path):
         write_aged_files(tmp_path, {"x": -2})
     with pytest.raises(ValueError, match=r"file name '../x' must stay inside"):
         write_aged_files(tmp_path, {"../x": 2})
-    with pytest.raises(ValueError, match=r"size must be a whole number of bytes"):
+    with pytest.raises(
+        ValueError, match=r"size must be a whole number, 0 or more, not"
+    ):
         write_aged_files(tmp_path, {"x": 2}, size=-1)
     with pytest.raises(ValueError, match=r"lines must be a whole number, 1 or more"):
         quota_commands(lines=0)
-    with pytest.raises(ValueError, match=r"timeout_s must be > 0 seconds, got 0"):
+    with pytest.raises(
+        ValueError, match=r"timeout_s must be a number of seconds above 0, not 0"
+    ):
         quota_commands(timeout_s=0)
 
 

@@ -69,19 +69,30 @@ def test_each_server_carries_w_over_s_gradients_per_step():
 
 
 def test_bad_arguments_are_refused_with_the_fix():
-    with pytest.raises(ValueError, match=r"servers must be a whole number.*servers=0"):
+    with pytest.raises(
+        ValueError, match=r"servers must be a whole number, 1 or more, not 0"
+    ):
         sharded_parameter_server(servers=0)
     with pytest.raises(ValueError, match=r"servers=5 for width=4 parameters"):
         sharded_parameter_server(width=4, servers=5)
-    with pytest.raises(ValueError, match=r"steps must be a whole number.*steps=0"):
+    with pytest.raises(
+        ValueError, match=r"steps must be a whole number, 1 or more, not 0"
+    ):
         sharded_parameter_server(steps=0)
     with pytest.raises(RuntimeError, match=r"launch\(sharded_parameter_server"):
         sharded_parameter_server()
-    with pytest.raises(ValueError, match=r"workers must be a whole number.*=0"):
+    with pytest.raises(
+        ValueError, match=r"workers must be a whole number, 1 or more, not 0"
+    ):
         server_traffic(workers=0)
-    with pytest.raises(ValueError, match=r"servers must be a list.*got 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"servers must be one or more whole numbers, each 1 or more, not 2",
+    ):
         server_traffic(servers=2)
-    with pytest.raises(ValueError, match=r"servers must be a whole number.*=True"):
+    with pytest.raises(
+        ValueError, match=r"servers must be one or more whole numbers.*not \(1, True\)"
+    ):
         server_traffic(servers=(1, True))
 
 

@@ -87,10 +87,12 @@ def test_schedule_order_picks_by_name_and_explains_an_unknown_one():
 
 def test_orders_explain_a_stage_out_of_range_and_a_count_below_one():
     with pytest.raises(
-        ValueError, match=r"stage=3 but a pipeline of 3 stages numbers them 0 to 2"
+        ValueError, match=r"stage must be a whole number from 0 to 2, not 3"
     ):
         gpipe_order(3, 3, 4)
-    with pytest.raises(ValueError, match=r"micro_batches=0; pass a whole number >= 1"):
+    with pytest.raises(
+        ValueError, match=r"micro_batches must be a whole number, 1 or more, not 0"
+    ):
         one_f_one_b_order(0, 3, 0)
 
 
@@ -220,7 +222,9 @@ def test_bad_settings_are_explained_before_any_message():
         ValueError, match=r"schedule='zigzag' is not .* pass one of 'gpipe', '1f1b'"
     ):
         run_pipeline("zigzag")
-    with pytest.raises(ValueError, match=r"micro_batches=0; pass a whole number >= 1"):
+    with pytest.raises(
+        ValueError, match=r"micro_batches must be a whole number, 1 or more, not 0"
+    ):
         run_pipeline("gpipe", micro_batches=0)
     with pytest.raises(
         ValueError,
@@ -228,7 +232,10 @@ def test_bad_settings_are_explained_before_any_message():
         r"batch that is a multiple of 5 \(e\.g\. 30\)",
     ):
         run_pipeline("gpipe", micro_batches=5, batch=32)
-    with pytest.raises(ValueError, match=r"stage_seconds=-1; pass a number"):
+    with pytest.raises(
+        ValueError,
+        match=r"stage_seconds must be a number of seconds, 0 or more, not -1",
+    ):
         run_pipeline("gpipe", stage_seconds=-1)
     # Good settings but no process group: this is not a rank.
     with pytest.raises(RuntimeError, match=r"launch\(run_pipeline, world_size=2\)"):

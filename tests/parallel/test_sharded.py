@@ -84,11 +84,11 @@ def test_a_shard_that_does_not_divide_evenly_is_rounded_up_to_a_whole_byte():
         ),
         (
             lambda: measure_zero_memory(1, width=0),
-            r"measure_zero_memory: width=0 must be a whole number, 1 or more",
+            r"measure_zero_memory: width must be a whole number, 1 or more, not 0",
         ),
         (
             lambda: measure_fsdp_memory(steps=2.5),
-            r"measure_fsdp_memory: steps=2.5 must be a whole number",
+            r"measure_fsdp_memory: steps must be a whole number, 1 or more, not 2.5",
         ),
         (lambda: measure_zero_memory("zero4"), r"stage='zero4' is not a ZeRO stage"),
         (
@@ -97,7 +97,7 @@ def test_a_shard_that_does_not_divide_evenly_is_rounded_up_to_a_whole_byte():
         ),
         (
             lambda: check_sharded(2, depth=0),
-            r"check_sharded: depth=0 must be a whole number, 1 or more",
+            r"check_sharded: depth must be a whole number, 1 or more, not 0",
         ),
     ],
 )
@@ -189,7 +189,7 @@ def test_every_rank_ends_with_the_same_parameters_and_training_moved_them(
         for stage in STAGES:
             assert runs[str(stage)]["checksum"] == ranks[0][str(stage)]["checksum"]
     # Adam's first step alone moves each parameter by about lr = 1e-3.
-    model = sharded._mlp(width, depth, seed=0)
+    model = sharded.build_mlp(width, depth, seed=0)
     start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     assert (ddp - start).abs().max() > 1e-3
 

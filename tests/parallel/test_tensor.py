@@ -205,7 +205,8 @@ def test_the_byte_counts_match_numbers_worked_by_hand():
 
 def test_bad_byte_count_arguments_are_explained():
     with pytest.raises(
-        ValueError, match=r"tensor_parallel_bytes: batch=0; pass a whole"
+        ValueError,
+        match=r"tensor_parallel_bytes: batch must be a whole number, 1 or more, not 0",
     ):
         tensor_parallel_bytes(16, 64, batch=0, world_size=2)
     with pytest.raises(

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
-from conftest import ROOT, clean_env, needs_private_slurm
+from conftest import ROOT, clean_env
 
 from workshop.env import visible_gpu_count
 from workshop.planner import __main__ as planner_cli
@@ -22,7 +22,6 @@ from workshop.planner.calibration import (
     FAMILIES,
     VERSION,
     Calibration,
-    calibration_from,
     load_calibration,
 )
 from workshop.planner.estimator import estimate
@@ -181,21 +180,6 @@ def test_bad_arguments_are_refused_before_anything_is_timed(kwargs, match):
         calibrate(quick=True, **kwargs)
 
 
-# --- the command line -------------------------------------------------------------
-def test_the_command_measures_prints_and_saves(tmp_path):
-    out = tmp_path / "cal.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "workshop.planner", "calibrate", "--quick",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=clean_env(),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith("calibrated: ") and lines[-1] == f"saved {out}"
-    assert all(len(line) <= 88 for line in lines[:-1])
-    assert load_calibration(out).name == lines[0]
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -256,26 +240,6 @@ def test_the_slowest_ranks_median_is_set_beside_the_estimate(quick):
 def _within(found: dict, table: str) -> None:
     print(table)
     assert 1 - WITHIN <= found["ratio"] <= 1 + WITHIN, table
-
-
-@needs_private_slurm
-def test_the_calibrated_estimate_of_the_job_is_its_measured_step(
-    private_slurm, tmp_path
-):
-    from workshop.cluster import submit
-
-    # Each rank measures the machine just before its steps (calibrate=True), with
-    # the threads it steps with and beside the other rank, as its steps will find
-    # it: a busy shared machine slows both alike.
-    job = write_job("tiny", TIMED, tmp_path, nodes=2, gpus_per_node=0,
-                    ranks_per_node=1, steps=WARM_UP + 8, calibrate=True)  # fmt: skip
-    run = submit(job.script, output_dir=job.folder)
-    status = run.wait(timeout=300, poll=0.5, show=False)
-    assert status.state == "COMPLETED", run.output()
-    figures = job_figures(job)
-    own = [calibration_from(f["calibration"], "rank") for f in figures]
-    assert {f["threads"] for f in figures} == {c.threads for c in own} == {1}
-    _within(job_step_time(figures), job_time_against_estimate(figures))
 
 
 def test_a_job_without_its_own_calibration_needs_one(quick):

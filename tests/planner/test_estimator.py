@@ -7,15 +7,11 @@ activation formula against the bytes autograd really saves for this package's Bl
 from __future__ import annotations
 
 import dataclasses
-import doctest
 
 import pytest
 import torch
 from torch import nn
 
-import workshop.planner.estimator as le
-import workshop.planner.layout as ll
-import workshop.planner.memory as lm
 import workshop.planner.step_time as lt
 from workshop.comm.bucket_plan import plan_buckets
 from workshop.planner import step_time
@@ -167,26 +163,6 @@ def test_a_blocks_saved_tensors_are_the_formulas_bytes(mlp, precision, tp):
     assert measured == layer_activation_bytes(shape, 3, tp, precision)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_whole_models_saved_tensors_with_its_loss_are_the_formulas_bytes(precision):
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    _needs_fused_attention(dtype)
-    model = build_transformer(SMALL, device="cpu").to(dtype)
-    ids, targets = (torch.randint(0, SMALL.vocab, (2, SMALL.seq)) for _ in range(2))
-
-    def step():
-        logits = model(ids)
-        return nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), targets.flatten()
-        )
-
-    measured = saved_tensor_bytes(step, model.parameters())
-    formula = activation_bytes(SMALL, Layout(micro_batch=2, precision=precision))
-    # The loss also saves a 0-dimensional fp32 scalar (nll_loss's total weight): the
-    # formula leaves such scalars out, so allow 16 bytes.
-    assert 0 <= measured - formula <= 16
-
-
 def test_a_module_is_measured_on_the_meta_device_as_on_the_cpu():
     small = MODELS["small-cnn"]
     with torch.random.fork_rng(devices=[]):
@@ -197,23 +173,6 @@ def test_a_module_is_measured_on_the_meta_device_as_on_the_cpu():
     assert (
         activation_bytes(small, Layout(micro_batch=5, precision="fp32")) == 5 * on_cpu
     )
-
-
-def test_any_module_can_be_estimated_by_measuring_it():
-    def build() -> nn.Module:
-        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-
-    mine = ModelShape("my-mlp", kind="module", builder=build, sample=(32,))
-    est = estimate(mine, Layout(dp=2, micro_batch=8, precision="fp32"), mfu=0.5)
-    psi = 32 * 64 + 64 + 64 * 10 + 10
-    assert est.memory["parameters"] + est.memory["gradients"] == 8 * psi
-    # Saved for backward: the input (32) and ReLU's output (64: ReLU's backward needs
-    # it, and it is the second layer's input), fp32, 8 samples.
-    assert est.memory["activations"] == 8 * 4 * (32 + 64)
-    # Training FLOPs: 3 x forward (2 per multiply-add).
-    flops = 3 * 2 * (32 * 64 + 64 * 10)
-    assert est.time["compute"] == pytest.approx(8 * flops / (67e12 * 0.5))
-    assert estimate(mine, Layout(dp=1, zero=3)).memory["buffers"] == 0
 
 
 def test_pipeline_stages_hold_their_micro_batches_in_flight():
@@ -433,20 +392,6 @@ def test_every_term_has_a_formula_with_a_source():
     assert "Thakur" in est.formulas["dp comm"]
 
 
-def test_best_layouts_fit_use_every_gpu_and_are_sorted():
-    best = best_layouts(B8, 64, global_batch=256, top=None)
-    assert best, "an 8B model fits 64 GPUs of 80 GB"
-    for est in best:
-        assert (
-            est.fits and est.layout.world_size == 64 and est.layout.global_batch == 256
-        )
-    steps = [e.step for e in best]
-    assert steps == sorted(steps)
-    # More GPUs for the same global batch: the estimator's best step is not slower.
-    wider = best_layouts(B8, 128, global_batch=256, top=1)[0]
-    assert wider.step <= best[0].step
-
-
 # --- bad input ---------------------------------------------------------------------
 def test_bad_input_is_refused_with_what_to_do():
     with pytest.raises(ValueError, match="'gpt5' is not one the planner knows"):
@@ -468,21 +413,23 @@ def test_bad_input_is_refused_with_what_to_do():
     with pytest.raises(ValueError, match=r"checkpointing='full'.*module"):
         estimate("resnet50", Layout(checkpointing="full"))
     for bad in (0, 1.5, True):
-        with pytest.raises(ValueError, match=r"mfu=.*fraction"):
+        with pytest.raises(ValueError, match=r"mfu must be a fraction of the GPU's"):
             estimate(B8, Layout(), mfu=bad)
-    with pytest.raises(ValueError, match="samples_per_s=-1"):
+    with pytest.raises(ValueError, match="samples_per_s must be a number above 0"):
         estimate("resnet50", Layout(), samples_per_s=-1)
     with pytest.raises(ValueError, match="gpus_per_node=0"):
         estimate(B8, Layout(), gpus_per_node=0)
-    with pytest.raises(ValueError, match=r"stage=2 is outside 0\.\.1"):
+    with pytest.raises(ValueError, match=r"stage must be a whole number from 0 to 1"):
         estimate(B8, Layout(pp=2), stage=2)
     with pytest.raises(ValueError, match="micro_batch=0"):
         layer_activation_bytes(B8, 0)
-    with pytest.raises(ValueError, match="precision='fp16'"):
+    with pytest.raises(
+        ValueError, match="precision must be one of 'fp32' or 'bf16', not 'fp16'"
+    ):
         layer_activation_bytes(B8, 1, 1, "fp16")
     with pytest.raises(ValueError, match="resnet50 is a module"):
         layer_activation_bytes("resnet50")
-    with pytest.raises(ValueError, match=r"stage=1 is outside 0\.\.0"):
+    with pytest.raises(ValueError, match=r"stage must be a whole number from 0 to 0"):
         activation_bytes(B8, Layout(), 1)
     with pytest.raises(ValueError, match="needs a transformer"):
         stage_parameters("small-cnn")
@@ -493,8 +440,3 @@ def test_bad_input_is_refused_with_what_to_do():
     for top in (0, -1):  # an empty list, or all but the last, before (issue 35)
         with pytest.raises(ValueError, match=rf"top={top} must be a whole number, 1"):
             best_layouts(B8, 8, top=top)
-
-
-def test_the_docstring_examples_run():
-    for module in (le, ll, lm, lt):
-        assert doctest.testmod(module).failed == 0, module.__name__

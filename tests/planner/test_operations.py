@@ -201,7 +201,7 @@ def test_points_of_another_precision_or_a_given_mfu_are_not_read():
 
 
 def test_an_unknown_optimizer_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="optimizer='sgd'; use 'fused'"):
+    with pytest.raises(ValueError, match="optimizer must be one of 'fused' or"):
         estimate("tiny", Layout(dp=2), optimizer="sgd")
 
 

@@ -6,19 +6,16 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch.distributed as dist
-from conftest import ROOT, children_of, repo_env
+from conftest import children_of
 
 import workshop
 from workshop import LaunchError
 from workshop.allocation import usable_cores
-from workshop.ranks import launcher
 from workshop.ranks import launcher as checks
+from workshop.ranks import sweep
 
 pytestmark = pytest.mark.usefixtures("no_leftover_children")
 
@@ -26,11 +23,11 @@ pytestmark = pytest.mark.usefixtures("no_leftover_children")
 def _refused(*args, **kwargs) -> None:
     """Call launch, which must refuse; check that nothing was started."""
     kwargs.setdefault("backend", "gloo")
-    launches, children = launcher._launches, set(children_of(os.getpid()))
+    launches, children = sweep._launches, set(children_of(os.getpid()))
     try:
         workshop.launch(*args, **kwargs)
     finally:
-        assert launcher._launches == launches, "ranks were started before the refusal"
+        assert sweep._launches == launches, "ranks were started before the refusal"
         assert set(children_of(os.getpid())) <= children
 
 
@@ -135,40 +132,6 @@ def test_a_launch_inside_a_rank_is_refused_with_the_reason():
         workshop.launch(_nested, world_size=1, backend="gloo", show="none")
 
 
-def _run(code: str) -> str:
-    """What a fresh Python process running ``code`` prints."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=repo_env(),
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
-
-
-def test_a_launch_in_a_process_that_is_a_rank_already_is_refused():
-    # A script started by torchrun that calls launch: its group is up already.
-    code = textwrap.dedent(
-        """
-        import torch.distributed as dist, workshop
-        store = dist.HashStore()
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        try:
-            workshop.launch(dist.get_rank, world_size=2, backend="gloo")
-        except RuntimeError as exc:
-            print(exc)
-        finally:
-            dist.destroy_process_group()
-        """
-    )
-    out = _run(code)
-    assert (
-        "launch() was called in a process whose default process group is already "
-        "initialised (rank 0 of 1, started by torchrun, srun or mpirun, say)" in out
-    )
-
-
 def test_more_ranks_than_the_cores_can_take_are_refused():
     cores = usable_cores()
     fits = checks.RANKS_PER_CORE * cores
@@ -191,24 +154,6 @@ def test_memory_and_open_files_limit_the_ranks(monkeypatch):
         _refused(dist.get_rank, world_size=12, start_method="fork")
     with pytest.raises(ValueError, match=r"about 400 MiB per rank\), which fits 2\."):
         _refused(dist.get_rank, world_size=3, start_method="spawn")
-
-
-def test_a_low_open_file_limit_is_named_before_anything_starts():
-    # A real limit, as `ulimit -n 64` sets it on a login node.
-    code = textwrap.dedent(
-        """
-        import resource, torch.distributed as dist, workshop
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        try:
-            workshop.launch(dist.get_rank, world_size=30, backend="gloo")
-        except ValueError as exc:
-            print(exc)
-        """
-    )
-    out = _run(code)
-    assert "world_size=30 is more ranks than this machine can run" in out
-    assert "an open-file limit of 64 (ulimit -n; 3 per rank in this process" in out
-    assert "launch: world_size" not in out  # nothing was started
 
 
 def test_the_largest_world_size_that_fits_is_accepted():

@@ -106,7 +106,9 @@ def test_a_table_prints_in_88_columns_with_its_source():
     text = document_table("cpu-batch50").text()
     assert "3.75x" in text and "23%" in text  # 2854.43 / 762.10 on 16 cores
     assert "speed-up" not in document_table("gpu-p100-apis").text()
-    with pytest.raises(ValueError, match=r"width=50 must be a whole number, 60"):
+    with pytest.raises(
+        ValueError, match=r"width must be a whole number, 60 or more, not 50"
+    ):
         document_table("cpu-batch50").text(width=50)
 
 

@@ -1,140 +1,83 @@
-"""train(compile=...): the model trained through torch.compile learns what the eager
-model learns, and the History keeps the steps that compiled (the first, and the one
-whose batch changed shape) apart from the steady state; under DDP the graph is cut
-at the gradient buckets. "aot_eager" traces and splits as inductor does without
-generating code, which keeps these tests cheap; one test compiles with inductor."""
+"""workshop.training.compiled: whether inductor can compile for this CPU is found by
+compiling a tiny function, once a process, not by looking for a compiler's name. A
+compiler that is not there at all is said without compiling, and a compiler's first
+error is read from its output. Compiling and training (slow) are in
+test_compiled_integration.py."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import torch
-from torch import nn
 
 import workshop
-from workshop.lessons.notebook01_compiled import WideMLP
-from workshop.training.compiled import check_compile, graphs_compiled
-
-# 1,437 training digits in batches of 100: 14 full batches, then one of 37.
-BATCH = 100
-
-# Training here, in the test's process (not a rank's): these run after the others.
-in_process = pytest.mark.backward_in_process
+from workshop.training import compiled
 
 
-def _loader():
-    return workshop.make_loader(workshop.digits(), BATCH, shuffle=True)
+def test_a_compiler_that_is_not_there_is_said_without_compiling(monkeypatch):
+    from torch._inductor import config
 
+    monkeypatch.setattr(compiled, "_ANSWERS", {})
 
-def _run(compile_with, epochs=1, max_steps=None):
-    torch.manual_seed(0)
-    model = workshop.SmallCNN()
-    history = workshop.train(
-        model, _loader(), epochs=epochs, max_steps=max_steps, progress=False,
-        compile=compile_with, device="cpu",
-    )  # fmt: skip
-    return model, history
+    def no_probe(compiler):
+        raise AssertionError(f"probed {compiler}, which is not there")
 
+    monkeypatch.setattr(compiled, "_probe_inductor", no_probe)
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    # Inductor read $CXX when it was imported: its config is told the same here
+    # (config.patch, torch's own way; it restores the value after).
+    with config.patch({"cpp.cxx": (None, "/nonexistent/g++")}):
+        why = compiled.inductor_unavailable()
+        assert why.startswith(
+            "inductor cannot compile for the CPU here: CXX=/nonexistent/g++ is not a "
+            "program here; module load gcc (on a cluster) or apt-get install g++"
+        )
+        with pytest.raises(RuntimeError) as raised:
+            loader = workshop.make_loader(workshop.digits(), 100, shuffle=False)
+            workshop.train(workshop.SmallCNN(), loader, compile=True, device="cpu")
+        assert str(raised.value) == f"compile=True: {why}"
 
-@in_process
-def test_the_compiled_model_learns_what_the_eager_one_learns():
-    eager_model, eager = _run(False)
-    model, compiled = _run("aot_eager")
-    # The same operations, traced: the same numbers within float32's rounding.
-    assert compiled.loss == pytest.approx(eager.loss, rel=1e-4)
-    for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert eager.compiled_steps == [] and eager.compile_summary() == "not compiled"
-
-
-@in_process
-def test_the_first_step_and_the_smaller_last_batch_compile_and_are_kept_apart():
-    _, history = _run("aot_eager", epochs=2)
-    # Step 1 compiles; step 15, the first batch of 37, compiles once more with its
-    # batch dimension left symbolic; epoch 2 (steps 16 to 30) compiles nothing.
-    assert history.compiled_steps == [1, 15]
-    assert history.graphs == 2
-    assert history.warmup_samples == BATCH + 37
-    assert 0 < history.warmup_seconds < sum(history.seconds)
-    steady = history.steady_samples_per_second
-    assert steady is not None and steady > 0
-    summary = history.compile_summary()
-    assert summary.startswith("compiled 2 graphs in steps 1, 15 (")
-    assert summary.endswith(f"s); steady state {steady:,.0f} samples/s")
+    monkeypatch.delenv("CXX")
+    monkeypatch.setenv("PATH", "/nowhere")
+    with config.patch({"cpp.cxx": (None, "g++")}):
+        assert compiled.inductor_unavailable().startswith(
+            "inductor cannot compile for the CPU here: g++ is not a program on the "
+            "PATH; "
+        )
 
 
 @pytest.mark.parametrize(
-    "value, error, match",
+    ("output", "line"),
     [
-        (1, TypeError, r"compile must be True, False or a torch.compile backend's "),
-        ("inductr", ValueError, r"compile='inductr' is not a torch.compile backend "
-                                r"here; give True \(inductor\) or one of .*aot_eager"),
+        (
+            "g++: fatal error: cannot execute \u2018cc1plus\u2019: execvp: No such "
+            "file or directory\ncompilation terminated.",
+            "cannot execute 'cc1plus': execvp: No such file or directory",
+        ),
+        (
+            "In file included from x.cpp:1:\nx.h:3:10: fatal error: omp.h: No such "
+            "file or directory",
+            "omp.h: No such file or directory",
+        ),
+        ("/usr/bin/ld: cannot find -lgomp\ncollect2: error: ld returned 1 exit",
+         "cannot find -lgomp"),
+        ("all fine\n", None),
     ],
 )  # fmt: skip
-def test_a_bad_compile_value_is_refused_before_training(value, error, match):
-    with pytest.raises(error, match=match):
-        workshop.train(workshop.SmallCNN(), _loader(), compile=value, progress=False)
-    assert check_compile(True) == "inductor" and check_compile(False) is None
+def test_the_compilers_first_error_is_read_from_its_output(output, line):
+    assert compiled.compiler_error_line(output) == line
 
 
-def _mlp(width: int) -> nn.Module:
-    # Notebook 02's model for the same lesson: a class of the workshop's, since under
-    # DDP Dynamo compiles no frame of torch's own files (nn.Sequential's forward).
-    return WideMLP(width)
-
-
-def _ddp_compiled(bucket_cap_mb: float):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.manual_seed(0)
-    model = DDP(_mlp(512), bucket_cap_mb=bucket_cap_mb)
-    data = workshop.digits()
-    sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
-    loader = torch.utils.data.DataLoader(data, batch_size=64, sampler=sampler)
-    before = graphs_compiled()
-    history = workshop.train(
-        model, loader, max_steps=3, progress=False, compile="aot_eager", device="cpu"
-    )
-    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
-    gathered = [torch.zeros_like(weights) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, weights)
-    same = all(torch.equal(gathered[0], w) for w in gathered)
-    return history.graphs, graphs_compiled() - before, history.loss, same
-
-
-def test_under_ddp_the_graph_is_cut_at_the_gradient_buckets():
-    # 2.6 MB of gradients. Buckets of 25 MB (DDP's default; its first bucket holds
-    # 1 MB): two buckets. Buckets of 1 MB (the least torch takes under compile): more
-    # buckets, and the graph is cut at each, so that each bucket's all-reduce starts
-    # while the backward pass goes on.
-    whole = workshop.launch(_ddp_compiled, 25.0, world_size=2, show="none")
-    cut = workshop.launch(_ddp_compiled, 1.0, world_size=2, show="none")
-    for run in (whole, cut):
-        graphs, counted, _, same = run.returns[0]
-        assert graphs == counted and same  # every rank holds the same weights
-        assert run.returns[0][2] == run.returns[1][2]  # the job's loss, on both
-    assert cut.returns[0][0] > whole.returns[0][0] > 1
-
-
-def _no_compiler() -> str | None:
-    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
-        return "inductor needs a C++ compiler on a CPU; none is on PATH"
-    return None
-
-
-@pytest.mark.skipif(_no_compiler() is not None, reason=str(_no_compiler()))
-@in_process
-def test_inductor_compiles_the_loop_on_this_machine():
-    # Where g++ is there but cannot compile, this fails with why, in one line: the
-    # workshop says a node with gcc compiles, and the offline node's stand-in
-    # (make test-site) must too.
-    # A small model, so that generating its kernels takes seconds, not minutes.
-    torch.manual_seed(0)
-    model = _mlp(32)
-    history = workshop.train(
-        model, _loader(), max_steps=3, progress=False, compile=True, device="cpu"
-    )
-    assert history.compiled_steps == [1] and history.graphs == 1
-    assert history.steps == 3
+def test_compiled_code_is_kept_in_the_user_s_cache_not_the_temporary_folder(tmp_path):
+    home = tmp_path / "cache"
+    environ = {"XDG_CACHE_HOME": str(home)}
+    folder = compiled.keep_compiled_code_in_cache(environ)
+    assert folder == str(home / "scaling-pytorch-hpc" / "inductor")
+    assert environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    # A cache the user chose is kept.
+    chosen = {"XDG_CACHE_HOME": str(home), "TORCHINDUCTOR_CACHE_DIR": "/scratch/mine"}
+    assert compiled.keep_compiled_code_in_cache(chosen) is None
+    assert chosen["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/mine"
+    # No cache folder to be had: torch's own default holds.
+    (tmp_path / "a-file").write_text("")
+    nowhere = {"XDG_CACHE_HOME": str(tmp_path / "a-file" / "cache")}
+    assert compiled.keep_compiled_code_in_cache(nowhere) is None
+    assert "TORCHINDUCTOR_CACHE_DIR" not in nowhere

@@ -34,7 +34,9 @@ def test_small_cnn_is_small_and_its_width_scales_it():
 
 
 def test_small_cnn_rejects_bad_sizes():
-    with pytest.raises(ValueError, match=r"width=0 must be a whole number, 1 or more"):
+    with pytest.raises(
+        ValueError, match=r"width must be a whole number, 1 or more, not 0"
+    ):
         SmallCNN(width=0)
 
 
@@ -51,8 +53,8 @@ def test_resnet_unknown_name_lists_the_valid_ones():
     with pytest.raises(
         ValueError,
         match=(
-            r"unknown ResNet name='resnet19'; pass one of 'resnet18', 'resnet34', "
-            r"'resnet50', 'resnet101', 'resnet152'"
+            r"name must be one of 'resnet18', 'resnet34', 'resnet50', 'resnet101' "
+            r"or 'resnet152', not 'resnet19'"
         ),
     ):
         resnet("resnet19")

@@ -40,6 +40,7 @@ from typing import Any
 
 from .._cli import above_zero, whole_number, zero_or_more
 from ..allocation import available_memory
+from ..checks import whole
 from .allreduce_result import (
     DTYPE_BYTES,
     AllreduceResult,
@@ -124,10 +125,8 @@ def check_sweep(
             f"sizes {bad} are not whole numbers of float32 values; give positive "
             f"multiples of {DTYPE_BYTES} bytes"
         )
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r}: time each size at least once")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r}: give 0 or more untimed calls per size")
+    whole("repeats", repeats, fix="time each size at least once")
+    whole("warmup", warmup, 0, fix="untimed calls per size")
     if not (isinstance(min_time, (int, float)) and 0 <= min_time < math.inf):
         raise ValueError(
             f"min_time={min_time!r}: give 0 or more seconds per size, a finite "
@@ -321,8 +320,7 @@ def allreduce_sweep(
     import torch
     import torch.distributed as dist
 
-    from ..env import backend_name, rank_info
-    from ..ranks.worker import group_place, rank_device
+    from ..env import backend_name, group_place, rank_device, rank_info
 
     group_place(
         "allreduce_sweep",
@@ -405,13 +403,8 @@ def measure_allreduce(
     """
     from ..ranks.launcher import launch
 
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise ValueError(f"world_size must be a whole number, got {world_size!r}")
-    if world_size < 2:
-        raise ValueError(
-            f"world_size={world_size}: an all-reduce on one rank sends nothing, so "
-            "there is no time to measure; pass world_size=2 or more"
-        )
+    fix = "an all-reduce on one rank sends nothing, so there is no time to measure"
+    whole("world_size", world_size, 2, fix=fix)
     check_sweep(message_sizes() if sizes is None else sizes, repeats, warmup, min_time)
     check_reference(reference_bytes)
     run = launch(

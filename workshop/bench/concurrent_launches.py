@@ -38,7 +38,7 @@ from typing import Any
 
 from .._cli import above_zero, whole_number, writable_file
 from .._house import ROOT
-from ..ranks.start import START_METHODS
+from ..ranks.forkable import START_METHODS
 
 __all__ = ["Round", "measure"]
 

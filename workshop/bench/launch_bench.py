@@ -74,7 +74,7 @@ def _launch_barrier(
 
 def time_launch(method: str, world_size: int, repeats: int) -> LaunchTimes:
     """Time ``repeats`` launches of a barrier with ``start_method=method``."""
-    from ..ranks.launcher import SERVER
+    from ..ranks.start import SERVER
 
     times = LaunchTimes(method)
     if method == "server":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Callable
 
+from ..checks import whole
 from ..sources.documents import Document, document, missing_numbers, pick_named
 from ..sources.published import PublishedQuote, PublishedTable, Source
 from ..sources.tables import document_table
@@ -237,8 +238,7 @@ def line_wrapper(
 ) -> Callable[[str, str], list[str]]:
     """``wrap(text, indent="- ")``: an item of a list of sources, in lines at most
     ``width`` long (40 or more, else ValueError), the first after ``indent``."""
-    if isinstance(width, bool) or not isinstance(width, int) or width < 40:
-        raise ValueError(f"width={width!r} must be a whole number, 40 or more")
+    whole("width", width, 40)
 
     def wrap(text: str, indent: str = "- ") -> list[str]:
         return textwrap.wrap(

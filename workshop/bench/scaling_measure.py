@@ -240,8 +240,7 @@ def scaling_worker(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..env import backend_name
-    from ..ranks.worker import rank_device
+    from ..env import backend_name, rank_device
     from ..training.data import synthetic
     from ..training.steps import train_step
 

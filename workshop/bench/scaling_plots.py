@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checks import positive_number, whole
 from ..draw.diagrams import HEIGHT_IN, WIDTH_IN
 from ..draw.plots import COLOURS, FONT
 from ..sources.doc_table import DocumentTable
@@ -103,21 +103,10 @@ def _checked(label: Any, points: Any) -> Points:
         ranks, rate = point
         if isinstance(ranks, float) and ranks.is_integer():
             ranks = int(ranks)
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-            raise ValueError(
-                f"series {label!r}: ranks must be whole numbers, 1 or more; got "
-                f"{ranks!r}"
-            )
-        if (
-            isinstance(rate, bool)
-            or not isinstance(rate, (int, float))
-            or not (math.isfinite(rate) and rate > 0)
-        ):
-            raise ValueError(
-                f"series {label!r}: samples per second must be a number above 0, "
-                f"got {rate!r} at {ranks} ranks; leave out counts with no measurement"
-            )
-        out.append((ranks, float(rate)))
+        ranks = whole(f"series {label!r}: ranks", ranks)
+        fix = f"at {ranks} ranks; leave out counts with no measurement"
+        rate = positive_number(f"series {label!r}: samples per second", rate, fix=fix)
+        out.append((ranks, rate))
     out.sort()
     repeated = sorted({n for n, _ in out if sum(1 for m, _ in out if m == n) > 1})
     if repeated:

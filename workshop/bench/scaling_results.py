@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -20,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks import positive_number, whole
 from ..comm.costmodel import fit_alpha_beta, ring_all_reduce_time
 
 __all__ = [
@@ -41,12 +41,10 @@ KIND = "workshop.scaling"
 
 # ------------------------------------------------------------------ formulas
 def _check_pair(value_1: float, value_n: float, world_size: int, base: int) -> None:
-    for name, value in (("baseline", value_1), ("measured value", value_n)):
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    for name, n in (("world_size", world_size), ("base_world_size", base)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
+    positive_number("baseline", value_1)
+    positive_number("measured value", value_n)
+    whole("world_size", world_size)
+    whole("base_world_size", base)
 
 
 def weak_scaling(

@@ -4,8 +4,10 @@ output shown in the cell as it comes and kept, and all of them stopped together.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +34,15 @@ TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 # line as the learner would type it and the ranks' own TMPDIR untouched.
 TORCHRUN_LOGS = "PET_LOG_DIR"
 TORCHRUN_LOGS_PREFIX = "workshop-torchrun-"
+# Open MPI's mpirun keeps its session folder (ompi.HOST.UID in Open MPI 4, prte.HOST.UID
+# in 5) in the temporary folder, and an mpirun that is stopped (a timeout, the stop
+# button) leaves its job's part of it there. So each mpirun gets a folder of its own,
+# removed with the others, through the MCA parameter its version reads from the
+# environment: orte_tmpdir_base (Open MPI 4), prte_top_session_dir (5, PRRTE's
+# session-directory document). Neither changes the command line or the ranks' TMPDIR.
+MPIRUN_SESSION = {4: "OMPI_MCA_orte_tmpdir_base", 5: "PRTE_MCA_prte_top_session_dir"}
+MPIRUN_SESSION_PREFIX = "workshop-mpirun-"
+_MPIRUNS = ("mpirun", "mpiexec", "orterun", "prterun")
 _INSTALL = {
     "torchrun": "it comes with PyTorch: pip install torch, in the environment of "
     "the python that runs this notebook",
@@ -66,7 +77,8 @@ class Run:
             "stderr": [[] for _ in commands],
         }
         self.seconds: list[float | None] = [None] * len(commands)
-        self.scratch: list[str] = []  # torchrun log folders, removed by close()
+        # torchrun's log folders and mpirun's session folders, removed by close()
+        self.scratch: list[str] = []
         self.first_failed: int | None = None
         self.outcome = ""
         self.open = 0
@@ -74,17 +86,19 @@ class Run:
 
     def start(self) -> None:
         """Start every command under its keeper, in a session of its own; a
-        torchrun gets a log folder of its own, which its keeper removes once its
-        tree has ended (the kernel may be gone by then) and :meth:`close` too."""
+        torchrun gets a log folder of its own and an mpirun a session folder, which
+        its keeper removes once its tree has ended (the kernel may be gone by then)
+        and :meth:`close` too."""
         keeper = [sys.executable, "-I", _KEEPER, str(os.getpid()), str(self.grace)]
         for index, (command, env) in enumerate(
             zip(self.commands, self.envs, strict=True)
         ):
             remove = []
-            if needs_log_folder(command, env):
-                folder = tempfile.mkdtemp(prefix=TORCHRUN_LOGS_PREFIX)
+            variable, prefix = scratch_variable(command, env)
+            if variable is not None:
+                folder = tempfile.mkdtemp(prefix=prefix)
                 self.scratch.append(folder)
-                env = {**env, TORCHRUN_LOGS: folder}
+                env = {**env, variable: folder}
                 remove = ["--remove", folder]
             proc = subprocess.Popen(
                 [*keeper, *remove, "--", *command],
@@ -298,6 +312,42 @@ def needs_log_folder(command: Sequence[str], env: Mapping[str, str]) -> bool:
     chosen = any(str(w).startswith(("--log-dir", "--log_dir")) for w in command)
     old = bool(command) and "torch.distributed.launch" in command[1:3]
     return (is_torchrun(command) or old) and not chosen and TORCHRUN_LOGS not in env
+
+
+def scratch_variable(
+    command: Sequence[str], env: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """The variable that gives ``command`` a folder of its own for what it would
+    leave in the temporary folder, and the folder's name prefix; (None, "") where it
+    needs none: not torchrun or Open MPI's mpirun, or given a folder already."""
+    if needs_log_folder(command, env):
+        return TORCHRUN_LOGS, TORCHRUN_LOGS_PREFIX
+    if not command or Path(command[0]).name not in _MPIRUNS:
+        return None, ""
+    variable = MPIRUN_SESSION.get(open_mpi_major(command[0], env.get("PATH")))
+    # --tmpdir, or --mca orte_tmpdir_base / prte_top_session_dir on the line
+    named = ("--tmpdir", "orte_tmpdir_base", "prte_top_session_dir")
+    chosen = any(str(word).startswith(named) for word in command)
+    if variable is None or chosen or any(v in env for v in MPIRUN_SESSION.values()):
+        return None, ""
+    return variable, MPIRUN_SESSION_PREFIX
+
+
+@functools.cache
+def open_mpi_major(program: str, path: str | None) -> int | None:
+    """Open MPI's major version (4 for 3.x and 4.x, 5 from 5.0 on), as ``program
+    --version`` says it; None for another MPI, or one that does not answer."""
+    where = shutil.which(program, path=path)
+    if where is None:
+        return None
+    try:
+        said = subprocess.run(
+            [where, "--version"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\(Open MPI\) (\d+)\.", said.stdout + said.stderr)
+    return None if found is None else max(4, min(5, int(found.group(1))))
 
 
 def check_program(program: str, path: str | None, cwd: str | None = None) -> None:

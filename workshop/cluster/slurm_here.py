@@ -27,7 +27,8 @@ from pathlib import Path
 from .._house import ROOT
 from . import slurm_watchdog
 
-_LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
+# The script that starts and stops a private Slurm cluster (this module, the portal).
+LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 _DAEMONS = ("slurmctld", "slurmd", "munged")
 _NO_SBATCH = (
     "sbatch not found: on a cluster, run this notebook on a login node or inside an "
@@ -108,7 +109,7 @@ class SlurmCluster:
         self.available = False
         self.reason = "stopped; call slurm_cluster() to start another"
         atexit.unregister(self.stop)
-        slurm_watchdog.stop_cluster(self.folder, _LOCAL_SLURM)
+        slurm_watchdog.stop_cluster(self.folder, LOCAL_SLURM)
         if self._watchdog is not None:
             _end(self._watchdog)
         if os.environ.get("SLURM_CONF") == str(self.folder / "slurm.conf"):
@@ -220,7 +221,7 @@ def _start_private() -> SlurmCluster:
     watchdog = subprocess.Popen(
         [
             sys.executable, "-I", slurm_watchdog.__file__, str(os.getpid()),
-            slurm_watchdog.start_time(os.getpid()), str(folder), str(_LOCAL_SLURM),
+            slurm_watchdog.start_time(os.getpid()), str(folder), str(LOCAL_SLURM),
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -229,7 +230,7 @@ def _start_private() -> SlurmCluster:
     )  # fmt: skip
     try:
         done = subprocess.run(
-            ["bash", str(_LOCAL_SLURM), "start", str(folder)],
+            ["bash", str(LOCAL_SLURM), "start", str(folder)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -238,7 +239,7 @@ def _start_private() -> SlurmCluster:
     except subprocess.TimeoutExpired:
         failure = "local_slurm.sh start did not finish in 60 s"
     if failure:
-        slurm_watchdog.stop_cluster(folder, _LOCAL_SLURM)
+        slurm_watchdog.stop_cluster(folder, LOCAL_SLURM)
         _end(watchdog)
         logs = folder / "log"
         if not logs.is_dir():
@@ -340,9 +341,9 @@ def slurm_cluster(start_private: bool = True) -> SlurmCluster:
             f"{no_controller}, and a private cluster needs root (slurmd starts the "
             "jobs' processes): run the notebook as root, or on a cluster",
         )
-    if not _LOCAL_SLURM.is_file():
+    if not LOCAL_SLURM.is_file():
         return SlurmCluster(
-            False, "none", f"{no_controller}, and {_LOCAL_SLURM} is not there"
+            False, "none", f"{no_controller}, and {LOCAL_SLURM} is not there"
         )
     try:
         _PRIVATE = _start_private()

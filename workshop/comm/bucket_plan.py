@@ -18,10 +18,11 @@ DDP", prints both for ResNet-50::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from torch import nn
+
+from ..checks import positive_number, whole
 
 __all__ = [
     "DEFAULT_BUCKET_CAP_MB",
@@ -82,11 +83,8 @@ def gradient_bytes(model: nn.Module) -> list[int]:
 
 
 def _positive_mb(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a number of MiB, e.g. 25")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be above 0 MiB, e.g. 25")
-    return int(value * _MIB)
+    mib = positive_number(name, value, what="a number of MiB", fix="e.g. 25")
+    return int(mib * _MIB)
 
 
 def plan_buckets(
@@ -133,11 +131,7 @@ def plan_buckets(
     if not sizes:
         raise ValueError("no gradient sizes given; pass gradient_bytes(model)")
     for i, size in enumerate(sizes):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(
-                f"sizes[{i}]={size!r} is not a byte count; every size must be a "
-                "whole number above 0 (see gradient_bytes(model))"
-            )
+        whole(f"sizes[{i}]", size, fix="see gradient_bytes(model)")
     buckets: list[int] = []
     filling = 0
     for size in sizes:

@@ -15,6 +15,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..checks import whole
+
 __all__ = [
     "AlphaBeta",
     "algbw",
@@ -25,17 +27,6 @@ __all__ = [
 ]
 
 
-def _check_world(world_size: int) -> None:
-    if (
-        not isinstance(world_size, int)
-        or isinstance(world_size, bool)
-        or world_size < 1
-    ):
-        raise ValueError(
-            f"world_size must be a whole number of ranks, 1 or more; got {world_size!r}"
-        )
-
-
 def bus_factor(world_size: int) -> float:
     """The share of the data each rank sends in a ring all-reduce: 2(N-1)/N.
 
@@ -43,7 +34,7 @@ def bus_factor(world_size: int) -> float:
         >>> bus_factor(4)
         1.5
     """
-    _check_world(world_size)
+    whole("world_size", world_size)
     return 2 * (world_size - 1) / world_size
 
 
@@ -90,7 +81,7 @@ def ring_all_reduce_time(
         >>> ring_all_reduce_time(4e6, 4, alpha=1e-5, beta=1e9)
         0.00606
     """
-    _check_world(world_size)
+    whole("world_size", world_size)
     if alpha < 0 or not beta > 0:
         raise ValueError(
             f"need alpha >= 0 and beta > 0, got alpha={alpha!r}, beta={beta!r}"
@@ -151,7 +142,7 @@ def fit_alpha_beta(
         >>> round(fit.alpha * 1e6, 3), round(fit.beta / 1e6, 3)
         (20.0, 500.0)
     """
-    _check_world(world_size)
+    whole("world_size", world_size)
     if world_size < 2:
         raise ValueError(
             "an all-reduce on 1 rank sends nothing, so there is no alpha or beta to "

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import one_of, whole
 from .bucket_plan import _positive_mb
 
 __all__ = [
@@ -220,10 +221,8 @@ def timed_ddp_steps(
         ValueError: an unknown ``amp`` or ``compress``, ``accumulate`` < 1, or fewer
             batches than one step needs.
     """
-    if amp not in (None, "bf16"):
-        raise ValueError(f"amp={amp!r} is not one of None, 'bf16'")
-    if not isinstance(accumulate, int) or accumulate < 1:
-        raise ValueError(f"accumulate must be a whole number >= 1, got {accumulate!r}")
+    one_of("amp", amp, (None, "bf16"))
+    whole("accumulate", accumulate)
     state = getattr(model, "_workshop_bucket_state", None)
     if state is None:
         watch_buckets(model, compress)
@@ -375,11 +374,7 @@ def count_ddp_buckets(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(
-            f"steps={steps!r}: DDP settles its buckets after step 1, so count over "
-            "at least 2 steps"
-        )
+    whole("steps", steps, least=2, fix="DDP settles its buckets after step 1")
     if bucket_cap_mb is not None:
         _positive_mb("bucket_cap_mb", bucket_cap_mb)
     if not (dist.is_available() and dist.is_initialized()):

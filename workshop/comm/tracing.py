@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import whole
+
 __all__ = ["OPS", "POINT_TO_POINT", "TraceEvent", "record"]
 
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
@@ -339,8 +341,7 @@ def record(max_values: int = 64) -> Iterator[list[TraceEvent]]:
         A list that fills with :class:`TraceEvent` in call order.
 
     Raises:
-        TypeError: ``max_values`` is not an int.
-        ValueError: ``max_values`` is negative.
+        ValueError: ``max_values`` is not a whole number, 0 or more.
 
     Note:
         A non-blocking call (``isend``, ``irecv``, ``async_op=True``) returns the
@@ -356,13 +357,7 @@ def record(max_values: int = 64) -> Iterator[list[TraceEvent]]:
         >>> launch(step, world_size=2).returns[1][0].after      # doctest: +SKIP
         [1.0]
     """
-    if isinstance(max_values, bool) or not isinstance(max_values, int):
-        raise TypeError(f"max_values must be an int, got {max_values!r}")
-    if max_values < 0:
-        raise ValueError(
-            f"max_values must be 0 or more, got {max_values}; pass max_values=0 to "
-            "keep shapes only"
-        )
+    whole("max_values", max_values, least=0, fix="max_values=0 keeps shapes only")
     import torch.distributed as dist
 
     recorder = _Recorder([], max_values)

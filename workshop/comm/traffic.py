@@ -42,6 +42,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..checks import whole
 from .costmodel import bus_factor
 from .tracing import OPS
 
@@ -242,11 +243,7 @@ def bytes_per_step(traces: Sequence[Sequence[Any]], steps: int) -> list[dict[str
         >>> bytes_per_step(result.traces, steps=5)[0]["sent"]     # doctest: +SKIP
         16000.0
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(
-            f"steps must be a whole number, 1 or more, got {steps!r}; pass the number "
-            "of steps the traced run made"
-        )
+    whole("steps", steps, fix="pass the number of steps the traced run made")
     return [
         {
             "rank": r["rank"],

@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..checks import whole
 from .diagrams import DIAGRAM_FONT, _pyplot
 
 if TYPE_CHECKING:
@@ -110,11 +111,7 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
         True
     """
     for name, n in (("nodes", nodes), ("ranks_per_node", ranks_per_node)):
-        if not isinstance(n, int) or not 1 <= n <= 16:
-            raise ValueError(
-                f"{name}={n!r} cannot be drawn; pass a whole number from 1 to 16, "
-                "e.g. draw_rank_layout(2, 4)"
-            )
+        whole(name, n, most=16, fix="e.g. draw_rank_layout(2, 4)")
     plt = _pyplot()
     from matplotlib.patches import FancyBboxPatch
 

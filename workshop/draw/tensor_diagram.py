@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..checks import whole
 from ..comm.costmodel import bus_factor
 from .comm_diagrams import _TIMES, CENTRE, OP_COLOURS, PALETTE, _event, _ink
 from .diagrams import DIAGRAM_FONT, HEIGHT_IN, WIDTH_IN, _pyplot, patch
@@ -150,21 +151,13 @@ def draw_tensor_parallel(
 
 
 def _check(world_size: int, d_model: int, d_hidden: int, batch: int | None) -> None:
-    def whole(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if not whole(world_size) or not 1 <= world_size <= _MAX_RANKS:
-        raise ValueError(
-            f"world_size={world_size!r} cannot be drawn with a colour per rank; pass "
-            f"a whole number from 1 to {_MAX_RANKS} (more ranks cut the same way), "
-            "e.g. draw_tensor_parallel(4, 16, 64)"
-        )
-    sizes = {"d_model": d_model, "d_hidden": d_hidden}
+    # One colour per rank; more ranks are cut the same way.
+    fix = "e.g. draw_tensor_parallel(4, 16, 64)"
+    whole("world_size", world_size, most=_MAX_RANKS, fix=fix)
+    whole("d_model", d_model)
+    whole("d_hidden", d_hidden)
     if batch is not None:
-        sizes["batch"] = batch
-    for name, value in sizes.items():
-        if not whole(value) or value < 1:
-            raise ValueError(f"{name}={value!r}; pass a whole number, 1 or more")
+        whole("batch", batch)
     if d_hidden % world_size:
         raise ValueError(
             f"d_hidden={d_hidden} is not divisible by world_size={world_size}, so the "

@@ -46,6 +46,7 @@ from typing import TextIO
 from .._cli import above_zero, whole_number, writable_file
 from .._house import ROOT, WIDTH
 from .._procs import interrupted
+from ..checks import positive_number
 from ..env import visible_gpu_count
 from ..training.models import RESNETS, smallest_image
 from .check_results import SKIPPED, STEPS, CheckReport, CheckStep, TrainSettings
@@ -197,11 +198,7 @@ def check_node(
         0
     """
     left_out = steps_to_run(skip, quick)
-    seconds = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-    if not seconds or timeout <= 0:
-        raise ValueError(
-            f"timeout must be a number of seconds above 0, got {timeout!r}"
-        )
+    positive_number("timeout", timeout, what="a number of seconds")
     out = sys.stdout if file is None else file
     gpus = visible_gpu_count()  # from NVML: CUDA is not started in this process
     train = train or TrainSettings()

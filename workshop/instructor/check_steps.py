@@ -405,7 +405,7 @@ def _nccl_rank(size_bytes: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from ..bench.allreduce_worker import allreduce_sweep
-    from ..ranks.worker import rank_device
+    from ..env import rank_device
 
     device = rank_device()
     value = torch.full((4,), float(dist.get_rank() + 1), device=device)
@@ -444,7 +444,7 @@ def _rank_backward() -> float:
     import torch
     import torch.distributed as dist
 
-    from ..ranks.worker import rank_device
+    from ..env import rank_device
 
     weight = torch.ones(4, device=rank_device(), requires_grad=True)
     (weight * (dist.get_rank() + 1)).sum().backward()
@@ -458,7 +458,7 @@ def _probe_after_backward(world_size: str) -> dict[str, Any]:
     pass here, then ranks started with start_method="auto" that each run one."""
     import torch
 
-    from .._procs import HAZARDS, fork_hazard
+    from ..ranks.forkable import HAZARDS, fork_hazard
     from ..ranks.launcher import launch
 
     weight = torch.ones(2, requires_grad=True)

@@ -51,12 +51,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checks import whole
 from ..cluster import slurm_here
 from ..cluster.ports import quiet_ports
+from ..cluster.slurm_here import LOCAL_SLURM
 from .portal_classroom import Hub, classroom
 from .portal_handover import Stopped, check_archive, end_hub, stop
 from .portal_learners import (
-    LOCAL_SLURM,
     ROOT,
     PortalError,
     _end,
@@ -231,9 +232,8 @@ def start(
         >>> portal.url, portal.learners                  # doctest: +SKIP
         ('http://127.0.0.1:41235/', ['learner01', 'learner02'])
     """
-    if learners is not None and (type(learners) is not int or not 1 <= learners <= 99):
-        # type() and not isinstance(): True is an int to Python, not a number here
-        raise ValueError(f"learners={learners!r}: give a whole number from 1 to 99")
+    if learners is not None:  # the learners' names have two digits
+        whole("learners", learners, most=99, fix="e.g. learners=6")
     if prefix is not None and (
         not prefix.isalpha() or not prefix.islower() or len(prefix) > 20
     ):

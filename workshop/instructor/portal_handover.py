@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._procs import is_alive
+from ..checks import why_not_writable
 from ..cluster import slurm_watchdog
+from ..cluster.slurm_here import LOCAL_SLURM
 from ..cluster.slurm_watchdog import _quiet
 from .portal_classroom import Hub, HubError
-from .portal_learners import LOCAL_SLURM, PortalError, _end, _pid, processes_of
+from .portal_learners import PortalError, _end, _pid, processes_of
 from .portal_status import hub_pid
 
 # Where a learner's processes write outside their home: the temporary folders every
@@ -383,15 +385,8 @@ def check_archive(
     """
     keep = Path(keep_homes).resolve()
     homes = Path(folder).resolve() / "home"
-    existing = next(p for p in (keep, *keep.parents) if p.exists())
-    why = None
-    if existing == keep and not keep.is_dir():
-        why = "it is a file, not a folder"
-    elif not existing.is_dir():
-        why = f"{existing} is a file, not a folder"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        why = f"{existing} cannot be written (a read-only file system?)"
-    elif keep.is_relative_to(homes):
+    why = why_not_writable(keep, folder=True)
+    if why is None and keep.is_relative_to(homes):
         why = f"it is inside the learners' homes ({homes}), which move into it"
     if why:
         raise ValueError(

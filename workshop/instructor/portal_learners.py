@@ -25,12 +25,8 @@ import sysconfig
 import time
 from pathlib import Path
 
-from .._house import ROOT
+from .._house import ROOT  # the notebooks a learner gets, the hub's configuration
 from .._procs import is_alive
-
-# The project, ROOT (the notebooks a learner gets, the hub's configuration module),
-# and the script of the private Slurm cluster that start starts and stop stops.
-LOCAL_SLURM = ROOT / "scripts" / "local_slurm.sh"
 
 
 class PortalError(RuntimeError):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..checks import whole
 from ..env import visible_gpu_count
 
 __all__ = [
@@ -93,8 +94,7 @@ def lesson_devices(n: int = 2, gpus: int | None = None) -> LessonDevices:
         >>> lesson_devices(2, gpus=0).devices
         [device(type='cpu'), device(type='cpu')]
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} devices asked for; pass a whole number >= 1")
+    whole("n", n, fix="e.g. lesson_devices(2)")
     gpus = visible_gpu_count() if gpus is None else gpus
     cuda = [torch.device("cuda", i) for i in range(min(gpus, n))]
     devices = cuda + [torch.device("cpu")] * (n - len(cuda))

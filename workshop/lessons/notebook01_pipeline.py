@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..checks import whole
 from .notebook01_devices import (
     Clock,
     DeviceLike,
@@ -137,7 +138,8 @@ def pipeline_schedule(stages: int, micro_batches: int) -> list[Slot]:
         >>> [(s.step, s.stage, s.phase) for s in pipeline_schedule(2, 1)]
         [(0, 0, 'forward'), (1, 1, 'forward'), (2, 1, 'backward'), (3, 0, 'backward')]
     """
-    _check_counts(stages, micro_batches)
+    whole("stages", stages)
+    whole("micro_batches", micro_batches)
     first_backward = micro_batches + stages - 1
     slots = [
         Slot(s + m, s, m, "forward")
@@ -169,7 +171,8 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
         >>> bubble_fraction(2, 4)
         0.2
     """
-    _check_counts(stages, micro_batches)
+    whole("stages", stages)
+    whole("micro_batches", micro_batches)
     return (stages - 1) / (micro_batches + stages - 1)
 
 
@@ -237,11 +240,7 @@ def pipeline_forward_backward(
         16
     """
     stages, devices = _stages_of(model)
-    if not isinstance(micro_batches, int) or not 1 <= micro_batches <= len(batch):
-        raise ValueError(
-            f"micro_batches={micro_batches!r} for a batch of {len(batch)}; pass a "
-            f"whole number from 1 to {len(batch)}"
-        )
+    whole("micro_batches", micro_batches, most=len(batch), fix="a sample or more each")
     # tensor_split gives exactly micro_batches pieces (10 in 4: 3, 3, 2, 2).
     xs, ts = batch.tensor_split(micro_batches), targets.tensor_split(micro_batches)
     last, schedule = len(stages) - 1, pipeline_schedule(len(stages), micro_batches)
@@ -314,12 +313,6 @@ def pipeline_forward_backward(
             f"micro-batches (ideal bubble {bubble:.0%}): {how}."
         ),
     )
-
-
-def _check_counts(stages: int, micro_batches: int) -> None:
-    for name, value in (("stages", stages), ("micro_batches", micro_batches)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}; pass a whole number >= 1")
 
 
 def _stages_of(model: nn.Module) -> tuple[list[nn.Module], list[torch.device]]:

@@ -95,7 +95,7 @@ def large_batch_worker(
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data.distributed import DistributedSampler
 
-    from ..ranks.worker import rank_device
+    from ..env import rank_device
     from ..training.data import digits
     from ..training.loaders import make_loader
     from ..training.models import SmallCNN

@@ -254,7 +254,7 @@ def _process_items() -> Items:
 
 
 def _default_items() -> Items:
-    from .._procs import choose_start_method, fork_hazard
+    from ..ranks.forkable import choose_start_method, fork_hazard
 
     gpus = env.visible_gpu_count()
     world_size = env.default_world_size(gpus)

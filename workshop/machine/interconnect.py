@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..checks import whole
 from ..comm.costmodel import bus_factor
 
 __all__ = [
@@ -358,15 +359,9 @@ def watch_allreduce(
         raise ValueError(
             f"size_bytes must be 4 or more (one float32), got {size_bytes!r}"
         )
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        world_size = -1 if isinstance(world_size, bool) else world_size
-    if not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(
-            f"world_size must be 2 or more ranks to send anything, got {world_size!r}"
-        )
-    for name, value in (("repeats", repeats), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number, 1 or more; got {value!r}")
+    whole("world_size", world_size, least=2, fix="one rank sends nothing")
+    whole("repeats", repeats)
+    whole("trials", trials)
     if interface is None:
         interface = _loopback() or "lo"
     interface_bytes(interface)  # fails early, naming the interfaces there are

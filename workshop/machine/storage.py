@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checks import positive_number, whole
 from .monitor_probes import run_listed
 
 __all__ = [
@@ -85,10 +86,7 @@ def write_aged_files(
         >>> write_aged_files(tmp, {"old.log": 90, "new.log": 1})  # doctest: +SKIP
         [PosixPath('.../old.log'), PosixPath('.../new.log')]
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(
-            f"size must be a whole number of bytes, 0 or more; got {size!r}"
-        )
+    whole("size", size, least=0)
     now = time.time() if now is None else now
     root = Path(folder)
     if root.exists() and not root.is_dir():
@@ -193,10 +191,8 @@ def quota_commands(lines: int = 8, timeout_s: float = 10.0) -> list[tuple[str, b
         $ diskusage_report
           not on this machine
     """
-    if isinstance(lines, bool) or not isinstance(lines, int) or lines < 1:
-        raise ValueError(f"lines must be a whole number, 1 or more; got {lines!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    whole("lines", lines)
+    positive_number("timeout_s", timeout_s, what="a number of seconds")
     values = {
         "user": getpass.getuser(),
         "scratch": os.environ.get("SCRATCH", "/scratch"),

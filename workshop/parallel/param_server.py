@@ -28,9 +28,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..checks import message, positive_number, whole, whole_list
 from ..comm.traffic import bytes_per_step
+from ..env import group_place, rank_device
 from ..ranks.launcher import launch
-from ..ranks.worker import group_place, rank_device
 
 __all__ = [
     "SAMPLES_PER_WORKER",
@@ -45,24 +46,16 @@ SAMPLES_PER_WORKER = 256
 
 
 # ------------------------------------------------------------------ the problem
-def _check(steps: int, lr: float, width: int, slow_rank_seconds: float = 0.0) -> None:
+def check_run(steps: int, lr: float, width: int, slow_rank_seconds: float = 0) -> None:
     """Refuse bad arguments before any rank talks to another."""
-    for name, value in (("steps", steps), ("width", width)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{name} must be a whole number, 1 or more, got {name}={value!r}; "
-                f"pass {name}=1 or more"
-            )
-    if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(
-            f"lr must be a finite number above 0, got lr={lr!r}; pass a learning "
-            "rate such as lr=0.1"
-        )
-    if not isinstance(slow_rank_seconds, (int, float)) or not slow_rank_seconds >= 0:
-        raise ValueError(
-            f"slow_rank_seconds must be 0 or more, got {slow_rank_seconds!r}; pass 0 "
-            "for no slow worker, or e.g. 0.2 to make the last worker lag"
-        )
+    whole("steps", steps, fix="e.g. steps=5")
+    whole("width", width, fix="e.g. width=1000")
+    positive_number("lr", lr, fix="pass a learning rate such as lr=0.1")
+    seconds = slow_rank_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        allowed = "a number of seconds, 0 or more"
+        fix = "0 for no slow worker, or e.g. 0.2 to make the last worker lag"
+        raise ValueError(message("slow_rank_seconds", allowed, seconds, fix))
 
 
 def _group(name: str, least: int) -> tuple[int, int]:
@@ -79,7 +72,7 @@ def _group(name: str, least: int) -> tuple[int, int]:
     return rank, world_size
 
 
-def _shard(seed: int, index: int, width: int, device: Any) -> tuple[Any, Any]:
+def shard_of(seed: int, index: int, width: int, device: Any) -> tuple[Any, Any]:
     """Shard ``index`` of the data: (X, y) with y = X·w_true + a little noise.
 
     Made on the CPU from the seed and moved to ``device``, so a GPU node trains on
@@ -95,17 +88,17 @@ def _shard(seed: int, index: int, width: int, device: Any) -> tuple[Any, Any]:
     return x.to(device), y.to(device)
 
 
-def _loss(params: Any, data: Sequence[tuple[Any, Any]]) -> float:
+def regression_loss(params: Any, data: Sequence[tuple[Any, Any]]) -> float:
     """Half the mean squared error over every row of ``data`` (equal shards)."""
     return sum(0.5 * float(((x @ params - y) ** 2).mean()) for x, y in data) / len(data)
 
 
-def _gradient(params: Any, x: Any, y: Any) -> Any:
-    """The gradient of :func:`_loss` on one shard: Xᵀ(Xw - y) / rows."""
+def regression_gradient(params: Any, x: Any, y: Any) -> Any:
+    """The gradient of :func:`regression_loss` on one shard: Xᵀ(Xw - y) / rows."""
     return x.T @ (x @ params - y) / x.shape[0]
 
 
-def _summary(params: Any) -> dict[str, Any]:
+def final_params(params: Any) -> dict[str, Any]:
     """The final parameters as plain data: a checksum and a CPU copy."""
     cpu = params.detach().to("cpu").clone()
     return {"checksum": float(cpu.double().sum()), "params": cpu}
@@ -148,10 +141,10 @@ def parameter_server(
     import torch
     import torch.distributed as dist
 
-    _check(steps, lr, width)
+    check_run(steps, lr, width)
     rank, world_size = _group("parameter_server", 2)
     workers, device = world_size - 1, rank_device()
-    data = [_shard(seed, i, width, device) for i in range(workers)]
+    data = [shard_of(seed, i, width, device) for i in range(workers)]
     params = torch.zeros(width, device=device)
     buffer = torch.empty(width, device=device)
     losses, shard_losses = [], []
@@ -166,12 +159,12 @@ def parameter_server(
                 dist.send(params, dst=worker)
         else:
             x, y = data[rank - 1]
-            shard_losses.append(_loss(params, [(x, y)]))
-            dist.send(_gradient(params, x, y), dst=0)
+            shard_losses.append(regression_loss(params, [(x, y)]))
+            dist.send(regression_gradient(params, x, y), dst=0)
             dist.recv(params, src=0)
-        losses.append(_loss(params, data))
+        losses.append(regression_loss(params, data))
     out = {"role": "server" if rank == 0 else "worker", "rank": rank}
-    out.update(workers=workers, losses=losses, **_summary(params))
+    out.update(workers=workers, losses=losses, **final_params(params))
     if rank:
         out["shard_losses"] = shard_losses
     return out
@@ -208,22 +201,22 @@ def allreduce_baseline(
     import torch
     import torch.distributed as dist
 
-    _check(steps, lr, width)
+    check_run(steps, lr, width)
     rank, world_size = _group("allreduce_baseline", 1)
     device = rank_device()
-    data = [_shard(seed, i, width, device) for i in range(world_size)]
+    data = [shard_of(seed, i, width, device) for i in range(world_size)]
     x, y = data[rank]
     params = torch.zeros(width, device=device)
     losses, shard_losses = [], []
     for _ in range(steps):
-        shard_losses.append(_loss(params, [(x, y)]))
-        grad = _gradient(params, x, y)
+        shard_losses.append(regression_loss(params, [(x, y)]))
+        grad = regression_gradient(params, x, y)
         # SUM then divide: ReduceOp.AVG exists for NCCL only, not for gloo.
         dist.all_reduce(grad)
         params -= lr * grad / world_size
-        losses.append(_loss(params, data))
+        losses.append(regression_loss(params, data))
     out = {"role": "worker", "rank": rank, "workers": world_size, "losses": losses}
-    out.update(shard_losses=shard_losses, **_summary(params))
+    out.update(shard_losses=shard_losses, **final_params(params))
     return out
 
 
@@ -284,36 +277,36 @@ def async_parameter_server(
     import torch
     import torch.distributed as dist
 
-    _check(steps, lr, width, slow_rank_seconds)
+    check_run(steps, lr, width, slow_rank_seconds)
     rank, world_size = _group("async_parameter_server", 2)
     workers, device = world_size - 1, rank_device()
     # NCCL cannot receive from "any source": the messages are CPU tensors and go by
     # gloo, which the workshop's NCCL group has beside it ("cpu:gloo,cuda:nccl").
     gloo = "gloo" in str(dist.get_backend())
     group = None if gloo else dist.new_group(backend="gloo")
-    # One message, [version, vector]: the version cannot be separated from its
-    # gradient by another worker's message. float32 holds versions exactly to 2**24.
-    message = torch.empty(width + 1)
+    # One packet, [version, vector]: the version cannot be separated from its
+    # gradient by another worker's packet. float32 holds versions exactly to 2**24.
+    packet = torch.empty(width + 1)
     params, version = torch.zeros(width, device=device), 0
     if rank == 0:
-        data = [_shard(seed, i, width, device) for i in range(workers)]
+        data = [shard_of(seed, i, width, device) for i in range(workers)]
         updates, losses = [], []
-        initial = _loss(params, data)
+        initial = regression_loss(params, data)
         for _ in range(steps * workers):
-            sender = dist.recv(message, src=None, group=group)
-            computed_on = int(message[0])
-            params -= lr * message[1:].to(device)
+            sender = dist.recv(packet, src=None, group=group)
+            computed_on = int(packet[0])
+            params -= lr * packet[1:].to(device)
             keys = ("worker", "computed_on", "applied_at", "staleness")
             figures = (sender, computed_on, version, version - computed_on)
             updates.append(dict(zip(keys, figures, strict=True)))
             version += 1
-            losses.append(_loss(params, data))
-            message[0], message[1:] = version, params.cpu()
-            dist.send(message, dst=sender, group=group)
+            losses.append(regression_loss(params, data))
+            packet[0], packet[1:] = version, params.cpu()
+            dist.send(packet, dst=sender, group=group)
         sync, sync_losses = torch.zeros(width, device=device), []
         for _ in range(steps):
-            sync -= lr * sum(_gradient(sync, x, y) for x, y in data) / workers
-            sync_losses.append(_loss(sync, data))
+            sync -= lr * sum(regression_gradient(sync, x, y) for x, y in data) / workers
+            sync_losses.append(regression_loss(sync, data))
         out = {"role": "server", "rank": 0, "workers": workers, "updates": updates}
         out.update(
             staleness=[u["staleness"] for u in updates],
@@ -322,20 +315,20 @@ def async_parameter_server(
             sync_losses=sync_losses,
             matched_losses=losses[workers - 1 :: workers],
             version=version,
-            **_summary(params),
+            **final_params(params),
         )
         return out
-    x, y = _shard(seed, rank - 1, width, device)
+    x, y = shard_of(seed, rank - 1, width, device)
     slow = rank == world_size - 1 and slow_rank_seconds > 0
     computed_on = []
     for _ in range(steps):
         if slow:
             time.sleep(slow_rank_seconds)
         computed_on.append(version)
-        message[0], message[1:] = version, _gradient(params, x, y).cpu()
-        dist.send(message, dst=0, group=group)
-        dist.recv(message, src=0, group=group)
-        version, params = int(message[0]), message[1:].to(device)
+        packet[0], packet[1:] = version, regression_gradient(params, x, y).cpu()
+        dist.send(packet, dst=0, group=group)
+        dist.recv(packet, src=0, group=group)
+        version, params = int(packet[0]), packet[1:].to(device)
     out = {"role": "worker", "rank": rank, "slow": slow, "computed_on": computed_on}
     out.update(version=version, checksum=float(params.double().sum()))
     return out
@@ -373,9 +366,8 @@ def traffic_per_step(
         >>> traffic_per_step((2, 4))[1]["server_received"]          # doctest: +SKIP
         16000.0
     """
-    _check(steps, 1.0, width)
-    if not workers or any(not isinstance(w, int) or w < 1 for w in workers):
-        raise ValueError(f"workers must hold whole numbers, 1 or more, got {workers!r}")
+    check_run(steps, 1.0, width)
+    whole_list("workers", workers, fix="e.g. workers=(2, 3, 4)")
     rows = []
     options = {"backend": backend, "trace": True, "show": "none"}
     for w in workers:

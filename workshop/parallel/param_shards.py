@@ -24,20 +24,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..checks import whole, whole_list
 from ..comm.traffic import bytes_per_step
+from ..env import group_place, rank_device
 from ..ranks.launcher import launch
-from ..ranks.worker import group_place, rank_device
-from .param_server import _check, _gradient, _loss, _shard, _summary
+from .param_server import (
+    check_run,
+    final_params,
+    regression_gradient,
+    regression_loss,
+    shard_of,
+)
 
 __all__ = ["server_traffic", "sharded_parameter_server"]
 
 
 def _check_servers(servers: Any, width: int) -> None:
-    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
-        raise ValueError(
-            f"servers must be a whole number, 1 or more, got servers={servers!r}; "
-            "pass servers=1 for one server, 2 to split the parameters in two"
-        )
+    fix = "pass servers=1 for one server, 2 to split the parameters in two"
+    whole("servers", servers, fix=fix)
     if servers > width:
         raise ValueError(
             f"servers={servers} for width={width} parameters leaves some server "
@@ -90,7 +94,7 @@ def sharded_parameter_server(
     import torch
     import torch.distributed as dist
 
-    _check(steps, lr, width)
+    check_run(steps, lr, width)
     _check_servers(servers, width)
     rank, world_size = group_place(
         "sharded_parameter_server",
@@ -122,19 +126,19 @@ def sharded_parameter_server(
                 dist.send(mine, dst=worker)
         start = starts[rank]
         out.update(role="server", slice=[start, start + sizes[rank]])
-        return out | _summary(mine)
-    data = [_shard(seed, i, width, device) for i in range(workers)]
+        return out | final_params(mine)
+    data = [shard_of(seed, i, width, device) for i in range(workers)]
     x, y = data[rank - servers]
     losses = []
     for _ in range(steps):
-        pieces = _gradient(params, x, y).tensor_split(servers)
+        pieces = regression_gradient(params, x, y).tensor_split(servers)
         for server in range(servers):
             dist.send(pieces[server].contiguous(), dst=server)
         for server in range(servers):
             dist.recv(slices[server], src=server)
-        losses.append(_loss(params, data))
+        losses.append(regression_loss(params, data))
     out.update(role="worker", slice=[0, width], losses=losses)
-    return out | _summary(params)
+    return out | final_params(params)
 
 
 def server_traffic(
@@ -171,17 +175,9 @@ def server_traffic(
         >>> [r["server_received"] for r in server_traffic(4, (1, 2))]  # doctest: +SKIP
         [16000.0, 8000.0]
     """
-    _check(steps, 1.0, width)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(
-            f"workers must be a whole number, 1 or more, got workers={workers!r}; "
-            "pass e.g. workers=4"
-        )
-    if isinstance(servers, (int, str)) or not servers:
-        raise ValueError(
-            f"servers must be a list of server counts, got {servers!r}; pass e.g. "
-            "servers=(1, 2)"
-        )
+    check_run(steps, 1.0, width)
+    whole("workers", workers, fix="e.g. workers=4")
+    whole_list("servers", servers, fix="e.g. servers=(1, 2)")
     for s in servers:
         _check_servers(s, width)
     rows = []

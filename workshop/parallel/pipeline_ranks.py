@@ -18,16 +18,14 @@ import copy
 import time
 from typing import Any
 
-from ..ranks.worker import group_place, rank_device
+from ..checks import message, whole
+from ..env import group_place, rank_device
 
 # A stage's gradients against the unsplit model's: cutting the batch changes the
 # order in which float32 sums are taken, which moves the last bits only (about 1e-8
 # here), well within RELATIVE_TOLERANCE.
 from ..training.precision import RELATIVE_TOLERANCE
-from .pipeline_schedules import (
-    PIPELINE_SCHEDULES,
-    schedule_order,
-)
+from .pipeline_schedules import schedule_order
 
 __all__ = ["run_pipeline"]
 
@@ -255,18 +253,9 @@ def _check_settings(
     schedule: Any, micro_batches: Any, batch: Any, width: Any, stage_seconds: Any
 ) -> None:
     """Refuse bad settings before any message is sent (every rank refuses alike)."""
-    if not isinstance(schedule, str) or schedule.lower() not in PIPELINE_SCHEDULES:
-        raise ValueError(
-            f"schedule={schedule!r} is not a pipeline schedule this workshop knows; "
-            f"pass one of {', '.join(repr(s) for s in PIPELINE_SCHEDULES)}"
-        )
-    for name, value in (
-        ("micro_batches", micro_batches),
-        ("batch", batch),
-        ("width", width),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}; pass a whole number >= 1")
+    schedule_order(schedule, 0, 1, micro_batches)  # the schedule and micro_batches
+    whole("batch", batch, fix="e.g. batch=32")
+    whole("width", width, fix="e.g. width=64")
     if batch % micro_batches:
         raise ValueError(
             f"batch={batch} does not divide into micro_batches={micro_batches} equal "
@@ -274,15 +263,10 @@ def _check_settings(
             f"{micro_batches * max(1, batch // micro_batches)}) or a micro_batches "
             f"that divides {batch}"
         )
-    if (
-        isinstance(stage_seconds, bool)
-        or not isinstance(stage_seconds, int | float)
-        or not stage_seconds >= 0
-    ):
-        raise ValueError(
-            f"stage_seconds={stage_seconds!r}; pass a number of seconds >= 0 (0 for "
-            "no added time)"
-        )
+    seconds = stage_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        allowed, fix = "a number of seconds, 0 or more", "0 for no added time"
+        raise ValueError(message("stage_seconds", allowed, seconds, fix))
 
 
 def _warm_up_autograd() -> None:
@@ -306,10 +290,8 @@ def _model_and_data(world_size: int, batch: int, width: int, seed: int) -> tuple
     # fork_rng: the seed sets this model, not the rest of the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        blocks = [nn.Sequential(nn.Linear(width, width), nn.Tanh())]
-        blocks += [
-            nn.Sequential(nn.Linear(width, width), nn.Tanh())
-            for _ in range(world_size - 1)
+        blocks = [
+            nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(world_size)
         ]
         full = nn.Sequential(*blocks, nn.Linear(width, 1))
         x = torch.randn(batch, width)

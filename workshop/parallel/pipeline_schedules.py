@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..checks import whole
+
 __all__ = [
     "PIPELINE_SCHEDULES",
     "gpipe_order",
@@ -31,16 +33,10 @@ Work = tuple[str, int]  # ("forward" or "backward", micro-batch)
 
 
 def _check_place(stage: int, stages: int, micro_batches: int) -> None:
-    for name, value in (("stages", stages), ("micro_batches", micro_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r}; pass a whole number >= 1")
-    if isinstance(stage, bool) or not isinstance(stage, int):
-        raise ValueError(f"stage={stage!r}; pass a whole number from 0 to {stages - 1}")
-    if not 0 <= stage < stages:
-        raise ValueError(
-            f"stage={stage} but a pipeline of {stages} stages numbers them 0 to "
-            f"{stages - 1}; pass a stage in that range"
-        )
+    whole("stages", stages)
+    whole("micro_batches", micro_batches, fix="e.g. micro_batches=4")
+    fix = f"a pipeline of {stages} stages numbers them 0 to {stages - 1}"
+    whole("stage", stage, 0, stages - 1, fix=fix)
 
 
 def gpipe_order(stage: int, stages: int, micro_batches: int) -> list[Work]:

@@ -36,20 +36,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..env import rank_device
 from ..features import has_collective
 from ..planner.memory import STAGE_NAMES, stage_number, zero_bytes
-from ..ranks.worker import rank_device
 from ..training.models import held_bytes
 from .zero_memory import (
     LR,
-    _batch,
-    _check_sizes,
-    _checksum,
-    _cuda_figures,
-    _cuda_start,
-    _mlp,
-    _need_group,
+    build_mlp,
+    check_mlp_run,
+    checksum,
+    cuda_figures,
+    cuda_start,
     measure_fsdp_memory,
+    rank_batch,
 )
 
 __all__ = ["check_sharded", "measure_zero_memory"]
@@ -252,18 +251,17 @@ def measure_zero_memory(
         >>> r.returns[0]["measured"]["total"]   # about 16 Ψ / 2
     """
     number = stage_number(stage)
-    _check_sizes(
-        "measure_zero_memory", width=width, depth=depth, steps=steps, seed=seed
-    )
-    _need_group("measure_zero_memory")
+    check_mlp_run("measure_zero_memory", width, depth, steps, seed)
     device = rank_device()
     world_size = dist.get_world_size()
-    before = _cuda_start(device)
+    before = cuda_start(device)
     reduce_scatter = bool(number) and _reduce_scatter_runs(device)
-    zero = _ZeroRank(number, _mlp(width, depth, seed), device, reduce_scatter)
-    losses = [zero.step(*_batch(seed, step, width, device)) for step in range(steps)]
+    zero = _ZeroRank(number, build_mlp(width, depth, seed), device, reduce_scatter)
+    losses = [
+        zero.step(*rank_batch(seed, step, width, device)) for step in range(steps)
+    ]
     measured = zero.held()
-    cuda = _cuda_figures(device, before)
+    cuda = cuda_figures(device, before)
     final = zero.full_parameters()
     result: dict[str, Any] = {
         "stage": number,
@@ -280,7 +278,7 @@ def measure_zero_memory(
         "gradient_reduce": _reduce_name(number, reduce_scatter),
         "loss": losses[-1],
         "losses": losses,
-        "checksum": _checksum(final),
+        "checksum": checksum(final),
     }
     if return_parameters:
         result["final_parameters"] = final.detach().cpu().clone()
@@ -330,8 +328,7 @@ def check_sharded(
         number = 3 if fsdp else stage_number(stage)
     except ValueError as exc:
         raise ValueError(f"{exc}, or 'fsdp2' for PyTorch's fully_shard") from exc
-    _check_sizes("check_sharded", width=width, depth=depth, steps=steps, seed=seed)
-    _need_group("check_sharded")
+    check_mlp_run("check_sharded", width, depth, steps, seed)
     world_size = dist.get_world_size()
     if fsdp:
         run = measure_fsdp_memory(width, depth, steps, seed, return_parameters=True)
@@ -386,14 +383,14 @@ def _unsplit_run(
     parameters as one flat CPU vector."""
     from torch.nn.parallel import DistributedDataParallel
 
-    model = _mlp(width, depth, seed).to(device)
+    model = build_mlp(width, depth, seed).to(device)
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
     optimizer = torch.optim.Adam(ddp.parameters(), lr=LR)
     losses = []
     for step in range(steps):
-        x, y = _batch(seed, step, width, device)
+        x, y = rank_batch(seed, step, width, device)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()

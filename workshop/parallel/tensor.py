@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import whole
-from ..ranks.worker import group_place
+from ..env import group_place
 
 __all__ = [
     "ACTIVATIONS",
@@ -39,6 +39,7 @@ __all__ = [
     "TensorParallelMLP",
     "copy_to_ranks",
     "gather_from_ranks",
+    "per_rank",
     "reduce_from_ranks",
 ]
 
@@ -194,7 +195,7 @@ def _check_linear(layer: Any, who: str, name: str) -> None:
         )
 
 
-def _per_rank(n: int, world_size: int, who: str, what: str, layer: str) -> int:
+def per_rank(n: int, world_size: int, who: str, what: str, layer: str) -> int:
     """``n / world_size``, or a clear error when the slices would differ in size."""
     if n % world_size:
         fits = [d for d in range(1, n + 1) if n % d == 0 and d <= 64]
@@ -261,16 +262,18 @@ class ColumnParallelLinear(nn.Module):
         who = "ColumnParallelLinear"
         _check_linear(full, who, "full")
         _check_place(rank, world_size, who)
-        k = _per_rank(full.out_features, world_size, who, "out_features", "layer")
+        k = per_rank(full.out_features, world_size, who, "out_features", "layer")
         self.rank, self.world_size, self.gather_output = rank, world_size, gather_output
         self.in_features, self.out_features = full.in_features, full.out_features
         self.rows = (rank * k, (rank + 1) * k)
         device = full.weight.device if device is None else device
         self.weight = _slice_of(full.weight, 0, *self.rows, device)
-        if full.bias is None:
-            self.register_parameter("bias", None)
-        else:
-            self.bias = _slice_of(full.bias, 0, *self.rows, device)
+        bias = (
+            full.bias
+            if full.bias is None
+            else _slice_of(full.bias, 0, *self.rows, device)
+        )
+        self.register_parameter("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mine = F.linear(copy_to_ranks(x), self.weight, self.bias)
@@ -318,16 +321,16 @@ class RowParallelLinear(nn.Module):
         who = "RowParallelLinear"
         _check_linear(full, who, "full")
         _check_place(rank, world_size, who)
-        k = _per_rank(full.in_features, world_size, who, "in_features", "layer")
+        k = per_rank(full.in_features, world_size, who, "in_features", "layer")
         self.rank, self.world_size = rank, world_size
         self.in_features, self.out_features = full.in_features, full.out_features
         self.columns = (rank * k, (rank + 1) * k)
         device = full.weight.device if device is None else device
         self.weight = _slice_of(full.weight, 1, *self.columns, device)
-        if full.bias is None:
-            self.register_parameter("bias", None)
-        else:
-            self.bias = nn.Parameter(full.bias.detach().clone().to(device))
+        bias = full.bias
+        if bias is not None:  # whole on every rank, added once after the sum
+            bias = _slice_of(bias, 0, 0, full.out_features, device)
+        self.register_parameter("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.columns[1] - self.columns[0]
@@ -400,7 +403,7 @@ class TensorParallelMLP(nn.Module):
                 "number alone)"
             )
         _check_place(rank, world_size, who)
-        _per_rank(fc1.out_features, world_size, who, "d_hidden", "block")
+        per_rank(fc1.out_features, world_size, who, "d_hidden", "block")
         device = fc1.weight.device if device is None else device
         self.activation = activation
         self.fc1 = ColumnParallelLinear(fc1, rank, world_size, False, device)

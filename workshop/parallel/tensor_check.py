@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import whole
 from ..comm.costmodel import bus_factor
-from ..ranks.worker import group_place, rank_device
+from ..env import group_place, rank_device
 
 # The split sums the same float32 products in another order (the all-reduce adds
 # the ranks' partial sums), so the results agree within RELATIVE_TOLERANCE.
@@ -36,8 +37,8 @@ from .tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
     TensorParallelMLP,
-    _per_rank,
     gather_from_ranks,
+    per_rank,
 )
 
 __all__ = [
@@ -48,15 +49,9 @@ __all__ = [
 ]
 
 
-def _place(who: str) -> tuple[int, int]:
-    """(rank, world_size) of this rank, or an error that says where to run ``who``."""
-    return group_place(who)
-
-
 def _check_sizes(who: str, **sizes: int) -> None:
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{who}: {name}={value!r}; pass a whole number, 1 or more")
+        whole(f"{who}: {name}", value)
 
 
 def _linear(d_in: int, d_out: int, g: torch.Generator, bias: bool = True):
@@ -141,7 +136,7 @@ def check_parallel_linear(
             "features) or 'row' (cut by input features)"
         )
     _check_sizes("check_parallel_linear", batch=batch, d_in=d_in, d_out=d_out)
-    rank, world_size = _place("check_parallel_linear")
+    rank, world_size = group_place("check_parallel_linear")
     device = rank_device()
     g = torch.Generator().manual_seed(seed)
     full = _linear(d_in, d_out, g).to(device)
@@ -237,7 +232,7 @@ def check_tensor_parallel(
     _check_sizes(
         "check_tensor_parallel", batch=batch, d_model=d_model, d_hidden=d_hidden
     )
-    rank, world_size = _place("check_tensor_parallel")
+    rank, world_size = group_place("check_tensor_parallel")
     device = rank_device()
     g = torch.Generator().manual_seed(seed)
     fc1 = _linear(d_model, d_hidden, g).to(device)
@@ -311,7 +306,7 @@ def column_parallel_demo(
         launch(column_parallel_demo, world_size=2).returns[1]["rows"]  # [2, 4]
     """
     _check_sizes("column_parallel_demo", d_in=d_in, d_out=d_out)
-    rank, world_size = _place("column_parallel_demo")
+    rank, world_size = group_place("column_parallel_demo")
     device = rank_device()
     g = torch.Generator().manual_seed(seed)
     full = nn.Linear(d_in, d_out, bias=False)
@@ -379,9 +374,9 @@ def tensor_parallel_bytes(
         (1536.0, 12768.0, 'tensor')
     """
     who = "tensor_parallel_bytes"
-    _check_sizes(who, d_model=d_model, d_hidden=d_hidden, batch=batch)
-    _check_sizes(who, world_size=world_size, dtype_bytes=dtype_bytes)
-    _per_rank(d_hidden, world_size, who, "d_hidden", "block")
+    sizes = {"d_model": d_model, "d_hidden": d_hidden, "batch": batch}
+    _check_sizes(who, **sizes, world_size=world_size, dtype_bytes=dtype_bytes)
+    per_rank(d_hidden, world_size, who, "d_hidden", "block")
     parameters = 2 * d_model * d_hidden + d_hidden + d_model
     ring = bus_factor(world_size)
     activation = batch * d_model * dtype_bytes

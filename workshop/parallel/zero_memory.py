@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checks import whole
+from ..env import group_place, rank_device
 from ..features import fsdp2_fully_shard
 from ..planner.memory import zero_bytes
-from ..ranks.worker import group_place, rank_device
 from ..training.models import held_bytes
 
 __all__ = ["LR", "measure_fsdp_memory"]
@@ -40,7 +41,7 @@ _BATCH = 16  # samples per rank and step
 
 
 # --- shared by the runs here and in sharded.py ------------------------------
-def _mlp(width: int, depth: int, seed: int) -> nn.Sequential:
+def build_mlp(width: int, depth: int, seed: int) -> nn.Sequential:
     """The same MLP on every rank: ``depth`` linear layers width x width, ReLU
     between them, initialised from ``seed`` without touching the global RNG."""
     with torch.random.fork_rng(devices=[]):
@@ -53,7 +54,7 @@ def _mlp(width: int, depth: int, seed: int) -> nn.Sequential:
         return nn.Sequential(*layers)
 
 
-def _batch(seed: int, step: int, width: int, device: torch.device):
+def rank_batch(seed: int, step: int, width: int, device: torch.device):
     """This rank's slice of step ``step``'s global batch (the same on every rank)."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
@@ -63,21 +64,16 @@ def _batch(seed: int, step: int, width: int, device: torch.device):
     return x[mine].to(device), y[mine].to(device)
 
 
-def _check_sizes(caller: str, **values: Any) -> None:
-    for name, value in values.items():
-        low = 0 if name == "seed" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(
-                f"{caller}: {name}={value!r} must be a whole number, {low} or more; "
-                f"for example {caller}(width=256, depth=4, steps=2, seed=0)"
-            )
-
-
-def _need_group(caller: str) -> None:
+def check_mlp_run(caller: str, width: int, depth: int, steps: int, seed: int) -> None:
+    """Refuse bad sizes, and a call outside the ranks, before any work starts."""
+    fix = f"for example {caller}(width=256, depth=4, steps=2, seed=0)"
+    for name, value in {"width": width, "depth": depth, "steps": steps}.items():
+        whole(f"{caller}: {name}", value, fix=fix)
+    whole(f"{caller}: seed", seed, 0, fix=fix)
     group_place(caller, f"workshop.launch({caller}, ..., world_size=2)")
 
 
-def _cuda_start(device: torch.device) -> int:
+def cuda_start(device: torch.device) -> int:
     """Bytes allocated on this rank's GPU before the run (0 on the CPU)."""
     if device.type != "cuda":
         return 0
@@ -86,7 +82,7 @@ def _cuda_start(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device)
 
 
-def _cuda_figures(device: torch.device, before: int) -> dict[str, int] | None:
+def cuda_figures(device: torch.device, before: int) -> dict[str, int] | None:
     """What the run added on the GPU: still allocated ("held") and at most ("peak")."""
     if device.type != "cuda":
         return None
@@ -97,7 +93,7 @@ def _cuda_figures(device: torch.device, before: int) -> dict[str, int] | None:
     }
 
 
-def _checksum(full: torch.Tensor) -> dict[str, float]:
+def checksum(full: torch.Tensor) -> dict[str, float]:
     full = full.detach().double()
     return {"sum": float(full.sum()), "norm": float(full.norm())}
 
@@ -143,10 +139,7 @@ def measure_fsdp_memory(
         >>> r.returns[0]["measured"]["total"] < 16 * r.returns[0]["parameters"]
         True
     """
-    _check_sizes(
-        "measure_fsdp_memory", width=width, depth=depth, steps=steps, seed=seed
-    )
-    _need_group("measure_fsdp_memory")
+    check_mlp_run("measure_fsdp_memory", width, depth, steps, seed)
     device = rank_device()
     where = {
         "rank": dist.get_rank(),
@@ -167,7 +160,7 @@ def measure_fsdp_memory(
         }
     final = result.pop("final")
     result.update(available=True, why="", fully_shard=found, **where)
-    result["checksum"] = _checksum(final)
+    result["checksum"] = checksum(final)
     if return_parameters:
         result["final_parameters"] = final.cpu().clone()
     return result
@@ -178,8 +171,8 @@ def _run_fsdp(
 ) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    before = _cuda_start(device)
-    model = _mlp(width, depth, seed).to(device)
+    before = cuda_start(device)
+    model = build_mlp(width, depth, seed).to(device)
     size = sum(p.numel() for p in model.parameters())
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # One FSDP unit per layer, so that only one layer's parameters are ever
@@ -191,7 +184,7 @@ def _run_fsdp(
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     losses = []
     for step in range(steps):
-        x, y = _batch(seed, step, width, device)
+        x, y = rank_batch(seed, step, width, device)
         optimizer.zero_grad()  # the last step's gradients stay, as they do in DDP
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -207,7 +200,7 @@ def _run_fsdp(
             "optimizer": state,
         }
     )
-    cuda = _cuda_figures(device, before)
+    cuda = cuda_figures(device, before)
     # full_tensor() all-gathers each parameter: a collective every rank makes.
     final = torch.cat(
         [p.full_tensor().detach().reshape(-1) for p in model.parameters()]

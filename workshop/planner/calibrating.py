@@ -162,7 +162,7 @@ def allreduce_times(sizes: Sequence[int], samples: int, least: float) -> list[fl
     import torch
     import torch.distributed as dist
 
-    from ..ranks.worker import rank_device
+    from ..env import rank_device
 
     device = rank_device()
     cuda = device.type == "cuda"
@@ -278,7 +278,7 @@ def _measure_rank(
     on the rank's device; run as the one rank of a launch."""
     import torch
 
-    from ..ranks.worker import rank_device
+    from ..env import rank_device
 
     device = rank_device()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -440,7 +440,7 @@ def calibrate(
     # Bytes of one tensor of the add: far above any cache (a GPU's L2 is 50 MB).
     stream = (256 << 20 if cuda else 64 << 20) >> (2 * quick)
     # In a rank of its own: a backward pass in the learner's kernel would stop later
-    # launches from forking it on a GPU machine (workshop._procs.fork_hazard).
+    # launches from forking it on a GPU machine (workshop.ranks.forkable.fork_hazard).
     check_counts("calibrate", ranks=ranks)
     here = launch(
         _measure_rank, shapes, shape, max(tokens), precision, threads, samples,

@@ -21,6 +21,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..checks import one_of, positive_number, whole
 from .layout import (
     GPU,
     Layout,
@@ -193,20 +194,6 @@ FORMULAS: dict[str, str] = {
 }
 
 
-def _fraction(name: str, value: float | None) -> None:
-    if value is None:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 < value <= 1
-    ):
-        raise ValueError(
-            f"{name}={value!r} must be a fraction of the GPU's peak, above 0 and at "
-            f"most 1; for example {name}=0.4"
-        )
-
-
 def estimate(
     model: str | ModelShape,
     layout: Layout,
@@ -266,18 +253,12 @@ def estimate(
     layout.check_fits(shape)
     gpu, network = gpu_record(gpu), network_record(network)
     check_counts("", gpus_per_node=gpus_per_node)
-    _fraction("mfu", mfu)
-    if optimizer not in OPTIMIZER_BYTES:
-        raise ValueError(
-            f"optimizer={optimizer!r}; use 'fused' (Megatron-LM, NeMo) or 'pytorch' "
-            "(torch.optim.Adam in a plain loop)"
-        )
-    if samples_per_s is not None and (
-        isinstance(samples_per_s, bool)
-        or not isinstance(samples_per_s, (int, float))
-        or samples_per_s <= 0
-    ):
-        raise ValueError(f"samples_per_s={samples_per_s!r} must be a number above 0")
+    if mfu is not None:
+        positive_number("mfu", mfu, 1, "a fraction of the GPU's peak", "e.g. mfu=0.4")
+    fix = "'fused' is Megatron-LM's and NeMo's, 'pytorch' torch.optim.Adam in a loop"
+    one_of("optimizer", optimizer, OPTIMIZER_BYTES, fix)
+    if samples_per_s is not None:
+        positive_number("samples_per_s", samples_per_s, fix="e.g. samples_per_s=1000")
     if shape.kind == "module" and layout.checkpointing != "none":
         raise ValueError(
             f"checkpointing={layout.checkpointing!r}: the estimator models activation "
@@ -291,14 +272,8 @@ def estimate(
         last = layout.pp - 1
         first_mem, last_mem = (memory_terms(by_stage[s])[0] for s in (0, last))
         stage = last if sum(last_mem.values()) > sum(first_mem.values()) else 0
-    elif (
-        isinstance(stage, bool)
-        or not isinstance(stage, int)
-        or not 0 <= stage < layout.pp
-    ):
-        raise ValueError(
-            f"stage={stage!r} is outside 0..{layout.pp - 1} (pp={layout.pp})"
-        )
+    else:
+        whole("stage", stage, 0, layout.pp - 1, f"a stage of pp={layout.pp}")
     record = by_stage.get(stage) or stage_record(shape, layout, stage)
     memory, notes = memory_terms(record)
     time, collectives, step, time_notes, parts = time_terms(

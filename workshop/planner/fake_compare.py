@@ -22,6 +22,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from ..checks import message, positive_number
 from .estimator import Estimate
 from .fake_world import FakeReport
 from .layout import Layout
@@ -124,12 +125,8 @@ def compare(
     Example:
         >>> print(compare(est, report))  # doctest: +SKIP
     """
-    if (
-        isinstance(tolerance, bool)
-        or not isinstance(tolerance, (int, float))
-        or not (0 < tolerance < 1)
-    ):
-        raise ValueError(f"tolerance={tolerance!r}: give a fraction, e.g. 0.03 for 3 %")
+    if positive_number("tolerance", tolerance, 1, "a fraction", "e.g. 0.03") >= 1:
+        raise ValueError(message("tolerance", "a fraction below 1", tolerance))
     layout = estimate.layout
     if layout.describe() != report.layout or estimate.model.name != report.model:
         raise ValueError(

@@ -57,6 +57,7 @@ from typing import Any
 
 from .._house import ROOT
 from .._procs import die_with_parent, interrupted, signal_group
+from ..checks import whole
 from .fake_rank import MAX_BYTES, PHASE_MARK, run_job
 from .fake_record import find_features, warm_up
 from .layout import Layout, ModelShape, model_shape
@@ -231,14 +232,8 @@ def _job(
             f"seq={shape.seq}, or a multiple of it (whole sequences), e.g. 16 or "
             f"{2 * shape.seq}"
         )
-    if layers_in_step is not None and (
-        isinstance(layers_in_step, bool)
-        or not isinstance(layers_in_step, int)
-        or layers_in_step < 1
-    ):
-        raise ValueError(
-            f"layers_in_step={layers_in_step!r} must be 1 or more (or None)"
-        )
+    if layers_in_step is not None:
+        whole("layers_in_step", layers_in_step, fix="or None for every layer")
     shape_fields = {
         f.name: getattr(shape, f.name)
         for f in fields(shape)

@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from .._cli import read_with, writable_folder
+from ..env import rank_device
 from ..features import fsdp2_fully_shard
-from ..ranks.worker import process_group, rank_device
+from ..ranks.worker import process_group
 from .fake_rank import tensor_parallel
 from .fake_record import Collectives, group_names
 from .layout import Layout, ModelShape, model_shape

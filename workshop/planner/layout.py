@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import one_of, whole
+
 # The hardware records live in hardware.py; these names stay importable from here.
 from .hardware import (  # noqa: F401 (the hardware names, importable from here too)
     GPU,
@@ -384,20 +386,10 @@ class Layout:
                 f"{self.micro_batches}. Use pp of 2 or more and micro_batches a "
                 "multiple of pp, or virtual_stages=1"
             )
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
-            raise ValueError(
-                f"Layout: zero={self.zero!r}; use 0 (DDP), 1, 2, or 3 (ZeRO-3, "
-                "which is FSDP)"
-            )
-        if self.checkpointing not in ("none", "selective", "full"):
-            raise ValueError(
-                f"Layout: checkpointing={self.checkpointing!r}; use 'none', "
-                "'selective' or 'full'"
-            )
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(
-                f"Layout: precision={self.precision!r}; use 'fp32' or 'bf16'"
-            )
+        one_of("Layout: zero", self.zero, (0, 1, 2, 3), "0 is DDP, 3 ZeRO-3 (FSDP)")
+        ways = ("none", "selective", "full")
+        one_of("Layout: checkpointing", self.checkpointing, ways)
+        one_of("Layout: precision", self.precision, ("fp32", "bf16"))
 
     @property
     def world_size(self) -> int:
@@ -418,15 +410,8 @@ class Layout:
         Raises:
             ValueError: ``rank`` outside ``0 .. world_size - 1``.
         """
-        if (
-            isinstance(rank, bool)
-            or not isinstance(rank, int)
-            or not 0 <= rank < self.world_size
-        ):
-            raise ValueError(
-                f"rank={rank!r} is outside this layout's 0..{self.world_size - 1} "
-                f"(dp={self.dp} x tp={self.tp} x pp={self.pp})"
-            )
+        ranks = f"{self.describe()} has {self.world_size} ranks"
+        whole("rank", rank, 0, self.world_size - 1, ranks)
         return {
             "tp": rank % self.tp,
             "dp": rank // self.tp % self.dp,

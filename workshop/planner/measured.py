@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..env import group_place, rank_device
 from ..features import fsdp2_fully_shard
-from ..ranks.worker import group_place, rank_device
 from ..training.models import held_bytes
 from .fake_rank import tensor_parallel
 from .layout import GPU, Layout, Network, check_counts, model_shape

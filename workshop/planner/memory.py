@@ -219,8 +219,7 @@ def stage_parameters(
             f"stage_parameters needs a transformer; {model.name} is a module"
         )
     Layout(tp=tp, pp=pp).check_fits(model)
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
-        raise ValueError(f"stage={stage!r} is outside 0..{pp - 1} (pp={pp})")
+    whole("stage", stage, 0, pp - 1, f"a stage of pp={pp}")
     return stage_record(model, Layout(tp=tp, pp=pp), stage).psi
 
 
@@ -304,10 +303,7 @@ def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) ->
     """
     model = model_shape(model)
     layout.check_fits(model)
-    if not 0 <= stage < layout.pp:
-        raise ValueError(
-            f"stage={stage!r} is outside 0..{layout.pp - 1} (pp={layout.pp})"
-        )
+    whole("stage", stage, 0, layout.pp - 1, f"a stage of pp={layout.pp}")
     if model.kind == "module":
         saved, _ = module_figures(model.builder, model.sample, layout.precision)
         return saved * layout.micro_batch

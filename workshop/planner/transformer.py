@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..checks import whole
+
 if TYPE_CHECKING:
     from .layout import ModelShape
 
@@ -151,10 +153,7 @@ def build_transformer(
         raise ValueError(
             f"build_transformer needs a transformer; {shape.name} is a module"
         )
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"build_transformer: stages={stages!r} must be 1 or more")
-    if not 0 <= stage < stages:
-        raise ValueError(f"stage={stage} is outside 0..{stages - 1}")
+    whole("stage", stage, 0, whole("stages", stages) - 1, f"a stage of {stages}")
     if shape.layers % stages:
         raise ValueError(
             f"stages={stages} does not divide {shape.name}'s layers={shape.layers}"

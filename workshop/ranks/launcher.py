@@ -5,47 +5,40 @@ own process group membership, shows every rank's output live, and returns a
 :class:`RunResult`. If a rank fails, hangs past ``timeout`` or the user presses the
 kernel's stop button, every rank is stopped and nothing is left behind.
 
-Before it starts anything, ``launch`` checks its arguments, that it is not called from
-inside a rank, and that the machine can take ``world_size`` ranks (the functions
-below ``launch``). Every refusal happens then, before a single process exists: an
-error after the ranks have started costs the learner a traceback from each of them.
+Before it starts anything, ``launch`` makes one call, :func:`preflight`: it checks
+the arguments, that it is not called from inside a rank, the backend, how the ranks
+start and that the machine can take ``world_size`` of them. Every refusal happens
+then, before a single process exists: an error after the ranks have started costs
+the learner a traceback from each of them. Then one :class:`LaunchSession` owns
+everything the launch opens, and closes it all when the launch ends.
 """
 
 from __future__ import annotations
 
-import atexit
 import inspect
 import math
 import os
 import resource
-import signal
 import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
-from .. import _procs
-from .._procs import EXPLANATIONS, TAG_VAR, choose_start_method, interrupted
 from ..allocation import available_memory, cpu_limit, usable_cores
 from ..checks import LONGEST_WAIT_S, one_of, positive_number, whole
-from ..env import Rendezvous, choose_backend, visible_gpu_count
-from .output import RankOutput
-from .rank import Job, StackDumps
-from .session import LIVE, LaunchSession, RunResult
+from ..env import choose_backend, visible_gpu_count
+from . import forkable
+from .rank import Job
+from .session import LaunchSession, Plan, RunResult
 from .setup_failure import failed_while_connecting, setup_failure
-from .start import START_METHODS, ForkServer, preload
+from .start import SERVER, preload
+from .sweep import TAG_VAR
 
 __all__ = ["launch"]
 
-SERVER = ForkServer()
-# The hazards (_procs.HAZARDS) whose explanation this kernel has been shown.
+# The hazards (forkable.HAZARDS) whose explanation this kernel has been shown.
 _told: set[str] = set()
-# The watchdog that stops what the ranks started if this process dies (see _procs.py),
-# started with the first launch; and the number of launches so far (for their tags).
-_WATCHDOG = None
-_launches = 0
 
 
 def _serialise_job(job: Job) -> bytes:
@@ -106,7 +99,7 @@ def launch(
         start_method: "auto" (fork the kernel when that is safe, else a clean fork
             server), "fork", "server" or "spawn" (a fresh interpreter per rank).
             Forking is unsafe once the kernel started CUDA, or ran a backward pass
-            on a machine with a GPU (see :func:`workshop._procs.fork_hazard`).
+            on a machine with a GPU (see :func:`workshop.ranks.forkable.fork_hazard`).
         show: "auto" (live in the cell), "lines" (plain lines) or "none". A cell
             shows each rank's last 200 lines; the result keeps the last 10,000
             of each rank and stream.
@@ -156,20 +149,57 @@ def launch(
         few seconds while it imports torch. On a GPU machine a forked launch starts
         that server in the background, so it is usually ready by then.
     """
+    plan = preflight(
+        fn, args, kwargs, world_size, backend, timeout, start_method, show, trace,
+        collective_timeout,
+    )  # fmt: skip
+    with LaunchSession(plan) as run:
+        run.run()
+    if plan.method == "fork" and visible_gpu_count() > 0:
+        _warm_up_server()
+    if run.running:
+        raise run.timeout_error(run.running)
+    if run.stopped is not None:
+        error = run.failure(run.stopped)
+        if failed_while_connecting(error):  # never started again: see that module
+            raise setup_failure(error, run.stopped, world_size)
+        raise error
+    return run.result()
+
+
+def preflight(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    world_size: Any,
+    backend: Any,
+    timeout: Any,
+    start_method: Any,
+    show: Any,
+    trace: Any,
+    collective_timeout: Any,
+) -> Plan:
+    """Everything ``launch`` checks and decides before a process exists: the
+    arguments, not inside a rank, the backend, that the job can be sent to the
+    ranks, the start method (the one place it is decided), and the machine's
+    capacity for that many ranks started that way.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: what ``launch`` documents.
+    """
     timeout = validate(fn, world_size, timeout, start_method, show, trace)
     collective_timeout = collective_timeout_for(collective_timeout, timeout)
     refuse_inside_a_rank()
     gpus = visible_gpu_count()
-    requested_backend = backend
-    backend = choose_backend(backend, world_size, gpus)
-    hazard = _procs.fork_hazard()
-    method, reason = choose_start_method(start_method, hazard)
+    chosen = choose_backend(backend, world_size, gpus)
+    job = Job(fn, args, kwargs, chosen, collective_timeout, trace=trace)
+    job_bytes = _serialise_job(job)
+    hazard = forkable.fork_hazard()
+    method, reason = forkable.choose_start_method(start_method, hazard)
     check_capacity(world_size, method)
     if method == "server" and hazard is not None and hazard not in _told:
         _told.add(hazard)
-        print(EXPLANATIONS[hazard], file=sys.stderr)
-    job = Job(fn, args, kwargs, backend, collective_timeout, trace=trace)
-    job_bytes = _serialise_job(job)
+        print(forkable.EXPLANATIONS[hazard], file=sys.stderr)
     if method == "server":
         try:
             SERVER.start()
@@ -184,14 +214,14 @@ def launch(
         # import by itself (torch._dynamo, on its first optimizer; see start.preload).
         preload()
     header = (
-        f"launch: world_size={world_size}, backend={backend}, start_method={method}"
+        f"launch: world_size={world_size}, backend={chosen}, start_method={method}"
         + (
             ""
             if reason in ("asked for", "fastest: ranks are forked from this kernel")
             else f" ({reason})"
         )
     )
-    if backend == "gloo" and requested_backend == "auto" and 0 < gpus < world_size:
+    if chosen == "gloo" and backend == "auto" and 0 < gpus < world_size:
         # Say why a GPU node's ranks compute on the CPU: NCCL needs a GPU per rank.
         header += (
             f"\nlaunch: {world_size} ranks but {gpus} GPU"
@@ -203,130 +233,20 @@ def launch(
         # Inside a Slurm job whose step bound this kernel to fewer cores than the job
         # has: every rank inherits that binding, so they all share those cores.
         header += f"\nlaunch: {narrow}"
-    output = RankOutput(world_size, header, show)
-    run, running, stopped = _attempt(
-        job, job_bytes, world_size, backend, method, timeout, output
-    )
-    if method == "fork" and gpus > 0:
-        _warm_up_server()
-    if running:
-        raise run.timeout_error(running)
-    if stopped is not None:
-        error = run.failure(stopped)
-        if failed_while_connecting(error):  # never started again: see that module
-            raise setup_failure(error, stopped, world_size)
-        raise error
-    return run.result()
-
-
-def _attempt(
-    job: Job,
-    job_bytes: bytes,
-    world_size: int,
-    backend: str,
-    method: str,
-    timeout: float | None,
-    output: RankOutput,
-) -> tuple[LaunchSession, list[int], list[int] | None]:
-    """Start the ranks once and wait for them: the session, the ranks still running
-    at a timeout, and the ranks stopped after a failure (None if none failed)."""
-    tag = _new_tag()
-    rendezvous = Rendezvous(world_size, timeout or 3600.0)
-    stacks = StackDumps()
-    run = LaunchSession(
-        job, world_size, backend, method, timeout, output, SERVER, tag, stacks
-    )
-    running: list[int] = []
-    stopped: list[int] | None = None
-    try:
-        try:
-            with warnings.catch_warnings():
-                # Python warns that forking a threaded process may deadlock the
-                # child; the rank only replaces its stdio and then runs fresh code,
-                # and CUDA (the real danger) is checked above.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                run.start(
-                    None if method == "fork" else job_bytes,
-                    rendezvous.port,
-                    [rendezvous.fd],
-                )
-            rendezvous.serve()  # only now: no rank is forked while its thread runs
-            try:
-                run.wait()
-            except TimeoutError:
-                run.read_stacks()  # where each rank was, before they are stopped
-                running = run.stop()
-            else:
-                if run.failed():
-                    stopped = run.stop()
-        except KeyboardInterrupt:  # the stop button, whenever it was pressed
-            ranks = ", ".join(map(str, run.stop(grace=1.0))) or "none (all had ended)"
-            # One line in the cell instead of a traceback through the launcher.
-            raise interrupted(
-                f"workshop.launch: interrupted; stopped rank(s) {ranks}"
-            ) from None
-    finally:
-        run.close()
-        rendezvous.close()
-        stacks.close()
-        _stop_leftovers(tag)
-    return run, running, stopped
+    return Plan(job, job_bytes, world_size, chosen, method, timeout, header, show)
 
 
 def _warm_up_server() -> None:
     """Have the fork server import torch now, in the background.
 
     On a GPU machine the kernel soon stops being forkable: one backward pass or CUDA
-    call is enough (see _procs.fork_hazard). Started now, the server is ready by then,
+    call is enough (see forkable.fork_hazard). Started now, the server is ready by then,
     and the first launch after it does not wait seconds for torch's import.
     """
     try:
         SERVER.begin()
     except OSError as exc:  # only a head start is lost; SERVER.start() will say why
         del exc
-
-
-def _new_tag() -> str:
-    """A tag for the next launch, with the watchdog running for its processes."""
-    global _WATCHDOG, _launches
-    if _WATCHDOG is None or _WATCHDOG.poll() is not None:
-        try:
-            _WATCHDOG = _procs.start_watchdog()
-        except OSError as exc:  # the launch still works; only the kernel's
-            print(  # death could then leave a rank's children behind
-                f"workshop.launch: the watchdog could not start ({exc})",
-                file=sys.stderr,
-            )
-    _launches += 1
-    return _procs.launch_tag(_launches)
-
-
-def _stop_leftovers(tag: str) -> None:
-    """Stop what the ranks of the launch ``tag`` started and left running, and say
-    so: a rank's processes end with the launch, however it ended."""
-    left = _procs.stop_tagged(tag, since=_procs.start_ticks())
-    if left:
-        print(
-            f"workshop.launch: the ranks left {len(left)} process"
-            f"{'es' if len(left) != 1 else ''} running; stopped "
-            f"{'them' if len(left) != 1 else 'it'}:\n  " + "\n  ".join(left),
-            file=sys.stderr,
-        )
-
-
-@atexit.register
-def _stop_everything() -> None:
-    """At interpreter exit, leave no rank, nothing a rank started, and no fork
-    server behind."""
-    for handle in list(LIVE):
-        handle.signal(signal.SIGKILL)
-        handle.poll()
-    LIVE.clear()
-    SERVER.close()
-    if _launches:
-        _procs.stop_tagged(
-            _procs.kernel_prefix(), exact=False, since=_procs.start_ticks(), grace=0.0
-        )
 
 
 SHOW_MODES = ("auto", "lines", "none")
@@ -396,7 +316,7 @@ def validate(
                 what="a number of seconds",
                 fix="e.g. timeout=60, or None for no limit",
             )
-    one_of("start_method", start_method, START_METHODS)
+    one_of("start_method", start_method, forkable.START_METHODS)
     one_of(
         "show",
         show,

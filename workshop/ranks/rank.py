@@ -30,15 +30,17 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, NamedTuple, Protocol
 
 import cloudpickle
 
-from .._procs import TAG_VAR, is_alive, name_thread, stacks_prefix, start_ticks
+from .._procs import is_alive, name_thread, start_ticks
+from .sweep import TAG_VAR, stacks_prefix
 
-_HEADER = struct.Struct("!Q")
+# Every message on a rank's pipe or the fork server's socket: its length, then it.
+HEADER = struct.Struct("!Q")
 
 
 @dataclass
@@ -63,10 +65,20 @@ class RankError:
     time: float
 
 
+class Report(NamedTuple):
+    """What a rank tells the launcher once, when its function has ended."""
+
+    value: bytes | None  # the pickled return value; None when it raised
+    error: RankError | None  # what it raised; None when it returned
+    start: float  # when the function started; 0.0: the rank failed before it
+    end: float
+    trace: Sequence = ()  # communication events, with ``Job.trace`` (comm.tracing)
+
+
 def write_message(fd: int, obj: Any) -> None:
     """Write one length-prefixed pickle to ``fd`` (blocking until all is written)."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
+    view = memoryview(HEADER.pack(len(data)) + data)
     while view:
         view = view[os.write(fd, view) :]
 
@@ -74,12 +86,12 @@ def write_message(fd: int, obj: Any) -> None:
 def split_messages(buffer: bytearray) -> list[Any]:
     """Take every complete message off the front of ``buffer``."""
     messages = []
-    while len(buffer) >= _HEADER.size:
-        (size,) = _HEADER.unpack_from(buffer)
-        if len(buffer) < _HEADER.size + size:
+    while len(buffer) >= HEADER.size:
+        (size,) = HEADER.unpack_from(buffer)
+        if len(buffer) < HEADER.size + size:
             break
-        messages.append(pickle.loads(bytes(buffer[_HEADER.size : _HEADER.size + size])))
-        del buffer[: _HEADER.size + size]
+        messages.append(pickle.loads(bytes(buffer[HEADER.size : HEADER.size + size])))
+        del buffer[: HEADER.size + size]
     return messages
 
 
@@ -191,9 +203,9 @@ def _call(job: Job) -> Any:
 def run_rank(job: Job, result_fd: int) -> int:
     """Run ``job`` in this rank's process group and report to the launcher.
 
-    Sends ("ok", pickled value, start, end, trace) or ("error", RankError, start,
-    end, trace) on ``result_fd``; the trace is the list of communication events
-    recorded when ``job.trace`` is set (see :mod:`workshop.comm.tracing`), else empty.
+    Sends a :class:`Report` on ``result_fd``: the pickled value or the error, the
+    function's start and end, and the communication events recorded when
+    ``job.trace`` is set (see :mod:`workshop.comm.tracing`), else none.
     A function that calls ``sys.exit(0)`` (or ``sys.exit()``) returned None.
     Returns the exit code: 0 on success, the code of a ``sys.exit(code)``, 130 on
     an interrupt, 1 on any other error.
@@ -216,7 +228,7 @@ def run_rank(job: Job, result_fd: int) -> int:
             except BaseException as exc:
                 # Report before leaving the group, so the launcher stops the other
                 # ranks at once instead of letting them wait in a collective.
-                error = ("error", _error(exc), start, time.time(), list(events))
+                error = Report(None, _error(exc), start, time.time(), list(events))
                 write_message(result_fd, error)
                 reported = True
                 raise
@@ -231,13 +243,14 @@ def run_rank(job: Job, result_fd: int) -> int:
             # Said before this rank leaves its group: a rank still in a collective
             # with it then fails, and the launcher must already know that this one
             # had returned, to name it as the cause.
-            ok = ("ok", payload, start, time.time(), list(events))
-            write_message(result_fd, ok)
+            write_message(
+                result_fd, Report(payload, None, start, time.time(), list(events))
+            )
         return 0
     except BaseException as exc:
         if not reported:
             try:
-                error = ("error", _error(exc), start, time.time(), list(events))
+                error = Report(None, _error(exc), start, time.time(), list(events))
                 write_message(result_fd, error)
             except OSError:
                 pass
@@ -253,7 +266,7 @@ def run_rank(job: Job, result_fd: int) -> int:
 def report_failed_start(result_fd: int, exc: BaseException) -> None:
     """A rank started outside the kernel could not even set itself up (its job did
     not unpickle, say): tell the launcher why, and leave."""
-    write_message(result_fd, ("error", _error(exc), 0.0, 0.0))
+    write_message(result_fd, Report(None, _error(exc), 0.0, 0.0))
     os._exit(1)
 
 
@@ -275,7 +288,7 @@ def child_main(job: Job, result_fd: int) -> None:
 def _take_launch_name() -> None:
     """Name this thread after the launch's tag, which a process forked from it (a
     daemon that never runs a new program) inherits: the launcher finds such a
-    process by that name once the rank has gone (see ``_procs.stop_tagged``)."""
+    process by that name once the rank has gone (see :func:`.sweep.stop_tagged`)."""
 
     tag = os.environ.get(TAG_VAR)
     if tag:

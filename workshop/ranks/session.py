@@ -1,34 +1,40 @@
-"""One launch in progress: its ranks' pipes, what they reported, stopping them, and
-turning it all into what the launch gives back: a :class:`RunResult`, or a
-:class:`LaunchError`.
+"""One launch, from its first process to its last: the :class:`LaunchSession` that
+owns everything a launch opens (the rendezvous store, the stack dumps, the ranks'
+output and the ranks), reads what the ranks report, stops them, and turns it all
+into what the launch gives back: a :class:`RunResult`, or a :class:`LaunchError`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import select
 import signal
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
+from .._procs import interrupted
 from ..env import rank_env
-from . import start
+from . import start, sweep
 from .output import RankOutput
 from .rank import (
     STACK_FILE_VAR,
     Job,
     RankError,
+    Report,
     StackDumps,
     fatal_error,
     format_frames,
     rank_frames,
     split_messages,
 )
-from .start import ForkServer, RankHandle
+from .rendezvous import Rendezvous
+from .start import SERVER, RankHandle
 
 __all__ = ["LaunchError", "RunResult"]
 
@@ -40,17 +46,13 @@ GRACE = 2.0
 LIVE: set[RankHandle] = set()
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by {_signal_name(code)}"
-    return f"exited with code {code}"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 _PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
@@ -74,55 +76,118 @@ def _raised(error: RankError) -> str:
     return text
 
 
-class LaunchSession:
-    """One launch in progress: its ranks, their pipes, and what they reported."""
+@dataclass(frozen=True)
+class Plan:
+    """What the checks before a launch decided (``launcher.preflight``), and all a
+    :class:`LaunchSession` needs: the job (and its pickle, for ranks started
+    outside this process), how many ranks, their backend, how they start, the
+    launch's timeout (None: none), the output's header and how it shows."""
 
-    def __init__(
-        self,
-        job: Job,
-        world_size: int,
-        backend: str,
-        method: str,
-        timeout: float | None,
-        output: RankOutput,
-        server: ForkServer,
-        tag: str = "",
-        stacks: StackDumps | None = None,
-    ):
-        self.job = job
-        self.server = server
-        self.world_size = world_size
-        self.backend = backend
-        self.method = method
-        self.timeout = timeout
-        self.output = output
+    job: Job
+    job_bytes: bytes
+    world_size: int
+    backend: str
+    method: str
+    timeout: float | None
+    header: str
+    show: str
+
+
+class LaunchSession:
+    """One launch: everything it opens, and what its ranks reported.
+
+    ``with LaunchSession(plan) as run:`` opens, in order, the launch's tag (and the
+    kernel's watchdog), the rendezvous store, the folder of stack dumps and the
+    ranks' output; :meth:`run` starts the ranks and waits for them. Leaving the
+    block closes it all in the reverse order, however it is left: the ranks are
+    stopped and reaped, their last output read, the store and the folder removed,
+    and whatever the ranks started and left running is stopped and named.
+    """
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.world_size = plan.world_size
+        self.method = plan.method
+        self.timeout = plan.timeout
         self.handles: list[RankHandle] = []
-        self.results: dict[int, tuple] = {}
+        self.results: dict[int, Report] = {}
         self.buffers: dict[int, bytearray] = {}
         self.fd_owner: dict[int, tuple[RankHandle, str]] = {}
         self.ended_at: dict[int, float] = {}
         self.closed = False
         self.t0 = time.time()
-        # Marks every process of this launch, the ranks' children too (see _procs.py).
-        self.tag = tag
+        # Marks every process of this launch, the ranks' children too (sweep.py).
+        self.tag = ""
+        self.rendezvous: Rendezvous | None = None
         # Where each rank's Python stack goes when the launcher asks (see rank.py).
-        self.stacks = stacks
+        self.stacks: StackDumps | None = None
+        self.output: RankOutput | None = None
+        # How the launch ended: the ranks still running at its timeout, and those
+        # stopped after a failure (None: none failed).
+        self.running: list[int] = []
+        self.stopped: list[int] | None = None
+
+    def __enter__(self) -> LaunchSession:
+        try:
+            self.tag = sweep.next_tag()
+            self.rendezvous = Rendezvous(self.world_size, self.timeout or 3600.0)
+            self.stacks = StackDumps()
+            self.output = RankOutput(self.world_size, self.plan.header, self.plan.show)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self) -> None:
+        """Start the ranks and wait until every one ended, one failed (the others
+        are then stopped) or the timeout passed (where each rank was is read, then
+        all are stopped). The kernel's stop button stops every rank, at any point,
+        and raises a ``KeyboardInterrupt`` that names them."""
+        try:
+            with warnings.catch_warnings():
+                # Python warns that forking a threaded process may deadlock the
+                # child; the rank only replaces its stdio and then runs fresh code,
+                # and CUDA (the real danger) was checked before.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._start()
+            self.rendezvous.serve()  # only now: no rank is forked while it serves
+            try:
+                self.wait()
+            except TimeoutError:
+                # Where each rank was, before they are stopped (and no longer there).
+                self.stacks.collect(self.handles)
+                self.running = self.stop()
+            else:
+                if self.failed():
+                    self.stopped = self.stop()
+        except KeyboardInterrupt:
+            ranks = ", ".join(map(str, self.stop(grace=1.0))) or "none (all had ended)"
+            # One line in the cell instead of a traceback through the launcher.
+            raise interrupted(
+                f"workshop.launch: interrupted; stopped rank(s) {ranks}"
+            ) from None
 
     # -- starting
-    def start(self, job_bytes: bytes | None, port: int, keep_closed: list[int]) -> None:
-        """Start every rank; ``job_bytes`` (the pickled job) for server and spawn."""
-        payload = start.request_payload(job_bytes) if job_bytes is not None else None
+    def _start(self) -> None:
+        """Start every rank; a rank not forked from here gets the pickled job."""
+        port, listener = self.rendezvous.port, self.rendezvous.fd
+        payload = None
+        if self.method != "fork":
+            payload = start.request_payload(self.plan.job_bytes)
         for rank in range(self.world_size):
-            env = rank_env(rank, self.world_size, port, self.tag)
-            if self.stacks is not None:
-                env[STACK_FILE_VAR] = self.stacks.path(rank)
+            env = rank_env(rank, self.world_size, port)
+            env[sweep.TAG_VAR] = self.tag
+            env[STACK_FILE_VAR] = self.stacks.path(rank)
             if self.method == "fork":
-                closed = keep_closed + [
+                closed = [listener] + [
                     fd for h in self.handles for fd in h.fds.values()
                 ]
-                handle = start.fork_rank(rank, env, self.job, closed)
+                handle = start.fork_rank(rank, env, self.plan.job, closed)
             elif self.method == "server":
-                handle = self.server.start_rank(rank, env, payload)
+                handle = SERVER.start_rank(rank, env, payload)
             else:
                 handle = start.spawn_rank(rank, env, pickle.dumps(payload))
             self.handles.append(handle)
@@ -181,7 +246,7 @@ class LaunchSession:
 
     def failed(self) -> list[int]:
         """Ranks that reported an error or ended with a non-zero code so far."""
-        failed = [r for r, m in self.results.items() if m[0] == "error"]
+        failed = [r for r, m in self.results.items() if m.error is not None]
         for handle in self.handles:
             code = handle.exit_code
             if code not in (None, 0) and handle.rank not in failed:
@@ -201,15 +266,9 @@ class LaunchSession:
             self._pump(0.02 if left is None else max(0.0, min(0.02, left)))
             self._poll_exits()
 
-    def read_stacks(self) -> None:
-        """Ask every rank still running for its Python stack (before stopping them:
-        a stopped rank is no longer where it was)."""
-        if self.stacks is not None:
-            self.stacks.collect(self.handles)
-
     def where(self, rank: int) -> list[str]:
         """Lines that say where ``rank`` was when asked (empty: not asked)."""
-        if self.stacks is None or rank not in self.stacks.dumps:
+        if rank not in self.stacks.dumps:
             return []
         frames = rank_frames(self.stacks.dumps[rank])
         if not frames:
@@ -220,7 +279,7 @@ class LaunchSession:
         """Stop every rank still running (TERM, a grace period, KILL) and return the
         ranks stopped. A rank that reported an error is ending by itself and only gets
         KILL if it has not ended after the grace period."""
-        reported = {r for r, m in self.results.items() if m[0] == "error"}
+        reported = {r for r, m in self.results.items() if m.error is not None}
         running = [h for h in self.handles if h.poll() is None]
         terminated = [h for h in running if h.rank not in reported]
         for sig, targets, wait in (
@@ -242,11 +301,23 @@ class LaunchSession:
         return [h.rank for h in terminated if h.exit_code in ours]
 
     def close(self) -> None:
-        """Kill what is left (only after an error in the launcher itself), reap every
-        rank, read the last output and release the pipes. Safe to call twice."""
+        """Close what the launch opened, in the reverse order: kill the ranks left
+        (only after an error in the launcher itself), reap every rank, read the last
+        output and release the pipes; remove the stack dumps and the store; stop
+        what the ranks started and left running, and say so. Safe to call twice."""
         if self.closed:
             return
         self.closed = True
+        try:
+            self._close_ranks()
+        finally:
+            for part in (self.output, self.stacks, self.rendezvous):
+                if part is not None:
+                    part.close()
+            if self.tag:
+                sweep.stop_launch(self.tag)
+
+    def _close_ranks(self) -> None:
         for handle in self.handles:
             if handle.poll() is None:
                 handle.signal(signal.SIGKILL)
@@ -263,28 +334,26 @@ class LaunchSession:
         for fd in list(self.fd_owner):
             del self.fd_owner[fd]
             os.close(fd)
-        self.output.close()
 
     # -- reporting
     def result(self) -> RunResult:
         returns, walls, traces = [], [], []
         for rank in range(self.world_size):
-            message = self.results.get(rank)
-            # Messages from a rank that failed before it could run carry no trace.
-            traces.append(list(message[4]) if message and len(message) > 4 else [])
-            if message and message[0] == "ok":
-                returns.append(cloudpickle.loads(message[1]))
+            report = self.results.get(rank)
+            traces.append(list(report.trace) if report else [])
+            if report and report.error is None:
+                returns.append(cloudpickle.loads(report.value))
             else:
                 returns.append(None)
-            if message and message[2]:
-                walls.append(message[3] - message[2])
+            if report and report.start:
+                walls.append(report.end - report.start)
             elif rank in self.ended_at:
                 walls.append(self.ended_at[rank] - self.t0)
             else:
                 walls.append(None)
         return RunResult(
             world_size=self.world_size,
-            backend=self.backend,
+            backend=self.plan.backend,
             start_method=self.method,
             returns=returns,
             stdout=[self.output.text(r, "stdout") for r in range(self.world_size)],
@@ -298,7 +367,7 @@ class LaunchSession:
         )
 
     def failure(self, stopped: list[int]) -> LaunchError:
-        errors = {r: m[1] for r, m in self.results.items() if m[0] == "error"}
+        errors = {r: m.error for r, m in self.results.items() if m.error is not None}
         raised = sorted(errors, key=lambda r: errors[r].time)
         crashed = [
             h.rank
@@ -312,7 +381,7 @@ class LaunchSession:
         followers = [r for r in raised if _is_peer_loss(errors[r])]
         # A rank that returned leaves its group; one still calling a collective with
         # it loses it there. The cause is the rank that returned early.
-        finished = sorted(r for r, m in self.results.items() if m[0] == "ok")
+        finished = sorted(r for r, m in self.results.items() if m.error is None)
         # A rank whose process ended with code 0 and no report left by os._exit(0)
         # (or a library that ends the process): the cause, as a rank that returned.
         vanished = [
@@ -447,7 +516,7 @@ class LaunchSession:
             )
             lines += self.where(rank)
         returned = sorted(
-            r for r, m in self.results.items() if m[0] == "ok" and r not in running
+            r for r, m in self.results.items() if m.error is None and r not in running
         )
         if returned:
             lines.append(
@@ -529,3 +598,15 @@ class LaunchError(RuntimeError):
         self.failed_ranks = failed_ranks or []
         self.errors = errors or {}
         self.running_ranks = running_ranks or []
+
+
+@atexit.register
+def _stop_everything() -> None:
+    """At interpreter exit, leave no rank, nothing a rank started, and no fork
+    server behind."""
+    for handle in list(LIVE):
+        handle.signal(signal.SIGKILL)
+        handle.poll()
+    LIVE.clear()
+    SERVER.close()
+    sweep.stop_all_tags()

@@ -1,7 +1,7 @@
 """Ways to start one rank, and the handle the launcher keeps for it.
 
 * fork: the notebook kernel forks itself. Fastest (torch is already imported), and
-  safe only while CUDA is not initialised in the kernel (``_procs.fork_hazard``).
+  safe only while CUDA is not initialised in the kernel (:func:`.forkable.fork_hazard`).
 * server: the :class:`ForkServer`, a clean process started once per kernel with torch
   imported and CUDA never touched, forks the ranks: still fast, since a rank pays for
   neither the interpreter start nor torch's import. The kernel talks to it over a
@@ -40,7 +40,6 @@ import pickle
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Any
 
 from .._procs import die_with_parent, signal_group, status_to_exit_code
 from .rank import (
+    HEADER,
     Job,
     child_main,
     prepare_stdio,
@@ -57,8 +57,6 @@ from .rank import (
     reset_signals,
     split_messages,
 )
-
-START_METHODS = ("auto", "fork", "server", "spawn")
 
 
 class RankHandle:
@@ -220,12 +218,9 @@ def enter_request(request: dict[str, Any]) -> Job:
     return cloudpickle.loads(request["job"])
 
 
-_HEADER = struct.Struct("!Q")
-
-
 def _send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    header = _HEADER.pack(len(body))
+    header = HEADER.pack(len(body))
     if fds:
         socket.send_fds(sock, [header], fds)
     else:
@@ -244,12 +239,12 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def _recv_request(sock: socket.socket) -> tuple[Any, list[int]]:
-    header, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, 3)
+    header, fds, _flags, _addr = socket.recv_fds(sock, HEADER.size, 3)
     if not header:
         raise EOFError("the kernel closed the socket")
-    if len(header) < _HEADER.size:
-        header += _recv_exact(sock, _HEADER.size - len(header))
-    (size,) = _HEADER.unpack(header)
+    if len(header) < HEADER.size:
+        header += _recv_exact(sock, HEADER.size - len(header))
+    (size,) = HEADER.unpack(header)
     return pickle.loads(_recv_exact(sock, size)), list(fds)
 
 
@@ -499,6 +494,9 @@ class ForkServer:
             self.popen = None
         self.ready = False
 
+
+# The kernel's fork server, started on first use, stopped at the kernel's exit.
+SERVER = ForkServer()
 
 # Each entry is what a rank uses, as "module" or "module:name"; the first choice
 # that imports (and has the name) is kept, and an entry none of whose modules this

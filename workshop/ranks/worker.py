@@ -21,7 +21,6 @@ from ..allocation import slurm_allocation, usable_cores
 from ..checks import LONGEST_WAIT_S, positive_number
 from ..env import (
     RankInfo,
-    backend_name,
     choose_backend,
     group_backend,
     launcher_hosts_store,
@@ -30,38 +29,7 @@ from ..env import (
 )
 from ..features import torch_release
 
-__all__ = ["group_place", "process_group", "rank_device"]
-
-
-def group_place(who: str, how: str | None = None) -> tuple[int, int]:
-    """(rank, world_size) of this rank's default process group, or a clear error
-    where ``who`` was called outside the ranks (in the notebook's own process, say).
-
-    Args:
-        who: the function that needs the group, named in the error.
-        how: how to start it, for the error; ``workshop.launch(who, world_size=2)``
-            by default.
-
-    Returns:
-        ``(rank, world_size)``.
-
-    Raises:
-        RuntimeError: no process group is initialised in this process.
-
-    Example:
-        >>> group_place("run_pipeline")  # doctest: +SKIP
-        (0, 2)
-    """
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        how = how or f"workshop.launch({who}, world_size=2)"
-        raise RuntimeError(
-            f"{who} runs in every rank of a process group, and no process group is "
-            f"initialised in this process; start it with {how} (under torchrun: "
-            "inside `with workshop.process_group():`)"
-        )
-    return dist.get_rank(), dist.get_world_size()
+__all__ = ["process_group"]
 
 
 def _configure_threads(info: RankInfo) -> None:
@@ -209,41 +177,6 @@ def _init_method(info: RankInfo) -> str:
             )
         )
     return f"tcp://{addr}:{port}"
-
-
-def rank_device(backend: str | None = None, info: RankInfo | None = None):
-    """The device a rank computes on: its own GPU for NCCL, the CPU otherwise.
-
-    Args:
-        backend: the group's backend: "nccl", "gloo", "mpi", or what
-            ``dist.get_backend()`` returns ("cpu:gloo,cuda:nccl" counts as NCCL);
-            read from the initialised process group when omitted.
-        info: the rank's place; read from the environment when omitted.
-
-    Returns:
-        ``torch.device("cuda", local_rank)`` for NCCL, else ``torch.device("cpu")``.
-
-    Example:
-        >>> rank_device("gloo")
-        device(type='cpu')
-    """
-    import torch
-    import torch.distributed as dist
-
-    if backend is None:
-        backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    name = backend_name(backend)
-    # Every backend this torch knows (the planner's "fake" too); a typo is refused.
-    if name not in dist.Backend.backend_list or name == "undefined":
-        raise ValueError(
-            f"backend={backend!r} is not a process group backend; give 'nccl', "
-            "'gloo' or 'mpi' (or what dist.get_backend() returns), or None to read "
-            "it from the process group"
-        )
-    if name == "nccl":
-        info = info or rank_info()
-        return torch.device("cuda", info.local_rank)
-    return torch.device("cpu")
 
 
 def _check_one_gpu_per_rank(info: RankInfo) -> None:

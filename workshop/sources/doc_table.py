@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..checks import whole
 from . import documents as _documents
 from .documents import Document
 
@@ -149,8 +150,7 @@ class DocumentTable:
         """
         import textwrap
 
-        if isinstance(width, bool) or not isinstance(width, int) or width < 60:
-            raise ValueError(f"width={width!r} must be a whole number, 60 or more")
+        whole("width", width, least=60)
         head = list(self.columns)
         body = [list(row) for row in self.rows]
         if self.count is not None:

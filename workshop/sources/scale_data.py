@@ -140,17 +140,9 @@ _NEMO_175B = Source(
     url="https://github.com/NVIDIA/dgxc-benchmarking/tree/v25.04/nemo_megatron",
 )
 _AZURE = "https://github.com/Azure/AI-benchmarking-guide/tree/main/Azure_Results"
-
-
-def _azure(vm: str, file: str) -> Source:
-    return Source(
-        title=f"Azure AI Benchmarking Guide, {vm} results (Azure_Results/{file}), "
-        "'NCCL Bandwidth' "
-        "table: all_reduce_perf, in-place busbw, 1 KB to 8 GB, NCCL 2.18.5",
-        organisation="Microsoft Azure",
-        year=2024,
-        url=_AZURE,
-    )
+_NCCL_TABLE = (
+    "'NCCL Bandwidth' table: all_reduce_perf, in-place busbw, 1 KB to 8 GB, NCCL 2.18.5"
+)
 
 
 def _azure_part(vm: str, file: str, part: str) -> Source:
@@ -246,7 +238,7 @@ def _azure_table(name: str, vm: str, file: str, gpu: str, values: tuple) -> Scal
         f"{vm} VM over NVLink and NVSwitch, float sum, in-place busbw; the page "
         "names the NVLS algorithm (NVLink SHARP) above its tables",
         points=tuple((1 << (10 + i), v) for i, v in enumerate(values)),
-        source=_azure(vm, file),
+        source=_azure_part(vm, file, _NCCL_TABLE),
         x_unit="bytes",
         y_unit="busbw GB/s",
         world_size=8,

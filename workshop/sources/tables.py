@@ -29,111 +29,84 @@ _P100 = "Graham GPU node, 2 nVidia Pascal p100"
 _V100 = "Graham AI GPU node, 8 nVidia Volta v100"
 _NO_BLANK = "blank cells: the slide gives no figure for that count"
 
+
+def _mnist(**fields) -> DocumentTable:
+    """A table of the slides' MNIST runs: seconds of 20000 steps, TensorFlow."""
+    mnist = {"key": "004", "unit": "s", "bigger_is_better": False, "software": _TF}
+    return DocumentTable(**{**mnist, "model": _MNIST, "iterations": 20000, **fields})
+
+
 _TABLES: tuple[DocumentTable, ...] = (
-    DocumentTable(
+    _mnist(
         name="cpu-batch50",
-        key="004",
         caption="Benchmark of multiple CPUs",
         label="MNIST on CPU cores, batch 50 (SHARCNET)",
         columns=("CPU cores", "time"),
         rows=(("1", "2854.43"), ("2", "2295.09"), ("4", "1582.72"),
               ("8", "1153.90"), ("16", "762.10"), ("32", "1187.92")),
         count="CPU cores",
-        unit="s",
-        bigger_is_better=False,
         hardware=_GRAHAM_CPU,
-        software=_TF,
-        model=_MNIST,
         batch="50",
-        iterations=20000,
         notes=("the slide heads the first column '# of CPUs'; they are the cores "
                "of one node",),
     ),
-    DocumentTable(
+    _mnist(
         name="cpu-batch256",
-        key="004",
         caption="Benchmark of multiple CPUs (cont.)",
         label="MNIST on CPU cores, batch 256 (SHARCNET)",
         columns=("CPU cores", "time"),
         rows=(("1", "11193.94"), ("2", "8757.93"), ("4", "6645.16"),
               ("8", "3838.28"), ("16", "2559.46"), ("32", "2336.07")),
         count="CPU cores",
-        unit="s",
-        bigger_is_better=False,
         hardware=_GRAHAM_CPU,
-        software=_TF,
-        model=_MNIST,
         batch="256",
-        iterations=20000,
     ),
-    DocumentTable(
+    _mnist(
         name="gpu-p100-apis",
-        key="004",
         caption="Benchmark of single GPU",
         label="MNIST on one P100, per API (SHARCNET)",
         columns=("API", "time"),
         rows=(("low-level API", "~157"), ("Keras", "~133"), ("estimator", "~185")),
         count=None,
-        unit="s",
-        bigger_is_better=False,
         hardware=_P100 + " (one used)",
-        software=_TF,
-        model=_MNIST,
         batch="256",
-        iterations=20000,
         notes=("the next slide gives Keras on the P100 as 135 s, this one ~133 s",),
     ),
-    DocumentTable(
+    _mnist(
         name="gpu-p100-v100-apis",
-        key="004",
         caption="Benchmark of single GPU (cont.)",
         label="MNIST on one GPU, per API (SHARCNET)",
         columns=("API", "P100", "V100"),
         rows=(("low-level API", "157", "103"), ("Keras", "135", "128"),
               ("Estimator", "185", "133")),
         count=None,
-        unit="s",
-        bigger_is_better=False,
         hardware=f"{_P100}; {_V100} (one GPU used)",
-        software=_TF,
-        model=_MNIST,
         batch="256",
-        iterations=20000,
     ),
-    DocumentTable(
+    _mnist(
         name="keras-gpus-batch256",
-        key="004",
         caption="Benchmark of multiple GPUs (Keras)",
         label="MNIST Keras, batch 256 (SHARCNET)",
         columns=("GPUs", "P100", "V100"),
         rows=(("1", "135", "128"), ("2", "161", "164"), ("4", "", "190"),
               ("6", "", "196"), ("8", "", "229")),
         count="GPUs",
-        unit="s",
-        bigger_is_better=False,
         hardware=f"{_P100}; {_V100}",
         software=_TF + ", Keras API, mirrored strategy",
-        model=_MNIST,
         batch="256",
-        iterations=20000,
         notes=(_NO_BLANK,),
     ),
-    DocumentTable(
+    _mnist(
         name="estimator-gpus-batch256",
-        key="004",
         caption="Benchmark of multiple GPUs (Estimator)",
         label="MNIST Estimator, batch 256 (SHARCNET)",
         columns=("GPUs", "P100", "V100"),
         rows=(("1", "185", "133"), ("2", "252", "231"), ("4", "", "239"),
               ("6", "*", "*"), ("8", "", "338")),
         count="GPUs",
-        unit="s",
-        bigger_is_better=False,
         hardware=f"{_P100}; {_V100}",
         software=_TF + ", Estimator API, mirrored strategy",
-        model=_MNIST,
         batch="256",
-        iterations=20000,
         notes=(
             _NO_BLANK,
             "'*' at 6 GPUs: the slide says the batch size must be a multiple of "
@@ -141,21 +114,16 @@ _TABLES: tuple[DocumentTable, ...] = (
         ),
     ),
     *(
-        DocumentTable(
+        _mnist(
             name=f"{api.lower()}-v100-batch{batch}",
-            key="004",
             caption=f"Benchmark of multiple GPUs ({api})",
             label=f"MNIST {api} V100, batch {batch} (SHARCNET)",
             columns=("GPUs", "time"),
             rows=tuple(zip(("1", "2", "4", "8"), times, strict=True)),
             count="GPUs",
-            unit="s",
-            bigger_is_better=False,
             hardware=_V100,
             software=f"{_TF}, {api} API, mirrored strategy",
-            model=_MNIST,
             batch=batch,
-            iterations=20000,
             notes=("the slides' test of their hypothesis that the MNIST task "
                    "(~3 million trainable parameters) is far below one GPU's "
                    "capacity: increase the batch size",),

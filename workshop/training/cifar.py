@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from ..checks import one_of
+
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "cifar10"]
 
 #: Per-channel mean and standard deviation of CIFAR-10's training images in [0, 1].
@@ -27,12 +29,6 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 _CIFAR_FOLDER = "cifar-10-batches-py"
-_SPLITS = ("train", "test")
-
-
-def _check_split(split: str) -> None:
-    if split not in _SPLITS:
-        raise ValueError(f'split={split!r} is not known; pass split="train" or "test"')
 
 
 def _cifar_root(path: str | Path) -> Path:
@@ -347,7 +343,7 @@ def cifar10(
     """
     from torchvision import transforms
 
-    _check_split(split)
+    one_of("split", split, ("train", "test"))
     if not isinstance(verify_md5, bool):
         raise ValueError(
             f"verify_md5={verify_md5!r} must be True (check the files against their "

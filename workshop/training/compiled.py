@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -34,7 +35,39 @@ __all__ = [
     "compiler_error_line",
     "graphs_compiled",
     "inductor_unavailable",
+    "keep_compiled_code_in_cache",
 ]
+
+
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def keep_compiled_code_in_cache(environ: dict[str, str] | None = None) -> str | None:
+    """Point torch.compile's cache (``TORCHINDUCTOR_CACHE_DIR``) at this user's cache
+    folder, ``~/.cache/scaling-pytorch-hpc/inductor`` (or under
+    ``$XDG_CACHE_HOME``), unless it is set already; returns the folder set, or None.
+
+    Left unset, torch makes ``torchinductor_USER`` in the temporary folder as soon as
+    any process imports ``torch._dynamo`` (torchrun's agent does on its way out), and
+    keeps its compiled kernels there. The package sets it when imported, before any
+    of its code compiles, so that the kernel, its ranks, the bench and the commands
+    a cell runs (they inherit the variable) share one cache that is where a cache
+    belongs. Where that folder cannot be made (no home, or one not writable), the
+    variable is left unset and torch's default holds.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(INDUCTOR_CACHE):
+        return None
+    try:
+        home = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home for this user
+        return None
+    folder = home / "scaling-pytorch-hpc" / "inductor"
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not os.access(existing, os.W_OK | os.X_OK):
+        return None
+    environ[INDUCTOR_CACHE] = str(folder)
+    return str(folder)
 
 
 def _backends() -> list[str]:

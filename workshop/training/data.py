@@ -32,14 +32,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
+from ..checks import one_of, whole
+
 __all__ = ["digits", "synthetic"]
 
 _SPLITS = ("train", "test")
-
-
-def _check_split(split: str) -> None:
-    if split not in _SPLITS:
-        raise ValueError(f'split={split!r} is not known; pass split="train" or "test"')
 
 
 # The four arrays of a split, in the order train_test_split returns them.
@@ -162,16 +159,9 @@ def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset
         >>> tuple(image.shape), label.dtype
         ((1, 16, 16), torch.int64)
     """
-    _check_split(split)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(
-            f"size={size!r} must be a whole number of pixels, 1 or more; pass "
-            "size=16 (or size=8 for the original images)"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(
-            f"seed={seed!r} must be a whole number, 0 or more; e.g. seed=0"
-        )
+    one_of("split", split, _SPLITS)
+    whole("size", size, fix="e.g. size=16 (or size=8 for the original images)")
+    whole("seed", seed, least=0, fix="e.g. seed=0")
     x_train, x_test, y_train, y_test = _digits_arrays(seed)
 
     def to_tensor(images: np.ndarray) -> torch.Tensor:
@@ -263,9 +253,5 @@ def synthetic(
         ("channels", channels),
         ("num_classes", num_classes),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"{name}={value!r} must be a whole number, 1 or more; for example "
-                "synthetic(1024, image_size=224)"
-            )
+        whole(name, value, fix="e.g. synthetic(1024, image_size=224)")
     return _Synthetic(n, image_size, channels, num_classes, seed)

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..checks import one_of, whole
+
 __all__ = [
     "ImageFiles",
     "OpenCount",
@@ -88,12 +90,12 @@ def write_image_files(
     """
     from PIL import Image
 
-    from .data import _check_split, _digits_arrays
+    from .data import _digits_arrays
 
-    _check_split(split)
-    for name, value in (("size", size), ("limit", 1 if limit is None else limit)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
+    one_of("split", split, ("train", "test"))
+    whole("size", size)
+    if limit is not None:
+        whole("limit", limit)
     folder = Path(folder)
     if folder.is_dir() and any(folder.iterdir()):
         raise ValueError(
@@ -270,8 +272,7 @@ def time_epochs(loader: Iterable, epochs: int = 1) -> list[float]:
         >>> len(time_epochs(loader, epochs=2))
         2
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r} must be a whole number, 1 or more")
+    whole("epochs", epochs)
     seconds = []
     for _ in range(epochs):
         start = time.perf_counter()

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..checks import whole
+
 __all__ = ["make_loader", "time_loader"]
 
 
@@ -61,15 +63,7 @@ def make_loader(
         >>> tuple(images.shape)
         (64, 1, 16, 16)
     """
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int)
-        or batch_size < 1
-    ):
-        raise ValueError(
-            f"batch_size={batch_size!r} must be a whole number, 1 or more; "
-            "pass batch_size=64, for example"
-        )
+    whole("batch_size", batch_size, fix="e.g. batch_size=64")
     if not hasattr(dataset, "__getitem__"):  # None, a generator, an iterable
         raise TypeError(
             "dataset must be a map-style dataset (samples by index), got "
@@ -80,13 +74,8 @@ def make_loader(
             raise TypeError(f"{name} must be True or False, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r} must be a whole number, e.g. seed=0")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-        raise ValueError(f"num_workers={num_workers!r} must be a whole number")
-    if num_workers < 0:
-        raise ValueError(
-            f"num_workers={num_workers} is negative; pass 0 to load in this process "
-            "or a number of worker processes"
-        )
+    fix = "pass 0 to load in this process or a number of worker processes"
+    whole("num_workers", num_workers, least=0, fix=fix)
     if persistent_workers and num_workers == 0:
         raise ValueError(
             "persistent_workers=True keeps worker processes alive between epochs, "
@@ -147,8 +136,7 @@ def time_loader(loader: Iterable, batches: int) -> float:
         >>> time_loader(loader, batches=8) > 0
         True
     """
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
-        raise ValueError(f"batches={batches!r} must be a whole number, 1 or more")
+    whole("batches", batches)
     samples = 0
     start = time.perf_counter()
     for seen, batch in enumerate(loader, start=1):

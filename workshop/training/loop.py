@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import one_of, positive_number, whole
 from .compiled import (
     check_compile,
     compile_model,
@@ -58,11 +59,6 @@ def _groups(loader: Iterable, size: int) -> Iterator[list[Any]]:
         yield group
 
 
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number, 1 or more")
-
-
 def _check_objects(model: Any, loader: Any, eval_loader: Any) -> None:
     """Refuse, before a step, a model or loader of the wrong kind (a loader given
     for the model, None for a loader), which would fail deep inside torch or only
@@ -81,20 +77,9 @@ def _check_objects(model: Any, loader: Any, eval_loader: Any) -> None:
 
 
 def _optimizer(name: str, model: nn.Module, lr: float | None) -> torch.optim.Optimizer:
-    if name not in OPTIMIZERS:
-        raise ValueError(
-            f"optimizer={name!r} is not known; pass one of "
-            + ", ".join(repr(n) for n in OPTIMIZERS)
-        )
+    one_of("optimizer", name, OPTIMIZERS)
     lr = OPTIMIZERS[name] if lr is None else lr
-    if (
-        isinstance(lr, bool)
-        or not isinstance(lr, (int, float))
-        or not 0 < lr < math.inf
-    ):
-        raise ValueError(
-            f"lr={lr!r} must be a positive learning rate, a finite number; e.g. 0.05"
-        )
+    positive_number("lr", lr, what="a learning rate", fix="e.g. lr=0.05")
     if name == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     return torch.optim.Adam(model.parameters(), lr=lr)
@@ -114,11 +99,7 @@ def _lr_factor(schedule: str, step: int, total: int | None) -> float:
 def _planned_steps(
     schedule: str, epochs: int, steps_per_epoch: int | None, max_steps: int | None
 ) -> int | None:
-    if schedule not in LR_SCHEDULES:
-        raise ValueError(
-            f"schedule={schedule!r} is not known; pass one of "
-            + ", ".join(repr(n) for n in LR_SCHEDULES)
-        )
+    one_of("schedule", schedule, LR_SCHEDULES)
     planned = None if steps_per_epoch is None else epochs * steps_per_epoch
     if max_steps is not None:
         planned = max_steps if planned is None else min(planned, max_steps)
@@ -214,10 +195,10 @@ def train(
         >>> print(history.table())                                  # doctest: +SKIP
     """
     _check_objects(model, loader, eval_loader)
-    _positive("epochs", epochs)
-    _positive("accumulate", accumulate)
+    whole("epochs", epochs)
+    whole("accumulate", accumulate)
     if max_steps is not None:
-        _positive("max_steps", max_steps)
+        whole("max_steps", max_steps)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed={seed!r} must be a whole number, e.g. seed=0, or None")
     if not isinstance(channels_last, bool):

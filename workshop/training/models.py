@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import one_of, whole
+
 __all__ = [
     "RESNETS",
     "SmallCNN",
@@ -65,11 +67,7 @@ class SmallCNN(nn.Module):
             ("num_classes", num_classes),
             ("width", width),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"{name}={value!r} must be a whole number, 1 or more; for "
-                    "example SmallCNN(in_channels=3, num_classes=10, width=32)"
-                )
+            whole(name, value, fix="e.g. SmallCNN(in_channels=3, width=32)")
         self.features = nn.Sequential(
             _conv_bn_relu(in_channels, width),
             nn.MaxPool2d(2),
@@ -109,14 +107,9 @@ def resnet(name: str = "resnet18", num_classes: int = 1000, in_channels: int = 3
         >>> count_parameters(resnet("resnet18"))
         11689512
     """
-    if name not in RESNETS:
-        raise ValueError(
-            f"unknown ResNet name={name!r}; pass one of "
-            + ", ".join(repr(n) for n in RESNETS)
-        )
-    for arg, value in (("num_classes", num_classes), ("in_channels", in_channels)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{arg}={value!r} must be a whole number, 1 or more")
+    one_of("name", name, RESNETS)
+    whole("num_classes", num_classes)
+    whole("in_channels", in_channels)
     import torchvision.models
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)

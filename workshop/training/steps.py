@@ -55,7 +55,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 
     None picks, in order: this rank's device when ``torch.distributed`` is
     initialised (its own GPU under NCCL, the CPU under gloo, see
-    :func:`workshop.ranks.worker.rank_device`), else the current CUDA GPU if there is
+    :func:`workshop.env.rank_device`), else the current CUDA GPU if there is
     one, else the CPU.
 
     Args:
@@ -88,7 +88,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
             )
         return chosen
     if dist.is_available() and dist.is_initialized():
-        from ..ranks.worker import rank_device
+        from ..env import rank_device
 
         return rank_device(dist.get_backend())
     # NVML's count, not torch.cuda.is_available(): looking must not start the CUDA

@@ -302,6 +302,14 @@ def start_browser(profile: Path, mark: str, log: Path):
     return driver
 
 
+def glossary_heading(term: str) -> str:
+    """The heading docs/glossary.md has under its explicit anchor ``term``."""
+    text = (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    found = re.search(rf'^<a id="{re.escape(term)}"></a>\n## (.+)$', text, re.M)
+    assert found, f'docs/glossary.md has no <a id="{term}"></a> above a heading'
+    return found.group(1).strip()
+
+
 def wait_until(what: str, check, timeout: float, poll: float = 0.2):
     """Call ``check()`` until it returns something true; return that. AssertionError
     naming ``what`` after ``timeout`` seconds."""
@@ -410,19 +418,43 @@ class Page:
                 return toasts
             time.sleep(0.5)
 
-    def open_glossary_link(self, shot: str) -> str:
-        """Click the open notebook's first link to ../docs/glossary.md, wait for the
-        glossary to open in a tab (it opens only where the server's root holds docs/
-        beside notebooks/), screenshot it as ``shot``, close it and show the notebook
-        again; return the link's href as JupyterLab resolved it."""
-        href = self.js(
-            """const a = [...panel().node.querySelectorAll('.jp-RenderedMarkdown a')]
-              .find(a => (a.getAttribute('href') || '').includes('glossary.md'));
-            if (!a) return null;
-            a.scrollIntoView(); a.click();
-            return a.getAttribute('href');"""
+    def open_glossary_link(
+        self, shot: str, term: str | None = None, close: bool = True
+    ) -> str:
+        """Click the open notebook's first link to ../docs/glossary.md (the first to
+        ``glossary.md#term`` if ``term`` is given), wait for the glossary to open in
+        a tab (it opens only where the server's root holds docs/ beside notebooks/)
+        and, where the link names a term, for that term's heading to be in view (see
+        :meth:`glossary_term_shown`); screenshot it as ``shot``; unless not ``close``,
+        close it and show the notebook again. Return the link's href as JupyterLab
+        resolved it (the hash kept)."""
+        want = f"glossary.md#{term}" if term else "glossary.md"
+        # The cell first, scrolled to: the notebook draws only cells near the view.
+        index = self.js(
+            """return panel().content.widgets.findIndex(c =>
+              c.model.type === 'markdown' &&
+              c.model.sharedModel.getSource().includes(arguments[0]));""",
+            want,
         )
-        assert href, "the notebook shows no link to the glossary"
+        assert index >= 0, f"the notebook has no markdown cell linking to {want}"
+        self.js_await("panel().content.scrollToItem(arguments[0], 'center')", index)
+        # Matched by path and hash: JupyterLab rewrites the href to the file's
+        # download URL, with a query before the hash.
+        href, fragment = wait_until(
+            f"cell {index}'s link to {want} drawn",
+            lambda: self.js(
+                """const a = [...cellAt(arguments[0]).node
+                  .querySelectorAll('.jp-RenderedMarkdown a')]
+                  .find(a => a.pathname.endsWith('/glossary.md') &&
+                             (!arguments[1] || a.hash === '#' + arguments[1]));
+                if (!a) return null;
+                a.scrollIntoView(); a.click();
+                return [a.getAttribute('href'), a.hash.slice(1)];""",
+                index,
+                term or "",
+            ),
+            timeout=30,
+        )
         wait_until(
             f"{href} to open in a tab",
             lambda: (
@@ -434,9 +466,73 @@ class Page:
             ),
             timeout=30,
         )
+        if fragment:
+            # Named by the notebook's text: the href holds the page's _xsrf token.
+            self.wait_glossary_term_shown(
+                fragment, f"the link to glossary.md#{fragment} of cell {index}"
+            )
         self.screenshot(shot)
-        self.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
+        if close:
+            self.js(
+                "app.shell.currentWidget.close(); app.shell.activateById(panel().id);"
+            )
         return href
+
+    def glossary_term_shown(self, term: str) -> dict | None:
+        """In the glossary open in the current tab (JupyterLab's Markdown viewer):
+        the first heading at or below the anchor ``term`` (its text, without the ¶
+        JupyterLab adds), whether the viewer shows that heading whole, and whether it
+        shows the glossary's title; None while the anchor is not drawn.
+
+        The anchor is the ``<a id="term">`` line above the heading; JupyterLab's
+        sanitizer keeps an id as ``data-jupyter-id`` unless named properties are
+        allowed, and looks a fragment up there (RenderedHTMLCommon.setFragment)."""
+        return self.js(
+            """const w = app.shell.currentWidget;
+            if (!w || !w.context || w.context.path !== 'docs/glossary.md') return null;
+            const view = w.content.node, name = CSS.escape(arguments[0]);
+            const anchor = view.querySelector(
+              `[data-jupyter-id="${name}"], #${name}`);
+            if (!anchor) return null;
+            const top = anchor.getBoundingClientRect().top;
+            const heads = [...view.querySelectorAll('h1, h2, h3, h4, h5, h6')];
+            const head = heads.find(h => h.getBoundingClientRect().bottom > top);
+            const v = view.getBoundingClientRect();
+            const shown = e => { const b = e.getBoundingClientRect();
+              return b.height > 0 && b.top >= Math.max(v.top, 0) &&
+                b.bottom <= Math.min(v.bottom, window.innerHeight); };
+            const text = h => [...h.childNodes]
+              .filter(n => !(n.classList && n.classList.contains(
+                'jp-InternalAnchorLink')))
+              .map(n => n.textContent).join('').trim();
+            return {heading: head ? text(head) : null, shown: !!head && shown(head),
+                    title_shown: shown(heads[0])};""",
+            term,
+        )
+
+    def wait_glossary_term_shown(self, term: str, how: str) -> dict:
+        """Wait for the glossary's heading of ``term`` to be in view (it scrolls
+        there once the page is drawn), reached by ``how``; return
+        :meth:`glossary_term_shown`'s answer. AssertionError if it is not the heading
+        docs/glossary.md has under that anchor."""
+        heading = glossary_heading(term)
+        last = {}
+
+        def shown():
+            last["seen"] = self.glossary_term_shown(term)
+            return last["seen"] and last["seen"]["shown"]
+
+        try:
+            wait_until(
+                f"{how}: the glossary's heading {heading!r} (#{term}) in view",
+                shown,
+                timeout=30,
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}; seen: {last.get('seen')}") from None
+        seen = last["seen"]
+        assert seen["heading"] == heading, f"{how}: #{term} lands on {seen}"
+        return seen
 
     def screenshot(self, name: str) -> Path:
         """Save what the page shows as ``shots/name.png``; print and return the path."""

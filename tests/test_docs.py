@@ -4,7 +4,8 @@ describe.
 Every notebook section they cite ("02 §5", "03 §6 *Slurm: batch jobs*") is a heading
 of that notebook; every link, `make` target, file path, ``workshop.<name>``,
 ``python -m workshop`` command and exercise name exists; the glossary has a heading
-for each term the notebooks rely on, listed by anchor at its top; the schedules'
+for each term the notebooks rely on, listed by anchor at its top, each with an
+explicit anchor that every link to the glossary names; the schedules'
 times follow each other and add up to the totals their headings state; and the
 guide's snippet that prints the quiz answers runs and prints them all.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from prose_figures import EXPLICIT_ANCHOR
 
 import workshop
 from workshop.lessons.exercises import EXERCISES
@@ -136,10 +138,24 @@ def _sections(number: str) -> dict[str, str]:
     return numbered
 
 
+def _explicit_anchors(page: Path) -> list[str]:
+    """The ``<a id="NAME"></a>`` lines of a page (prose_figures.EXPLICIT_ANCHOR says
+    why links to the glossary use them)."""
+    return EXPLICIT_ANCHOR.findall(FENCE.sub("", _text(page)))
+
+
+def _glossary_headings() -> list[tuple[str | None, str, str]]:
+    """Each glossary heading: the explicit anchor on the line above it (None if
+    there is none), its text, and the text under it."""
+    parts = re.split(
+        r'^(?:<a id="([^"]*)"></a>\n)?## (.+)$', _text(GLOSSARY), flags=re.M
+    )
+    return [tuple(parts[i : i + 3]) for i in range(1, len(parts), 3)]
+
+
 def _glossary_entries() -> dict[str, str]:
     """Each glossary heading's anchor and the text under it."""
-    parts = re.split(r"^## (.+)$", _text(GLOSSARY), flags=re.M)
-    return {_slug(parts[i]): parts[i + 1] for i in range(1, len(parts), 2)}
+    return {_slug(heading): body for _, heading, body in _glossary_headings()}
 
 
 # ------------------------------------------------------------------ the glossary
@@ -147,6 +163,22 @@ def test_glossary_has_a_heading_for_every_required_term():
     entries = _glossary_entries()
     missing = [term for term in REQUIRED_TERMS if term not in entries]
     assert not missing, f"glossary.md has no '## ' heading for {missing}"
+
+
+def test_every_glossary_heading_has_an_explicit_anchor_named_as_a_git_host_would():
+    # The anchor JupyterLab scrolls to; named as a git host names the heading, so a
+    # renderer that dropped it would still land there, and nothing else bears one.
+    headings = _glossary_headings()
+    assert len(headings) >= len(REQUIRED_TERMS)
+    for anchor, heading, _ in headings:
+        assert anchor == _slug(heading), (
+            f'glossary.md: write <a id="{_slug(heading)}"></a> alone on the line '
+            f"above '## {heading}' (found {anchor!r})"
+        )
+    explicit = _explicit_anchors(GLOSSARY)
+    assert sorted(explicit) == sorted(a for a, _, _ in headings), (
+        "glossary.md: an explicit anchor that is not above a heading, or one twice"
+    )
 
 
 def test_glossary_anchor_list_is_every_heading_in_order():
@@ -199,6 +231,14 @@ def test_every_link_leads_to_a_file_and_anchor_that_exist(page):
         if anchor:
             assert path.suffix == ".md", f"{page.name}: anchor on a non-markdown {link}"
             assert anchor in _md_anchors(path), f"{page.name}: no heading for {link}"
+        if anchor and path == GLOSSARY:
+            # Also read in JupyterLab (the notebooks link here), which does not
+            # scroll to a git host's heading names; the notebooks' links are
+            # prose_figures.py's.
+            assert anchor in _explicit_anchors(GLOSSARY), (
+                f'{page.name} links to {link}: glossary.md has no <a id="{anchor}">'
+                "</a> line, the anchor that JupyterLab and a git host both scroll to"
+            )
 
 
 def test_the_guide_links_every_notebook_and_the_glossary():

@@ -201,7 +201,11 @@ def test_a_run_fails_on_what_it_left_and_names_it(tmp_path, workers, leave, fail
     tests = Path(__file__).parent
     env = {
         **os.environ,
-        "PYTHONPATH": str(tests),
+        # Kept, not replaced: where the packages were installed with pip --target
+        # (make test-site), pytest itself is found through PYTHONPATH.
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(tests), os.environ.get("PYTHONPATH", "")) if p
+        ),
         FOLDERS_VARIABLE: str(temp),
         "LEAVE": leave,
         "PYTEST_ADDOPTS": "",

@@ -644,14 +644,24 @@ def test_pointers_in_a_notebook(tmp_path, monkeypatch):
     assert len(around) == 2
 
 
-def test_a_notebooks_link_to_a_docs_heading_must_exist(tmp_path, monkeypatch):
+def test_a_notebooks_link_to_a_docs_heading_must_name_its_explicit_anchor(
+    tmp_path, monkeypatch
+):
     import prose_figures
 
     folder = _jobs_notebook(tmp_path, [_cell("c", "code", "1")])
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "glossary.md").write_text("# Glossary\n\n## Rank\n\nA rank.\n")
+    (tmp_path / "docs" / "glossary.md").write_text(
+        '# Glossary\n\n<a id="rank"></a>\n## Rank\n\nA rank.\n\n'
+        "## Node\n\nA node, with a heading a git host names #node but no anchor that\n"
+        'JupyterLab scrolls to; `<a id="host"></a>` in code is no anchor either.\n'
+    )
     monkeypatch.setattr(prose_figures, "NOTEBOOKS", folder)
-    text = "A [rank](../docs/glossary.md#rank), a [node](../docs/glossary.md#node)."
+    text = (
+        "A [rank](../docs/glossary.md#rank), a [node](../docs/glossary.md#node), "
+        "a [host](../docs/glossary.md#host)."
+    )
     problems = broken_pointers(Prose("05_x.ipynb cell m", text, "05"))
-    assert len(problems) == 1 and "glossary.md#node" in problems[0]
-    assert "has no heading with that anchor" in problems[0]
+    assert len(problems) == 2, problems
+    assert "glossary.md#node" in problems[0] and "glossary.md#host" in problems[1]
+    assert '<a id="node"></a> line' in problems[0]

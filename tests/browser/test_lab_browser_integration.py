@@ -336,8 +336,38 @@ def test_launch_prints_every_rank(nb02):
 def test_a_glossary_link_opens_the_glossary(nb02):
     # The notebooks link to ../docs/glossary.md, which opens only where the server's
     # root holds docs/ beside notebooks/ (make lab serves the project, the portal a
-    # learner's copy of it): clicked, it opens in a tab of its own.
-    nb02.page.open_glossary_link("02-glossary-link")
+    # learner's copy of it): clicked, it opens in a tab of its own, at the term
+    # the link names (02's first: #ddp).
+    href = nb02.page.open_glossary_link("02-glossary-link")
+    assert "#" in href, f"{href}: no term named, so no landing checked"
+
+
+def test_a_glossary_link_lands_on_its_term(nb02):
+    # JupyterLab opens ../docs/glossary.md#world-size in its Markdown viewer and
+    # scrolls to the element with that id: the <a id="world-size"> line above
+    # "## World size" (the heading's own name there is World-size; a git host's,
+    # world-size). A term near the end: only a scroll brings it into view.
+    page = nb02.page
+    page.open_glossary_link("02-glossary-term", term="world-size", close=False)
+    try:
+        assert not page.glossary_term_shown("world-size")["title_shown"]
+        # The glossary's index links within the page: its first entry, far above
+        # the term shown now, scrolls back up to that term.
+        clicked = page.js(
+            """const a = app.shell.currentWidget.content.node
+              .querySelector('a[href="#activation-checkpointing"]');
+            if (!a) return false;
+            a.click();
+            return true;"""
+        )
+        assert clicked, "the glossary shows no index link to #activation-checkpointing"
+        seen = page.wait_glossary_term_shown(
+            "activation-checkpointing", "the glossary's index link"
+        )
+        assert not seen["title_shown"], seen
+        page.screenshot("glossary-index-link")
+    finally:
+        page.js("app.shell.currentWidget.close(); app.shell.activateById(panel().id);")
 
 
 def test_rank_output_appears_while_the_cell_runs(nb02, tmp_path):

@@ -115,6 +115,78 @@ def test_an_environment_other_users_cannot_enter_is_refused_before_anything_star
     assert not (tmp_path / "p").exists()
 
 
+def test_a_portal_folder_the_learners_cannot_reach_is_refused_before_any_user(
+    request,
+):
+    # A folder of mode 0700 above the portal's: root may enter it, the learners
+    # (other uids) may not, so none could reach their home.
+    tmp_path = Path(tempfile.mkdtemp(prefix="wp-reach-", dir="/tmp"))
+    tmp_path.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path))
+    closed = tmp_path / "private"
+    closed.mkdir(mode=0o700)
+    closed.chmod(0o700)
+    before = {user.pw_name for user in pwd.getpwall()}
+    with pytest.raises(portal.PortalError) as caught:
+        portal.start(closed / "class" / "p", learners=1, prefix="reach")
+    message = str(caught.value)
+    assert message.startswith("the private portal cannot start here")
+    assert f"{closed} (mode 0700) cannot be entered by other users" in message
+    assert f"chmod o+x {closed}, or give a --folder" in message
+    assert str(tmp_path) + " (" not in message  # mode 0755: open
+    assert "\n" not in message
+    # The folder's own fix, not the machine's hint, where the machine can run it.
+    tools = ("slurmctld", "slurmd", "munged", "useradd", "runuser")
+    machine_can = os.geteuid() == 0 and all(map(shutil.which, tools))
+    if machine_can and not portal_learners.closed_to_others():
+        assert "HINT" not in message, message
+    assert {user.pw_name for user in pwd.getpwall()} == before  # nobody was made
+    assert list(closed.iterdir()) == []  # nothing was made
+    # Opened, the same folder is no longer a problem.
+    closed.chmod(0o711)
+    assert portal_learners.unreachable(closed / "class" / "p") == []
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("", "--folder must be the path of a folder, not ''; e.g. --folder "),
+        (".", "--folder must be a folder outside the project {root} (its .portal "
+         "apart), not '.'; {root} is the project, and the learners' homes, Slurm's "
+         "state and the munge key would go there; e.g. --folder /tmp/wp-class"),
+        ("slurm", "not 'slurm'; {root}/slurm is inside the project"),
+        ("..", "not '..'; {parent} holds the project"),
+        ("/tmp", "--folder must be a folder of the portal's own, not '/tmp'; /tmp is "
+         "open to every user"),
+    ],
+)  # fmt: skip
+def test_an_empty_or_a_project_folder_is_refused_before_anything_is_made(
+    given, says, capsys, monkeypatch
+):
+    # Run from the project, where "" and "." are the project itself: start would
+    # have put Slurm's state and the munge key in its slurm/ folder.
+    root = Path(portal.__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    if given == "/tmp" and (
+        root.is_relative_to("/tmp") or not Path("/tmp").stat().st_mode & 0o002
+    ):
+        pytest.skip("/tmp holds the project (the case of '..'), or is not open")
+    listing = {path: sorted(os.listdir(path)) for path in (root, root / "slurm")}
+    users = {user.pw_name for user in pwd.getpwall()}
+    # Nothing further is reached: a check that comes later fails the test.
+    monkeypatch.setattr(portal, "_check_can_start", lambda folder: pytest.fail(given))
+    status, out, err = _cli(["start", "--folder", given], capsys)
+    assert status == 1 and out == "", out
+    assert err.startswith("workshop portal: ") and err.count("\n") == 1, err
+    assert says.format(root=root, parent=root.parent) in err
+    assert {path: sorted(os.listdir(path)) for path in listing} == listing
+    assert {user.pw_name for user in pwd.getpwall()} == users
+    # The API refuses it too, naming its argument; the default folder is allowed.
+    with pytest.raises(ValueError, match=r"^folder must be "):
+        portal.start(given)
+    assert portal.check_folder(root / ".portal") == root / ".portal"
+
+
 def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
     """``python -m workshop portal ARGV`` in this process: (status, out, err);
     argparse's own refusals exit with status 2."""

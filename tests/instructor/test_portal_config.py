@@ -152,8 +152,9 @@ def test_an_ending_is_shown_while_no_server_runs_and_kept_in_the_spawners_state(
     assert spawner.get_state() == {"job_ended": ended}
     assert job_ended(None) is None  # the login page: nobody yet
     assert job_ended(SimpleNamespace(spawner=PortalSpawner())) is None
-    # A new server starting (JupyterLab's Restart button): its progress page says
-    # why the last one ended; once it runs, nothing is said.
+    # A new server starting (Start My Server, or JupyterLab's Restart once the hub
+    # has seen the job end): its progress page says why the last one ended; once it
+    # runs, nothing is said.
     spawner.previous_ending, spawner.ending = spawner.ending, None
     spawner._spawn_pending = True
     assert job_ended(SimpleNamespace(spawner=spawner))["job_id"] == "7"

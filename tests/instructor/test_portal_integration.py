@@ -28,6 +28,7 @@ from test_portal import _cli
 
 from workshop.instructor import portal
 from workshop.instructor.portal_classroom import NOTEBOOK, Hub, Kernel, classroom
+from workshop.instructor.portal_handover import ipc_objects
 from workshop.instructor.portal_hub import COPY
 from workshop.instructor.portal_learners import processes_of
 from workshop.instructor.portal_status import hub_pid
@@ -140,6 +141,34 @@ def test_the_stop_hint_works_from_a_fresh_shell_in_any_folder(tmp_path):
     # The workshop ran (no "No module named workshop") and found no portal there.
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith(f"workshop portal: no portal in {folder}: ")
+    assert "Traceback" not in done.stderr
+
+
+def test_the_dead_hubs_hint_works_pasted_into_a_new_login_shell(tmp_path):
+    # What status prints for a dead hub, pasted as it is (its lines and their
+    # backslashes) into a shell with a login's bare environment, elsewhere: the
+    # same command with status for start (start would start a class) runs this
+    # interpreter on that folder. A bare "python" there is the system's.
+    folder = tmp_path / "class"
+    folder.mkdir()
+    (folder / "portal.json").write_text(
+        json.dumps({"port": 8123, "slurm_conf": "/nowhere/slurm.conf"})
+    )
+    (folder / "users.json").write_text(json.dumps({"names": [], "made": []}))
+    lines = portal.status(folder).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("cd "))
+    hint = [lines[at]]
+    while hint[-1].endswith("\\"):
+        at += 1
+        hint.append(lines[at])
+    pasted = "\n".join(hint).replace(" portal start ", " portal status ")
+    login = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
+    done = subprocess.run(
+        ["bash", "-c", pasted], cwd="/", env=login,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"portal in {folder}\n  hub        NOT running")
     assert "Traceback" not in done.stderr
 
 
@@ -467,13 +496,23 @@ def test_stop_ends_the_class_and_hands_nothing_of_it_to_the_next(
     made = json.loads((folder / "users.json").read_text())["made"]
     serving = sorted(Hub.of(folder).active())
     # What a learner leaves where everyone may write, under names that are not
-    # theirs: found by uid.
+    # theirs: found by uid. And what the outside test found inherited by the next
+    # class's learner of the same uid: a lock file in /run/lock, a System V shared
+    # memory segment and message queue, which live in the kernel.
     left = f"wp-left-{os.getpid()}"
+    lock = Path("/run/lock")
     script = (
         f"mkdir /tmp/{left} && echo x > /tmp/{left}/file && "
         f"echo y > /var/tmp/{left} && echo z > /dev/shm/{left}"
     )
+    if lock.is_dir():
+        script += f" && echo l > /run/lock/{left}"
+    if shutil.which("ipcmk") and Path("/proc/sysvipc").is_dir():
+        script += " && ipcmk -M 4096 && ipcmk -Q"
     subprocess.run(["runuser", "-u", name, "--", "bash", "-c", script], check=True)
+    ipc_left = ipc_objects({pwd.getpwnam(name).pw_uid: name}, {})
+    if "ipcmk" in script:
+        assert sorted(kind for kind, _, _ in ipc_left) == ["msg", "shm"], ipc_left
     archive = tmp_path / "archive"
 
     begun = time.monotonic()
@@ -491,15 +530,23 @@ def test_stop_ends_the_class_and_hands_nothing_of_it_to_the_next(
     for user in made:  # the users it made, and only those
         with pytest.raises(KeyError):
             pwd.getpwnam(user)
-    # Nothing is owned by a uid that the next useradd may hand to someone else.
+    # Nothing is owned by a uid that the next useradd may hand to someone else:
+    # no file, no IPC object.
     tops = [folder, Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
+    tops += [lock] if lock.is_dir() else []
     assert _owned_by(uids, tops) == []
-    # The archive: the learner's notebooks and their file in /tmp, all root's.
+    assert ipc_objects(dict.fromkeys(uids, "?"), {}) == []
+    removed = int(re.search(r"(\d+) System V IPC objects removed", out)[1])
+    assert removed >= len(ipc_left), (out, ipc_left)
+    # The archive: the learner's notebooks and their files in /tmp and the other
+    # places open to all, all root's.
     kept = archive / name
     notebook = kept / "home" / "scaling-pytorch-hpc" / "notebooks" / NOTEBOOK
     assert notebook.stat().st_uid == 0 and json.loads(notebook.read_text())["cells"]
     assert (kept / "tmp" / left / "file").read_text() == "x\n"
     assert (kept / "dev" / "shm" / left).read_text() == "z\n"
+    if lock.is_dir():
+        assert (kept / lock.resolve().relative_to("/") / left).read_text() == "l\n"
     assert _owned_by({0}, [kept]) and not _owned_by(uids, [archive])
     # The class's secrets, its passwords first, and the hub's database are gone.
     assert list((folder / "secrets").iterdir()) == []

@@ -5,7 +5,9 @@ learners' jobs, from a portal folder written here and squeue's answer given to i
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from workshop.instructor import portal_status
 from workshop.instructor.portal import MAX_FOLDER
-from workshop.instructor.portal_learners import PortalError
+from workshop.instructor.portal_learners import PortalError, portal_command
 
 NAMES = ["learner01", "learner02", "learner03", "instructor"]
 JOBS = {
@@ -72,14 +74,28 @@ def test_a_dead_hub_is_said_with_how_to_start_it_again(folder, monkeypatch):
     monkeypatch.setattr(portal_status, "hub_pid", lambda folder: None)
     text = portal_status.status(folder)
     assert "  hub        NOT running (it answered at http://127.0.0.1:8123/)" in text
-    # The command, with the longest folder a portal may have, on two lines as a shell
-    # reads them: every line fits a projector.
-    assert (
-        f"python -m workshop portal start \\\n                 --folder {folder}\n"
-        in text
-    )
-    assert all(len(line) <= 88 for line in text.splitlines())
+    # The command, with the longest folder a portal may have, on lines as a shell
+    # reads them (a backslash before each break): every line fits a projector, and
+    # the lines are the command that works in a new shell, this interpreter by its
+    # full path (test_portal_integration.py pastes it into one).
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("cd "))
+    hint = [lines[at]]
+    while hint[-1].endswith(" \\"):
+        at += 1
+        hint.append(lines[at])
+    pasted = " ".join(line.strip().removesuffix(" \\") for line in hint)
+    assert pasted == portal_command("start", folder)
+    assert f" {shlex.quote(sys.executable)} -m workshop portal start " in pasted
+    assert " python -m" not in text  # a bare python: the system's, in a new shell
+    assert all(len(line) <= 88 for line in lines), max(lines, key=len)
     assert "  passwords  in secrets/passwords.txt there (root only)" in text
+
+
+def test_the_hint_of_a_folder_without_a_portal_works_in_a_new_shell(tmp_path):
+    error = str(portal_status.no_portal(tmp_path / "none"))
+    assert f"start one with {portal_command('start', tmp_path / 'none')}, " in error
+    assert shlex.quote(sys.executable) in error and " python -m" not in error
 
 
 def test_a_cluster_that_does_not_answer_is_said(folder, monkeypatch):

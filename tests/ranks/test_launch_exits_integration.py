@@ -89,7 +89,7 @@ def test_which_exits_count_as_success_and_with_what_status():
     assert exit_status(ValueError("x")) == 1
 
 
-def _segfaults_on_rank_1():
+def _segv_on_1():
     import ctypes
     import resource
 
@@ -107,14 +107,12 @@ def test_a_segfault_is_reported_with_the_fatal_error_and_the_frames(method):
         match=r"rank 1 was killed by SIGSEGV without reporting an error: "
         r"'Fatal Python error: Segmentation fault'\. Where its function was",
     ) as info:
-        launch(_segfaults_on_rank_1, world_size=2, start_method=method)
+        launch(_segv_on_1, world_size=2, start_method=method)
     message = str(info.value)
     lines = message.splitlines()
     at = lines.index(next(line for line in lines if "Where its function was" in line))
     # The lesson's line first, then the library call it made, innermost last.
-    assert lines[at + 1].endswith("in _segfaults_on_rank_1: ctypes.string_at(0)"), (
-        message
-    )
+    assert lines[at + 1].endswith("in _segv_on_1: ctypes.string_at(0)"), message
     assert lines[at + 2].endswith("in string_at"), message
     assert "HINT: the crash was in C code" in lines[at + 3]
     assert "result.stderr[1] has the whole report" in lines[at + 3]

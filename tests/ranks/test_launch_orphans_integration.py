@@ -137,7 +137,7 @@ def test_children_of_ranks_end_at_the_timeout(tmp_path, method):
 KERNEL = """
     import sys, workshop
     sys.path[:0] = {tests!r}
-    from test_launch_orphans import rank_leaves_children
+    from test_launch_orphans_integration import rank_leaves_children
     try:
         workshop.launch(rank_leaves_children, {folder!r}, "hang", world_size=2,
                         backend="gloo", start_method={method!r}, show="lines")

@@ -50,8 +50,9 @@ def test_the_timeout_report_says_where_each_rank_was(method, tmp_path, monkeypat
     sleep, reduce = _line_of(_stuck, "time.sleep"), _line_of(_stuck, "all_reduce")
     rank0, rank1 = message.split("  rank 1 last printed")
     assert "rank 0 last printed: 'rank 0 started'" in rank0
-    assert f"test_stacks.py, line {sleep}, in _stuck: time.sleep(3600)" in rank0
-    assert f"test_stacks.py, line {reduce}, in _stuck: dist.all_reduce(t)" in rank1
+    here = "test_stacks_integration.py"
+    assert f"{here}, line {sleep}, in _stuck: time.sleep(3600)" in rank0
+    assert f"{here}, line {reduce}, in _stuck: dist.all_reduce(t)" in rank1
     assert "in all_reduce" in rank1  # the collective it waits in
     assert "rank.py" not in message  # none of the launch's own frames
     assert info.value.running_ranks == [0, 1]

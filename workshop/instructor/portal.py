@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import secrets
-import shlex
 import shutil
 import subprocess
 import sys
@@ -58,13 +57,17 @@ from ..cluster.slurm_here import LOCAL_SLURM
 from .portal_classroom import Hub, classroom
 from .portal_handover import Stopped, check_archive, end_hub, stop
 from .portal_learners import (
+    DEFAULT_FOLDER,
     ROOT,
     PortalError,
     _end,
     _make_user,
+    check_folder,
     closed_to_others,
     hash_password,
     learner_python,
+    portal_command,
+    unreachable,
 )
 from .portal_status import (
     gone_from_the_class,
@@ -74,7 +77,6 @@ from .portal_status import (
     status,
 )
 
-DEFAULT_FOLDER = ROOT / ".portal"
 INSTRUCTOR = "instructor"  # the hub's admin, with the default prefix "learner"
 # Slurm's job sockets live in FOLDER/slurm/NODE/...: local_slurm.sh allows 68
 # characters for that folder.
@@ -144,17 +146,24 @@ def _check_can_start(folder: Path) -> None:
         if shutil.which(tool) is None:
             problems.append(f"{tool} is not installed")
     problems.extend(closed_to_others())
+    # The machine's problems get the hint below; the folder's say their own fix.
+    hint = (
+        " HINT: run it as root on a machine with Slurm and munge (make setup "
+        "installs them as root), or offer the workshop on a real site's "
+        "JupyterHub (docs/portal.md)"
+        if problems
+        else ""
+    )
+    problems.extend(unreachable(folder))
     if len(str(folder)) > MAX_FOLDER:
         problems.append(
             f"the folder {folder} has {len(str(folder))} characters; Slurm's "
-            f"job sockets in it need one of at most {MAX_FOLDER}"
+            f"job sockets in it need one of at most {MAX_FOLDER}: give a shorter "
+            "--folder"
         )
     if problems:
         raise PortalError(
-            "the private portal cannot start here: " + "; ".join(problems) + ". "
-            "HINT: run it as root on a machine with Slurm and munge (make setup "
-            "installs them as root), or offer the workshop on a real site's "
-            "JupyterHub (docs/portal.md)"
+            "the private portal cannot start here: " + "; ".join(problems) + "." + hint
         )
 
 
@@ -222,8 +231,10 @@ def start(
         happened.
 
     Raises:
-        ValueError: a bad argument.
-        PortalError: it cannot start here (not root, no Slurm, no proxy), or a part
+        ValueError: a bad argument, or a ``folder`` where no portal may live (empty,
+            in the project: :func:`check_folder`); nothing was made.
+        PortalError: it cannot start here (not root, no Slurm, no proxy, a folder
+            above ``folder`` that the learners cannot enter), or a part
             of it failed; what a new portal started is stopped again, and a class
             whose hub would not start again is left as it was.
 
@@ -241,16 +252,20 @@ def start(
             f"prefix={prefix!r}: give lower-case letters only (at most 20), "
             "as in 'learner'"
         )
-    folder = Path(folder).resolve()
+    folder = check_folder(folder)
     if (folder / "portal.json").exists():
         return _reattach(folder, learners, prefix)
     learners = 6 if learners is None else learners
     prefix = "learner" if prefix is None else prefix
     _check_can_start(folder)
     proxy = proxy_command()
+    made_above = [parent for parent in folder.parents if not parent.exists()]
     for sub in ("run", "log", "secrets", "home"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o755)  # learners reach their homes through it
+    # The learners reach their homes through it, and through the folders made
+    # above it (a umask of 077 would have closed them).
+    for opened in [folder, *made_above]:
+        opened.chmod(0o755)
     (folder / "secrets").chmod(0o700)
     # Another prefix (a test's) gets an admin of its own, so that two portals never
     # share, move or remove each other's users.
@@ -446,15 +461,6 @@ def stop_command(folder: str | os.PathLike[str]) -> str:
     return portal_command("stop", folder)
 
 
-def portal_command(action: str, folder: str | os.PathLike[str]) -> str:
-    """``python -m workshop portal ACTION --folder FOLDER`` as :func:`stop_command`
-    writes it, for any action."""
-    return (
-        f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m workshop "
-        f"portal {action} --folder {shlex.quote(str(Path(folder).resolve()))}"
-    )
-
-
 def _hub_env(folder: Path, conf: Path) -> dict[str, str]:
     """The hub's environment: this one, with the proxy's token (the hub hands it to
     the proxy through the environment too) and the cluster's SLURM_CONF."""
@@ -531,8 +537,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-homes",
         metavar="DIR",
         default=None,
-        help="stop only: move the learners' homes and their files in /tmp to "
-        "DIR/NAME/, owned by root, instead of removing them",
+        help="stop only: move the learners' homes and their files in /tmp (and "
+        "the other places open to all) to DIR/NAME/, owned by root, instead of "
+        "removing them",
     )
 
 
@@ -568,6 +575,7 @@ def _print_stopped(folder: Path, stopped: Stopped) -> None:
         f"portal in {folder} stopped: {len(stopped.servers_stopped)} learners' "
         f"servers stopped, {len(stopped.jobs_left)} jobs were still queued, "
         f"{len(stopped.killed)} learner processes had to be killed, {handed}, "
+        f"{files.ipc_removed} System V IPC objects removed, "
         f"{len(stopped.users_removed)} users removed"
     )
     for problem in stopped.problems:
@@ -582,8 +590,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.keep_homes is not None and args.action != "stop":
             raise ValueError(
                 f"--keep-homes {args.keep_homes} is for stop only, not "
-                f"{args.action}: python -m workshop portal stop --keep-homes DIR"
+                f"{args.action}: {portal_command('stop', folder)} --keep-homes DIR"
             )
+        if args.action == "start" or not args.folder.strip():
+            # Named as given ("" and "." both resolve to the shell's folder), and
+            # before anything is made.
+            check_folder(args.folder, "--folder")
         if args.action != "start" and not (folder / "portal.json").exists():
             raise no_portal(folder)
         if args.action == "start":

@@ -8,11 +8,16 @@ Why the learners' files must go: ``userdel`` frees a learner's uid, and the next
 ``useradd`` hands it to the next new user (the next portal's ``learner01``, or
 anyone). A file still owned by the old uid would be theirs: the old learner's
 notebooks, their compiled kernels in ``/tmp/torchinductor_NAME``, a stack-dump
-folder, a shared-memory segment. So before the users go, every file they own is
-found by uid (and by their own group), not by name: a file in ``/tmp`` need not
-carry its owner's name. It is looked for in the portal's folder (the homes are
-there), ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and removed, or, asked to keep it,
-moved to ``DIR/NAME/`` and given to root::
+folder, a lock file, a shared-memory segment, a message queue. So before the
+users go, everything they own is found by uid (and by their own group), not by
+name: a file in ``/tmp`` need not carry its owner's name. Files are looked for in
+the portal's folder (the homes are there) and in every place where a Linux machine
+lets any user write (:data:`SHARED`, and any other file system mounted open to
+all), and removed, or, asked to keep them, moved to ``DIR/NAME/`` and given to
+root. Their System V IPC objects (shared memory segments, message queues,
+semaphore sets), which live in the kernel and outlive their processes, are
+removed. Locks held with ``flock`` or ``fcntl`` end with the processes that hold
+them, which are killed before::
 
     python -m workshop portal stop                        # removes it all
     python -m workshop portal stop --keep-homes /root/class-2025-03   # archives it
@@ -21,6 +26,7 @@ moved to ``DIR/NAME/`` and given to root::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import grp
 import json
@@ -44,18 +50,98 @@ from .portal_classroom import Hub, HubError
 from .portal_learners import PortalError, _end, _pid, processes_of
 from .portal_status import hub_pid
 
-# Where a learner's processes write outside their home: the temporary folders every
-# user may write, and POSIX shared memory (torch's tensors shared between processes).
-SCRATCH = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
+# Where a learner's processes may write outside their home on a Linux machine (the
+# FHS and systemd's places; those missing here are skipped, links such as /var/lock
+# and /var/spool/mail are followed once): the temporary folders; POSIX shared
+# memory (torch's tensors shared between processes); lock files; the user's runtime
+# folder /run/user/UID; POSIX message queues, where mounted; and the spools that
+# setgid programs write as the user (mail, crontab and at, crash reports).
+SHARED = tuple(
+    Path(place)
+    for place in (
+        "/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/run/user",
+        "/dev/mqueue", "/var/mail", "/var/spool/mail", "/var/spool/cron",
+        "/var/crash",
+    )
+)  # fmt: skip
+# The kinds of System V IPC object, as /proc/sysvipc names them, with the column of
+# their id; the C library's calls remove them (IPC_RMID, 0 in Linux's ipc.h), with
+# no program needed.
+IPC_KINDS = {"shm": "shmid", "msg": "msqid", "sem": "semid"}
+_IPC_RMID = 0
+
+
+def _rmid(kind: str, number: int) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if kind == "shm":
+        return libc.shmctl(number, _IPC_RMID, None) == 0
+    if kind == "msg":
+        return libc.msgctl(number, _IPC_RMID, None) == 0
+    return libc.semctl(number, 0, _IPC_RMID) == 0
+
+
+def shared_places(shared: tuple[Path, ...] = SHARED) -> tuple[Path, ...]:
+    """The folders of ``shared`` that exist, each once (links resolved), and the
+    mount points that every user may write (mode o+w: a site's tmpfs scratch). A
+    walk of the whole disk would find any other folder open to all, but takes
+    seconds to minutes; a Linux system keeps them at these places."""
+    places: dict[Path, None] = {}
+    mounted = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] not in ("proc", "sysfs", "cgroup"):
+                mounted.append(Path(fields[1].replace("\\040", " ")))
+    for place in [*shared, *mounted]:
+        try:
+            real = place.resolve(strict=True)
+            open_to_all = real.stat().st_mode & 0o002
+        except OSError:
+            continue
+        if real.is_dir() and (place in shared or open_to_all):
+            places.setdefault(real)
+    return tuple(places)
 
 
 @dataclass
 class HandedOver:
     """What :func:`hand_over` did: how many files and folders (each counted once,
-    with all it holds) it removed or archived, and where each learner's archive is."""
+    with all it holds) it removed or archived, where each learner's archive is, and
+    how many System V IPC objects it removed."""
 
     removed: int = 0
     archived: dict[str, Path] = field(default_factory=dict)
+    ipc_removed: int = 0
+
+
+def ipc_objects(
+    uids: dict[int, str], gids: dict[int, str]
+) -> list[tuple[str, int, str]]:
+    """Every System V IPC object (``/proc/sysvipc``: shared memory segments, message
+    queues, semaphore sets) that one of ``uids`` owns or created, or whose group is
+    one of ``gids``: (kind, id, the owner's name)."""
+    found = []
+    for kind, id_column in IPC_KINDS.items():
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:  # no System V IPC in this kernel
+            continue
+        header = lines[0].split() if lines else []
+        for line in lines[1:]:
+            row = dict(zip(header, line.split(), strict=False))
+            owners = [uids.get(int(row[c])) for c in ("uid", "cuid") if c in row]
+            owners += [gids.get(int(row[c])) for c in ("gid", "cgid") if c in row]
+            owner = next((name for name in owners if name), None)
+            if owner is not None:
+                found.append((kind, int(row[id_column]), owner))
+    return found
+
+
+def remove_ipc(objects: list[tuple[str, int, str]]) -> int:
+    """Remove each of ``objects`` (:func:`ipc_objects`), as ``ipcrm`` does; how many
+    went. A segment still attached would be freed once its last process detaches:
+    the learners' processes have been killed before."""
+    return sum(_rmid(kind, number) for kind, number, _ in objects)
 
 
 def owners(names: list[str], homes: Path) -> dict[str, tuple[int, int | None]]:
@@ -201,18 +287,19 @@ def hand_over(
     names: list[str],
     portal: Path,
     keep: Path | None = None,
-    scratch: tuple[Path, ...] = SCRATCH,
+    scratch: tuple[Path, ...] | None = None,
 ) -> HandedOver:
     """Remove every file the portal's users ``names`` own (see the module's
-    docstring), or with ``keep``, move it to ``keep/NAME/`` owned by root. Run it
-    once their processes have ended and before ``userdel``: the owners are found
-    by uid.
+    docstring), or with ``keep``, move it to ``keep/NAME/`` owned by root; and
+    remove their System V IPC objects. Run it once their processes have ended and
+    before ``userdel``: the owners are found by uid.
 
     Args:
         names: the portal's users; only those whose home is in ``portal/home``.
         portal: the portal's folder.
         keep: the archive folder (made, mode 0700, where missing), or None.
-        scratch: the shared folders searched besides ``portal``.
+        scratch: the shared folders searched besides ``portal``; by default
+            :func:`shared_places`.
 
     Returns:
         A :class:`HandedOver`.
@@ -236,18 +323,23 @@ def sweep(
     gids: dict[int, str],
     portal: Path,
     keep: Path | None = None,
-    scratch: tuple[Path, ...] = SCRATCH,
+    scratch: tuple[Path, ...] | None = None,
 ) -> HandedOver:
     """:func:`hand_over` for owners given by number: ``uids`` and ``gids`` map to
     the name each archive is filed under.
 
     Example:
         >>> sweep({1234: "learner01"}, {}, Path(".portal"))   # doctest: +SKIP
-        HandedOver(removed=3, archived={})
+        HandedOver(removed=3, archived={}, ipc_removed=1)
     """
+    done = HandedOver()
+    if not uids and not gids:  # nobody's: nothing to look for
+        return done
+    scratch = shared_places() if scratch is None else scratch
     skip = {keep.resolve()} if keep is not None else set()
     files = owned_files(uids, gids, [portal, *scratch], skip)
-    done = HandedOver()
+    # In the kernel, not in a file: nothing to archive, only to remove.
+    done.ipc_removed = remove_ipc(ipc_objects(uids, gids))
     if keep is None:
         for path, _ in files:
             _remove(path)
@@ -291,8 +383,9 @@ def stop(
     REST API (the hub cancels its job), then the hub and its proxy, cancel the
     jobs left and stop the cluster (one the portal started), kill whatever a
     learner still runs, remove every file the learners owned (their homes, their
-    files in /tmp, /var/tmp and /dev/shm: :func:`hand_over`) or move it to
-    ``keep_homes``, remove the users ``start`` made, and the class's secrets (the
+    files in /tmp, /dev/shm, /run/lock and the other shared places:
+    :func:`hand_over`) or move it to ``keep_homes``, and their System V IPC
+    objects, remove the users ``start`` made, and the class's secrets (the
     passwords, the hashes, the tokens) and the hub's database (it holds the
     learners' tokens, which the next class's users of the same names would get).
     What is not there is skipped: a folder without a portal stops nothing.

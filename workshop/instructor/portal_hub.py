@@ -294,8 +294,9 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
 def job_ended(user: Any) -> dict[str, str] | None:
     """For the hub's templates (JupyterHub calls a callable of template_vars with the
     page's user, None before login): how the user's last server job ended, with the
-    sentence to show, while no server runs or a new one starts (JupyterLab's
-    *Restart* button starts one at once); else None."""
+    sentence to show, while no server runs or a new one starts (*Start My Server*,
+    or JupyterLab's *Restart* once the hub has seen the job end: before, the hub
+    still counts the server as running and sends the learner to it); else None."""
     spawner = getattr(user, "spawner", None)
     if spawner is None:
         return None

@@ -1,6 +1,7 @@
 """The private portal's learners: their local accounts and passwords, what each of
-them runs, how a process is stopped (TERM, a grace period, KILL), and the Python they
-run: this environment's, when they may.
+them runs, how a process is stopped (TERM, a grace period, KILL), the Python they
+run (this environment's, when they may), the folders they must reach, and the
+commands the portal prints for the instructor.
 
 A learner's server runs as that learner. Where this environment's interpreter is
 private (pyenv's Python under /root, mode 0700, as on the machines the workshop is
@@ -17,6 +18,7 @@ import contextlib
 import hashlib
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,10 +29,103 @@ from pathlib import Path
 
 from .._house import ROOT  # the notebooks a learner gets, the hub's configuration
 from .._procs import is_alive
+from ..checks import message
+
+DEFAULT_FOLDER = ROOT / ".portal"  # the portal's folder, unless one is named
 
 
 class PortalError(RuntimeError):
     """The portal could not start, or could not be stopped cleanly."""
+
+
+def portal_command(action: str, folder: str | os.PathLike[str]) -> str:
+    """The shell command of ``python -m workshop portal ACTION --folder FOLDER`` that
+    works when pasted into a new login shell, in any folder: this interpreter by its
+    full path (a bare ``python`` there is the system's, or none, without the
+    workshop's packages), run from the project root, where the package is found
+    whether or not it is installed. Every hint the portal prints is one of these."""
+    return (
+        f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m workshop "
+        f"portal {action} --folder {shlex.quote(str(Path(folder).resolve()))}"
+    )
+
+
+def unreachable(folder: Path) -> list[str]:
+    """Why the learners (other users than root, each in a group of their own) could
+    not reach their homes in ``folder/home``: each folder above ``folder`` that other
+    users cannot enter (no o+x), with its mode; one problem or none. ``folder``
+    itself is made (or set) mode 0755 by ``start``; folders above it that are missing
+    are made so too."""
+    closed = [
+        (parent, parent.stat().st_mode & 0o7777)
+        for parent in reversed(folder.parents)
+        if parent.is_dir() and not parent.stat().st_mode & 0o001
+    ]
+    if not closed:
+        return []
+    where = ", ".join(f"{path} (mode {mode:04o})" for path, mode in closed)
+    return [
+        f"the learners' homes would be in {folder / 'home'}, but {where} cannot be "
+        "entered by other users, so no learner could reach their home: chmod o+x "
+        + " ".join(shlex.quote(str(path)) for path, _ in closed)
+        + ", or give a --folder that every user can enter (e.g. /tmp/wp-class)"
+    ]
+
+
+def check_folder(folder: str | os.PathLike[str], name: str = "folder") -> Path:
+    """``folder`` made absolute, where a new portal may live: a path that is not
+    empty, outside the project (its default, ``.portal``, apart), not a folder
+    that holds the project, and not a folder that every user may write (``/tmp``
+    itself).
+
+    A portal's folder becomes mode 0755 and holds the Slurm state, the munge key and
+    the learners' homes, and ``stop`` removes every learner's file under it. In the
+    project, ``start`` would put the cluster's state in the workshop's own
+    ``slurm/`` folder and the learners' homes beside the notebooks they copy; a
+    shared folder would lose its mode 1777.
+
+    Raises:
+        ValueError: in the one sentence of workshop.checks (``name`` is the option
+            named: "--folder" on the command line), before anything is made.
+    """
+    given = os.fspath(folder)
+    cli = name.startswith("-")  # an option, or the API's argument
+    example = f"{name} /tmp/wp-class" if cli else f"{name}='/tmp/wp-class'"
+    fix = f"e.g. {example}, or leave it out for {DEFAULT_FOLDER}"
+    if not str(given).strip():
+        raise ValueError(message(name, "the path of a folder", given, fix))
+    path = Path(given).resolve()
+    if path != DEFAULT_FOLDER and (
+        path.is_relative_to(ROOT) or ROOT.is_relative_to(path)
+    ):
+        if path == ROOT:
+            where = "is the project"
+        elif path.is_relative_to(ROOT):
+            where = "is inside the project"
+        else:
+            where = "holds the project"
+        raise ValueError(
+            message(
+                name,
+                f"a folder outside the project {ROOT} (its .portal apart)",
+                given,
+                f"{path} {where}, and the learners' homes, Slurm's state and the "
+                f"munge key would go there; {fix}",
+            )
+        )
+    with contextlib.suppress(OSError):
+        if path.is_dir() and path.stat().st_mode & 0o002:
+            mode = path.stat().st_mode & 0o7777
+            raise ValueError(
+                message(
+                    name,
+                    "a folder of the portal's own",
+                    given,
+                    f"{path} is open to every user (mode {mode:04o}), and start "
+                    f"would close it (0755); give a new folder in it, {fix}",
+                )
+            )
+    return path
 
 
 def _make_user(name: str, home: Path) -> bool:
@@ -45,8 +140,8 @@ def _make_user(name: str, home: Path) -> bool:
         if other != home.parent.parent and live:
             raise PortalError(
                 f"the user {name} belongs to the portal running in {other}: stop it "
-                f"first (python -m workshop portal stop --folder {other}), or give "
-                "this one another prefix"
+                f"first ({portal_command('stop', other)}), or give this one another "
+                "prefix"
             )
         subprocess.run(
             ["usermod", "-d", str(home), name], check=True, capture_output=True

@@ -21,16 +21,16 @@ from pathlib import Path
 
 from .._house import WIDTH
 from .._procs import is_alive
-from .portal_learners import PortalError, _pid
+from .portal_learners import PortalError, _pid, portal_command
 
 
 def no_portal(folder: Path) -> PortalError:
     """The error of an action on a folder that holds no portal."""
     where = "does not exist" if not folder.exists() else "holds no portal.json"
     return PortalError(
-        f"no portal in {folder}: the folder {where}. HINT: start one with python -m "
-        f"workshop portal start --folder {folder}, or name the folder of a running "
-        "one with --folder"
+        f"no portal in {folder}: the folder {where}. HINT: start one with "
+        f"{portal_command('start', folder)}, or name the folder of a running one "
+        "with --folder"
     )
 
 
@@ -133,13 +133,26 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _command_lines(command: str, indent: int) -> list[str]:
-    """``command`` on one line, or, where that would pass :data:`WIDTH` at
-    ``indent``, on two with a shell's continuation (a folder of 60 characters
-    fits)."""
-    if indent + len(command) <= WIDTH:
-        return [command]
-    first, _, rest = command.partition(" --")
-    return [f"{first} \\", f"    --{rest}"]
+    """``command`` (a :func:`portal_command`) on as few lines as fit :data:`WIDTH`
+    at ``indent``, broken with a shell's continuation before " --" and after
+    " && " only, never inside a quoted path: pasted whole, the lines are the one
+    command."""
+    pieces = []
+    parts = command.split(" && ")
+    for number, part in enumerate(parts):
+        first, *options = part.split(" --")
+        words = [first, *(f"--{option}" for option in options)]
+        if number < len(parts) - 1:
+            words[-1] += " &&"
+        pieces += words
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        if indent + len(lines[-1]) + 1 + len(piece) + 2 <= WIDTH:
+            lines[-1] += f" {piece}"
+        else:
+            lines[-1] += " \\"
+            lines.append(f"    {piece}")
+    return lines
 
 
 def status(folder: str | os.PathLike[str]) -> str:
@@ -163,7 +176,7 @@ def status(folder: str | os.PathLike[str]) -> str:
         hub = [
             f"NOT running (it answered at {url}). Start it again,",
             "keeping the learners and their servers (their jobs below):",
-            *_command_lines(f"python -m workshop portal start --folder {folder}", 13),
+            *_command_lines(portal_command("start", folder), 13),
         ]
     lines = [
         f"portal in {folder}",  # the only line with the folder: it fits from here

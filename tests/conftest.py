@@ -15,12 +15,14 @@ every machine, as they must on a GPU node (the node's signal is stood in for).""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -415,6 +417,21 @@ def gone(pids, within: float = 10.0) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
+
+
+def interrupt_when_written(folder: Path, count: int, within: float = 60) -> None:
+    """Press the kernel's stop button (SIGINT, a KeyboardInterrupt in the main
+    thread) once ``count`` ranks have written their ``*.log`` in ``folder``, or
+    after ``within`` seconds: a test of an interrupt then stops a run whose ranks
+    are all up, not one still starting."""
+
+    def wait_then_interrupt() -> None:
+        deadline = time.monotonic() + within
+        while len(list(folder.glob("*.log"))) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=wait_then_interrupt, daemon=True).start()
 
 
 def run_module(module: str, *args: str, timeout: float = 300, **extra_env: str):

@@ -11,7 +11,10 @@ names and looks the rest up attribute by attribute. Targets outside the package
 from __future__ import annotations
 
 import ast
+import doctest
 import importlib
+import io
+import os
 import re
 from pathlib import Path
 
@@ -177,3 +180,46 @@ def test_a_reference_is_followed_the_way_sphinx_would(target, module, cls, wante
 def test_a_stale_reference_is_caught(target, module):
     with pytest.raises(LookupError):
         resolve(target, module, None)
+
+
+def run_examples(module_names: list[str]) -> str:
+    """Run the docstring examples of each module (those not marked "+SKIP"), from
+    the project's root, whose paths they use ("slurm/train_ddp.py"); what failed,
+    as doctest reports it ("" when none did). A module that needs a missing extra
+    of the portal is passed over."""
+    os.chdir(PACKAGE.parent)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report = io.StringIO()
+    for name in module_names:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in OPTIONAL:
+                continue
+            raise
+        # Only the module's own docstrings, not those of the names it imports.
+        for test in doctest.DocTestFinder().find(module):
+            runner.run(test, out=report.write)
+    return report.getvalue() if runner.failures else ""
+
+
+# Every module of the package, whose examples tests/test_docstrings_integration.py
+# runs in a fresh process (some run a backward pass, which the suite keeps out of
+# its own process).
+MODULES = sorted(
+    {_module_name(p) for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+)
+
+
+def test_the_example_check_runs_examples_and_reports_a_wrong_one(tmp_path, monkeypatch):
+    (tmp_path / "examples_here.py").write_text(
+        'def right():\n    """\n    >>> 1 + 1\n    2\n    """\n\n\n'
+        'def wrong():\n    """\n    >>> 1 + 1\n    3\n    """\n\n\n'
+        'def skipped():\n    """\n    >>> 1 / 0  # doctest: +SKIP\n    """\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # run_examples moves to the project's root
+    report = run_examples(["examples_here"])
+    assert "examples_here.wrong" in report and "Expected:\n    3\nGot:\n    2" in report
+    assert "examples_here.right" not in report and "skipped" not in report
+    assert len(MODULES) > 100 and "workshop.ranks.launcher" in MODULES

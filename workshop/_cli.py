@@ -106,12 +106,10 @@ def above_zero(example: str) -> Callable[[str], float]:
 
 
 def zero_or_more(example: str) -> Callable[[str], float]:
-    """An argparse ``type=``: a finite number, 0 or more (where 0 means "none":
-    no minimum time, no latency).
+    """An argparse ``type=``: a finite number, 0 or more (0 meaning "none").
 
     Args:
-        example: a good use of the option, shown in the error, e.g.
-            "--min-time 1".
+        example: a good use of the option, shown in the error, e.g. "--min-time 1".
 
     Returns:
         A function of the option's text that returns the number or raises
@@ -153,14 +151,29 @@ def names_from(allowed: Sequence[str], example: str) -> Callable[[str], list[str
     return parse
 
 
+def _writable(example: str, folder: bool) -> Callable[[str], str]:
+    """The parse of :func:`writable_file` and :func:`writable_folder`."""
+
+    def parse(text: str) -> str:
+        path = Path(os.path.abspath(text) if folder else text) if text else None
+        why = why_not_writable(path, folder) if path else "no path was given"
+        if why is None:
+            return text
+        into = "cannot write into" if folder else "cannot write"
+        what = f"{into} {text}: {why}" if text else why
+        raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
+
+    parse.__name__ = "folder" if folder else "file"
+    return parse
+
+
 def writable_file(example: str) -> Callable[[str], str]:
     """An argparse ``type=`` for a file the command will write: its folder must
     exist, be a folder and be writable, and the path must not be a folder, so that
     a place that cannot be written is said before the work, not after it.
 
     Args:
-        example: a good use of the option, shown in the error, e.g.
-            "--json check.json".
+        example: a good use of the option, shown in the error, e.g. "--json out.json".
 
     Returns:
         A function of the option's text that returns the text unchanged or raises
@@ -170,16 +183,7 @@ def writable_file(example: str) -> Callable[[str], str]:
         >>> parser.add_argument("--json", type=writable_file("--json out.json"))
         ... # doctest: +SKIP
     """
-
-    def parse(text: str) -> str:
-        why = why_not_writable(Path(text)) if text else "no path was given"
-        if why is None:
-            return text
-        what = f"cannot write {text}: {why}" if text else why
-        raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
-
-    parse.__name__ = "file"
-    return parse
+    return _writable(example, folder=False)
 
 
 def writable_folder(example: str) -> Callable[[str], str]:
@@ -187,28 +191,16 @@ def writable_folder(example: str) -> Callable[[str], str]:
     missing: it must be a folder, or be one that can be made where it is.
 
     Args:
-        example: a good use of the option, shown in the error, e.g.
-            "/tmp/comm_diagrams".
+        example: a good use of the option, shown in the error, e.g. "/tmp/diagrams".
 
     Returns:
-        A function of the option's text that returns the text unchanged or raises
-        ``argparse.ArgumentTypeError`` naming what is in the way.
+        As :func:`writable_file`.
 
     Example:
         >>> parser.add_argument("outdir", type=writable_folder("/tmp/diagrams"))
         ... # doctest: +SKIP
     """
-
-    def parse(text: str) -> str:
-        path = Path(os.path.abspath(text)) if text else None
-        why = why_not_writable(path, folder=True) if path else "no path was given"
-        if why is None:
-            return text
-        what = f"cannot write into {text}: {why}" if text else why
-        raise argparse.ArgumentTypeError(f"{what}; e.g. {example}")
-
-    parse.__name__ = "folder"
-    return parse
+    return _writable(example, folder=True)
 
 
 def read_with(load: Callable[[str], T], what: str) -> Callable[[str], T]:

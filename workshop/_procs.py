@@ -30,14 +30,12 @@ def interrupted(message: str) -> KeyboardInterrupt:
     """The ``KeyboardInterrupt`` to raise once an interrupted call (the kernel's stop
     button, Ctrl-C) has stopped everything it started; ``message`` says what.
 
-    A notebook shows it as one line, ``KeyboardInterrupt: <message>``: IPython asks
-    an exception for ``_render_traceback_`` before drawing a traceback, and where
-    the call happened to be waiting when the button was pressed is no news to the
-    learner, while a page of the package's frames reads as a crash. Elsewhere it
-    is a plain ``KeyboardInterrupt``: ``except KeyboardInterrupt`` catches it, and
-    a script that does not ends as Ctrl-C ends it, with exit status 130 (Python
-    gives that status to an uncaught ``KeyboardInterrupt`` itself, not to a
-    subclass; hence the attribute on an instance rather than a class of our own).
+    A notebook shows it as one line, ``KeyboardInterrupt: <message>`` (IPython asks
+    an exception for ``_render_traceback_``): a page of the package's frames where
+    the call was waiting would read as a crash. Elsewhere it is a plain
+    ``KeyboardInterrupt``, and an uncaught one ends a script with exit status 130,
+    which Python gives ``KeyboardInterrupt`` itself, not a subclass: hence the
+    attribute on an instance rather than a class of our own.
 
     Args:
         message: what was interrupted and stopped, e.g.
@@ -131,6 +129,22 @@ def is_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def thread_names(task_dir: str = "/proc/self/task") -> list[str] | None:
+    """The Linux names of this process's threads; None where there is no /proc."""
+    try:
+        tasks = os.listdir(task_dir)
+    except OSError:
+        return None
+    names = []
+    for task in tasks:
+        try:
+            with open(os.path.join(task_dir, task, "comm")) as comm:
+                names.append(comm.read().strip())
+        except OSError:  # the thread ended while we looked
+            continue
+    return names
 
 
 def status_to_exit_code(status: int) -> int:

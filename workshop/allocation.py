@@ -14,10 +14,9 @@ read where the system keeps it, and the smallest wins:
   none of it, but a job that uses more than it asked for slows its neighbours, and
   is killed where memory is accounted.
 
-The cgroup files are read by the private functions at the top, for cgroup v2's single
-tree or cgroup v1's controllers (both as Slurm's cgroup plugins and containers set
-them); each takes the mount and the ``/proc/self`` folder, so tests give it stand-in
-files. Imports nothing of the rest of the package.
+The cgroup readers handle v2's single tree and v1's controllers (as Slurm's cgroup
+plugins and containers set them) and take the mount and ``/proc/self`` folder, so
+tests give them stand-in files. Imports nothing of the rest of the package.
 """
 
 from __future__ import annotations
@@ -466,7 +465,7 @@ class MemoryLimit:
 
         Example:
             >>> MemoryLimit(2 << 30, 8 << 30).describe()
-            '2.0 GiB available (all of this machine's)'
+            "2.0 GiB available (all of this machine's)"
         """
         if self.available is None:
             return "cannot be read here"

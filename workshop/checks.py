@@ -252,18 +252,14 @@ def why_not_writable(path: Path, folder: bool = False) -> str | None:
                 return "it is a file, not a folder"
             writable = os.access(path, os.W_OK | os.X_OK)
             return None if writable else "it cannot be written by you"
-        absolute = Path(os.path.abspath(path))
-        above = next(p for p in absolute.parents if p.exists())
-        if not above.is_dir():
-            return f"{above} is a file, not a folder"
-        if not os.access(above, os.W_OK | os.X_OK):
-            return f"the folder {above} cannot be written by you"
-        return None
-    parent = path.parent
-    if path.is_dir():
-        return "it is a folder; name a file in it"
-    if not parent.exists():
-        return f"its folder {parent} does not exist; make it first"
+        # The nearest folder above that exists is where the missing ones are made.
+        parent = next(p for p in Path(os.path.abspath(path)).parents if p.exists())
+    else:
+        parent = path.parent
+        if path.is_dir():
+            return "it is a folder; name a file in it"
+        if not parent.exists():
+            return f"its folder {parent} does not exist; make it first"
     if not parent.is_dir():
         return f"{parent} is a file, not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):

@@ -18,11 +18,9 @@ Order in which launchers are recognised (the first that matches wins):
 Open MPI comes before Slurm because ``mpirun`` inside an allocation sees both sets and
 only Open MPI's describe its own processes.
 
-A process started *by* a task (a rank of ``workshop.launch`` from a notebook kernel
-that runs as a Slurm job step, a command from a cell) must not read the task's
-variables as its own: ``allocation.task_variables`` names them, and the launchers
-leave them out. What the process may use (cores, memory, the Slurm job) is read in
-``allocation.py``.
+A process started *by* a task (a rank launched from a kernel that is a Slurm job
+step, a command from a cell) must not read the task's variables as its own:
+``allocation.task_variables`` names them, and the launchers leave them out.
 
 The other side of the same contract is here too: :func:`rank_env`, the complete
 environment ``workshop.launch`` gives each rank of a single-node launch.
@@ -36,10 +34,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .allocation import (
-    task_variables,
-    usable_cores,
-)
+from .allocation import task_variables, usable_cores
 
 __all__ = [
     "BACKENDS",
@@ -114,11 +109,8 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 
 
 def _first_slurm_host(nodelist: str) -> str:
-    """First host of a Slurm node list ("gpu[003-005,9],cpu1" -> "gpu003").
-
-    ``scontrol show hostnames`` does this on a cluster; this covers the common forms so
-    a worker needs no subprocess to find its master.
-    """
+    """First host of a Slurm node list ("gpu[003-005,9],cpu1" -> "gpu003"), as
+    ``scontrol show hostnames`` gives it, without a subprocess (common forms only)."""
     match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
     if not match:
         raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
@@ -232,12 +224,9 @@ def torchrun_restart_risk(environ: Mapping[str, str] | None = None) -> bool:
 def visible_gpu_count() -> int:
     """Number of CUDA GPUs this process may use, without initialising CUDA.
 
-    ``torch.cuda.device_count()`` asks NVML, not the CUDA runtime, so a notebook kernel
-    that calls this can still fork ranks safely. ``torch.cuda.is_available()`` must not
-    be called here: it asks the CUDA runtime (``cuInit``), after which a forked rank
-    cannot use CUDA. (Where NVML cannot answer, PyTorch itself falls back to the
-    runtime.)
-    """
+    ``torch.cuda.device_count()`` asks NVML (PyTorch falls back to the runtime where
+    NVML cannot answer), so a kernel that calls this can still fork ranks; not so
+    ``torch.cuda.is_available()``, which starts the CUDA runtime (``cuInit``)."""
     import torch
 
     return max(torch.cuda.device_count(), 0)
@@ -419,21 +408,17 @@ def _loopback_interface() -> str | None:
         names = [name for _, name in socket.if_nameindex()]
     except OSError:
         return None
-    for candidate in ("lo", "lo0"):
-        if candidate in names:
-            return candidate
-    return None
+    return next((name for name in ("lo", "lo0") if name in names), None)
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     """The complete environment of ``rank`` in a single-node launch, whose store
     the launching process serves on the loopback ``port``.
 
-    A kernel that runs as a Slurm job step (a cluster's Jupyter portal starts it with
-    ``srun``) has that step's task variables: ``SLURM_PROCID=0``, ``SLURM_STEP_ID``,
-    its CPU binding, PMI's rank. The rank gets none of them: it is not that task, and
-    a tool or ``srun`` it runs would read them as its own. The job's variables
-    (``SLURM_JOB_ID``, ``SLURM_CPUS_ON_NODE``) stay: the rank runs in the job."""
+    A kernel run as a Slurm job step has that step's task variables
+    (:func:`workshop.allocation.task_variables`); the rank is not that task, and a
+    tool or ``srun`` it runs would read them as its own, so it gets none of them. The
+    job's variables (``SLURM_JOB_ID``, ...) stay: the rank runs in the job."""
     env = dict(os.environ)
     for name in task_variables(env):
         del env[name]

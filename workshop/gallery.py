@@ -231,44 +231,33 @@ def write_gallery(outdir: str | Path) -> list[Path]:
     steps = ring_all_reduce_steps(
         [[float(r * 4 + i) for i in range(4)] for r in range(WORLD)]
     )
-    drawings: list[tuple[str, Callable[[], Any]]] = [
-        ("rank_layout_2x4", lambda: comm_diagrams.draw_rank_layout(2, 4)),
-        ("point_to_point", lambda: p2p_diagram.draw_point_to_point(events)),
-        (
-            "collective_broadcast",
-            lambda: collective_diagram.draw_collective(_call_of(events, 0)),
+    drawings: dict[str, Callable[[], Any]] = {
+        "rank_layout_2x4": lambda: comm_diagrams.draw_rank_layout(2, 4),
+        "point_to_point": lambda: p2p_diagram.draw_point_to_point(events),
+        "collective_broadcast": lambda: collective_diagram.draw_collective(
+            _call_of(events, 0)
         ),
-        (
-            "collective_all_reduce",
-            lambda: collective_diagram.draw_collective(_call_of(events, -1)),
+        "collective_all_reduce": lambda: collective_diagram.draw_collective(
+            _call_of(events, -1)
         ),
-    ]
+    }
     for op, call in example_collectives().items():
-        drawings.append(
-            (
-                f"collective_{op}",
-                lambda call=call: collective_diagram.draw_collective(call),
-            )
+        drawings[f"collective_{op}"] = lambda call=call: (
+            collective_diagram.draw_collective(call)
         )
     for k in range(len(steps)):
-        drawings.append(
-            (f"ring_step_{k + 1}", lambda k=k: ring_diagram.draw_ring_step(steps, k))
+        drawings[f"ring_step_{k + 1}"] = lambda k=k: ring_diagram.draw_ring_step(
+            steps, k
         )
-    drawings += [
-        ("ring_grid", lambda: ring_diagram.draw_ring_grid(steps)),
-        (
-            "rank_timeline",
-            lambda: timeline_diagram.draw_rank_timeline(events, example_phases()),
-        ),
-        (
-            "ddp_bucket_timeline",
-            lambda: timeline_diagram.draw_rank_timeline(
-                example_buckets(), _bucket_phases(), title="One DDP step"
-            ),
-        ),
-    ]
+    drawings["ring_grid"] = lambda: ring_diagram.draw_ring_grid(steps)
+    drawings["rank_timeline"] = lambda: timeline_diagram.draw_rank_timeline(
+        events, example_phases()
+    )
+    drawings["ddp_bucket_timeline"] = lambda: timeline_diagram.draw_rank_timeline(
+        example_buckets(), _bucket_phases(), title="One DDP step"
+    )
     written = []
-    for name, draw in drawings:
+    for name, draw in drawings.items():
         path = out / f"{name}.png"
         draw().savefig(path, dpi=100)
         written.append(path)

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, interrupt_when_written
 from test_commands import CPU_NOTE, PYTHON, TORCHRUN, TRAIN, _script, needs_mpirun
 
 from workshop.cluster import gpu_split
@@ -238,14 +238,8 @@ def test_torchrun_leaves_nothing_in_the_temporary_folder(
     _script(tmp_path, RANK_LOGS)
     command = torchrun_command(tmp_path / "s.py", ranks, end, nproc_per_node=2)
 
-    def interrupt_when_both_ranks_are_up() -> None:
-        deadline = time.monotonic() + 60
-        while len(list(ranks.glob("*.log"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _thread.interrupt_main()  # the kernel's stop button
-
     if end == "interrupt":
-        threading.Thread(target=interrupt_when_both_ranks_are_up, daemon=True).start()
+        interrupt_when_written(ranks, count=2)
         with pytest.raises(KeyboardInterrupt, match=r"^interrupted; stopped"):
             run_command(command, env={MARK: mark}, timeout=60, show=False)
     else:

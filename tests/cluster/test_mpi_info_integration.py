@@ -3,14 +3,12 @@ test runs them, make test-fast leaves them out: real mpirun ranks and their bind
 
 from __future__ import annotations
 
-import _thread
 import os
 import shutil
 import tempfile
-import threading
-import time
 
 import pytest
+from conftest import interrupt_when_written
 
 from workshop.cluster.commands import mpirun_command, run_command
 from workshop.cluster.mpi_info import (
@@ -74,14 +72,8 @@ def test_mpirun_leaves_no_session_folder_in_the_temporary_folder(
     names = MPIRUN_SESSION.values()
     command = mpirun_command(tmp_path / "s.py", ranks, wait, *names, np=2)
 
-    def interrupt_when_both_ranks_are_up() -> None:
-        deadline = time.monotonic() + 60
-        while len(list(ranks.glob("*.log"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        _thread.interrupt_main()  # the kernel's stop button
-
     if end == "interrupt":
-        threading.Thread(target=interrupt_when_both_ranks_are_up, daemon=True).start()
+        interrupt_when_written(ranks, count=2)
         with pytest.raises(KeyboardInterrupt, match=r"^interrupted; stopped"):
             run_command(command, timeout=60, show=False)
     else:

@@ -1,16 +1,10 @@
 """Benchmarks that print figures, from a cell or as ``python -m workshop.bench
-SUBCOMMAND`` (``launch``, ``train``, ``allreduce``, ``scaling``,
-``concurrent``).
-
-- All-reduce (notebook 02): measure_allreduce sweeps message sizes and fits the ring
-  model; load_allreduce reads a batch job's result; plot_allreduce draws it.
-- Scaling (notebooks 02 and 03): measure_scaling (weak and strong), load_scaling,
-  plot_scaling, plot_efficiency (speed-up and efficiency beside a document's table).
-- Published figures to compare with: published_scaling, published_sources,
-  scale_sources, plot_published_busbw, plot_published_mfu.
-
-Imports ``sources``, ``comm``, ``draw``, ``ranks``, ``training`` and the base modules.
-"""
+SUBCOMMAND`` (``launch``, ``train``, ``allreduce``, ``scaling``, ``concurrent``):
+all-reduce (measure_allreduce, load_allreduce, plot_allreduce; notebook 02), scaling
+(measure_scaling, load_scaling, plot_scaling, plot_efficiency; notebooks 02 and 03),
+and published figures to compare with (published_scaling, published_sources,
+scale_sources, plot_published_busbw, plot_published_mfu). Imports ``sources``,
+``comm``, ``draw``, ``ranks``, ``training`` and the base modules."""
 
 from .._exports import offer
 

@@ -1,14 +1,6 @@
-"""What an all-reduce sweep measured, as plain data: the table, the fit, the files,
-and the picture.
-
-``AllreduceResult`` holds every timed repetition of every size; the medians, algbw,
-busbw and the ring model's fit are derived from them. ``save_allreduce`` writes
-``PREFIX.json`` (everything) and ``PREFIX.csv`` (one row per repetition), and
-``load_allreduce`` reads the JSON back, so a notebook can show a batch job's run.
-:func:`plot_allreduce` draws a sweep, sized for a projector: the measured time
-against the ring model's, and the bus bandwidth against the reference memory copy.
-Bandwidths are in bytes/s (1 GB/s = 1e9 bytes/s), as nccl-tests defines them.
-"""
+"""What an all-reduce sweep measured, as plain data: the table, the ring model's fit,
+the files (``save_allreduce``, ``load_allreduce``, so a notebook can show a batch
+job's run) and the picture. Bandwidths are in bytes/s, as nccl-tests defines them."""
 
 from __future__ import annotations
 
@@ -118,17 +110,12 @@ class AllreduceResult:
     """One all-reduce sweep: every repetition's time per size, and where it ran.
 
     Attributes:
-        backend: "gloo" or "nccl".
-        world_size: ranks that took part.
         launcher: who started the ranks ("workshop", "torchrun", "srun", "mpirun").
-        device: "cpu" or "cuda".
-        sizes: message sizes in bytes, ascending.
         seconds: for each size, every timed repetition (the slowest rank's time).
         warmup: untimed calls made for each size first.
         reference: the memory copy: ``what``, ``bytes`` and ``seconds`` (each copy).
         machine: hostname, cpu_count, platform, threads, gpu, load_average.
         versions: python, torch, workshop (and nccl on GPUs).
-        dtype: element type of the reduced tensors.
         skipped_sizes: sizes left out because they would not fit in memory.
         created: when the sweep ended (ISO 8601, local time).
     """
@@ -204,15 +191,9 @@ class AllreduceResult:
             self.sizes, self.seconds, self.medians, self.algbw, self.busbw, strict=True
         )
         data["sizes"] = [
-            {
-                "size_bytes": size,
-                "count": size // DTYPE_BYTES,
-                "seconds": times,
-                "median_seconds": median,
-                "algbw": a,
-                "busbw": b,
-                "predicted_seconds": fit.predict(size) if fit else None,
-            }
+            {"size_bytes": size, "count": size // DTYPE_BYTES, "seconds": times}
+            | {"median_seconds": median, "algbw": a, "busbw": b}
+            | {"predicted_seconds": fit.predict(size) if fit else None}
             for size, times, median, a, b in rows
         ]
         data["fit"] = None  # one rank or one size: nothing to fit
@@ -262,9 +243,9 @@ class AllreduceResult:
         return cls(**kwargs)
 
     def table(self) -> str:
-        """The nccl-tests style table: one line per size; time in microseconds,
-        bandwidths in GB/s, the fitted model's time and its error. Lines are at most
-        88 characters long for messages up to 16 GiB and times up to 10 s."""
+        """The nccl-tests style table, a line per size: time in microseconds,
+        bandwidths in GB/s, the model's time and error; 88 characters wide up to 16 GiB
+        and 10 s."""
         fit = self._fit_or_none()
         lines = [
             f"{'size':>11} {'count':>11} {'type':>7} {'reps':>5} {'time us':>10} "
@@ -286,8 +267,7 @@ class AllreduceResult:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """The fit, its worst error against :data:`FIT_TOLERANCE`, and the peak
-        busbw as a fraction of the reference copy, in three lines."""
+        """The fit, its worst error, and peak busbw against the copy, in three lines."""
         fit = self._fit_or_none()
         if fit is None:
             model = (
@@ -319,7 +299,7 @@ class AllreduceResult:
 
 
 def save_allreduce(result: AllreduceResult, prefix: str | Path) -> tuple[Path, Path]:
-    """Write ``PREFIX.json`` (everything) and ``PREFIX.csv`` (one row per size per
+    """Write ``PREFIX.json`` (everything) and ``PREFIX.csv`` (a row per size and
     repetition: size_bytes, repetition, seconds, algbw, busbw; bytes/s).
 
     Returns:
@@ -350,8 +330,7 @@ def load_allreduce(path: str | Path) -> AllreduceResult:
         ValueError: the file is not an all-reduce result.
 
     Example:
-        >>> result = load_allreduce("allreduce-nccl-N8.json")         # doctest: +SKIP
-        >>> print(result.summary())                                 # doctest: +SKIP
+        >>> print(load_allreduce("allreduce-nccl-N8.json").summary())  # doctest: +SKIP
     """
     path = Path(path)
     if not path.exists() and Path(f"{path}.json").exists():
@@ -380,13 +359,8 @@ _BLUE, _ORANGE, _GREEN, _SKY = COLOURS[0], COLOURS[1], COLOURS[2], COLOURS[5]
 
 
 def plot_allreduce(result: Any, title: str = "") -> Figure:
-    """Time and busbw against message size, with the fitted ring model.
-
-    Left: every repetition's time (dots) and each size's median, against the ring
-    model ``2(N-1)·alpha + 2(N-1)/N · size / beta`` fitted to the medians, with
-    the band of :data:`FIT_TOLERANCE` around it.
-    Right: busbw of each median against the model's, under the reference copy's
-    bandwidth, drawn as a line. Both axes are logarithmic.
+    """Time (left) and busbw (right) against message size, with the fitted ring
+    model and its :data:`FIT_TOLERANCE` band; busbw under the reference copy's line.
 
     Args:
         result: an :class:`AllreduceResult`.
@@ -399,8 +373,7 @@ def plot_allreduce(result: Any, title: str = "") -> Figure:
         ValueError: a result of one rank or one size, which has no fit.
 
     Example:
-        >>> result = load_allreduce("allreduce-gloo-N2.json")        # doctest: +SKIP
-        >>> plot_allreduce(result).savefig("allreduce.png")         # doctest: +SKIP
+        >>> plot_allreduce(load_allreduce("allreduce-gloo-N2.json"))  # doctest: +SKIP
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -419,24 +392,14 @@ def plot_allreduce(result: Any, title: str = "") -> Figure:
             1, 2, figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained"
         )
         for size, times in zip(result.sizes, result.seconds, strict=True):
-            left.scatter(
-                [size] * len(times),
-                np.array(times) * 1e3,
-                s=7,
-                color=_SKY,
-                alpha=0.25,
-                lw=0,
-                label="each repetition" if size == result.sizes[0] else None,
-            )
-        left.fill_between(
-            grid,
-            model * 1e3 * (1 - FIT_TOLERANCE),
-            model * 1e3 * (1 + FIT_TOLERANCE),
-            color=_ORANGE,
-            alpha=0.18,
-            lw=0,
-            label=f"model ± {FIT_TOLERANCE:.0%}",
+            label = "each repetition" if size == result.sizes[0] else None
+            dots = dict(s=7, color=_SKY, alpha=0.25, lw=0, label=label)
+            left.scatter([size] * len(times), np.array(times) * 1e3, **dots)
+        low, high = model * 1e3 * (1 - FIT_TOLERANCE), model * 1e3 * (1 + FIT_TOLERANCE)
+        band = dict(
+            color=_ORANGE, alpha=0.18, lw=0, label=f"model ± {FIT_TOLERANCE:.0%}"
         )
+        left.fill_between(grid, low, high, **band)
         left.plot(
             grid,
             model * 1e3,
@@ -445,42 +408,19 @@ def plot_allreduce(result: Any, title: str = "") -> Figure:
             label=f"ring model: $\\alpha$ = {fit.alpha * 1e6:.0f} µs, "
             f"$\\beta$ = {fit.beta / 1e9:.2f} GB/s",
         )
-        left.plot(
-            sizes,
-            np.array(result.medians) * 1e3,
-            "o",
-            ms=7,
-            color=_BLUE,
-            label="measured (median)",
-        )
+        medians = np.array(result.medians) * 1e3
+        left.plot(sizes, medians, "o", ms=7, color=_BLUE, label="measured (median)")
         left.set_yscale("log")
         left.set_ylabel("time per all-reduce (ms)")
         left.set_title(f"Time: worst model error {fit.max_rel_error:.0%}")
 
-        right.plot(
-            sizes,
-            np.array(result.busbw) / 1e9,
-            "o-",
-            lw=2.2,
-            ms=7,
-            color=_BLUE,
-            label="measured busbw (median)",
-        )
-        right.plot(
-            grid,
-            grid * factor / model / 1e9,
-            "--",
-            lw=2.5,
-            color=_ORANGE,
-            label="ring model",
-        )
-        right.axhline(
-            reference,
-            color=_GREEN,
-            lw=3,
-            ls=":",
-            label=f"{result.reference['what']}: {reference:.2f} GB/s",
-        )
+        busbw_gbs = np.array(result.busbw) / 1e9
+        line = dict(lw=2.2, ms=7, color=_BLUE, label="measured busbw (median)")
+        right.plot(sizes, busbw_gbs, "o-", **line)
+        ring = grid * factor / model / 1e9
+        right.plot(grid, ring, "--", lw=2.5, color=_ORANGE, label="ring model")
+        label = f"{result.reference['what']}: {reference:.2f} GB/s"
+        right.axhline(reference, color=_GREEN, lw=3, ls=":", label=label)
         right.set_yscale("log")
         right.set_ylabel("bus bandwidth (GB/s)")
         peak = result.peak_busbw / 1e9

@@ -1,25 +1,14 @@
 """All-reduce time, algbw and busbw per message size, and the ring model fitted to them:
-what every rank runs, and the command line.
+what every rank runs (:func:`allreduce_sweep`), :func:`measure_allreduce` for a
+notebook, and ``python -m workshop.bench allreduce`` (it starts the ranks itself, or
+runs as one of torchrun's, srun's or mpirun's).
 
-From a shell (it starts the ranks itself) or under a launcher::
-
-    python -m workshop.bench allreduce --world-size 2 --plot
-    torchrun --standalone --nproc-per-node 4 -m workshop.bench allreduce
-    srun python -m workshop.bench allreduce --max-size 1G --out runs/allreduce
-
-and from a notebook, ``measure_allreduce(4)`` (it starts the ranks and returns rank
-0's result) or ``launch(allreduce_sweep, ...)``: :func:`allreduce_sweep` runs inside a
-rank (under ``workshop.launch``, or within ``workshop.process_group()`` under
-torchrun, srun or mpirun).
-
-Every size is warmed up, then timed at least ``repeats`` times and for at least
-``min_time`` seconds, each call after a barrier; a repetition's time is the slowest
-rank's, as nccl-tests reports. The sizes take turns in a shuffled order, so that
-other work on a shared machine slows every size alike instead of a few. The same run
-times a reference: a large memory copy on the rank's device (``copy_``), counted as
-bytes copied per second (STREAM would count each byte twice, read and written): a
-ceiling for busbw in practice, since every byte an all-reduce sends is copied on its
-way at least once.
+Each size is warmed up, then timed ``repeats`` times and for ``min_time`` seconds at
+least, each call after a barrier; a repetition's time is the slowest rank's, as
+nccl-tests reports. The sizes take turns in a shuffled order, so that other work on a
+shared machine slows every size alike. A large memory copy on the rank's device,
+counted as bytes copied per second, is a ceiling for busbw in practice: every byte an
+all-reduce sends is copied on its way at least once.
 """
 
 from __future__ import annotations
@@ -52,7 +41,7 @@ from .allreduce_result import (
     plot_allreduce,
     save_allreduce,
 )
-from .bench_output import check_writable, save_or_keep
+from .bench_output import check_writable, count_option, save_or_keep
 
 __all__ = [
     "MIN_REFERENCE_BYTES",
@@ -77,8 +66,7 @@ def check_reference(reference_bytes: int) -> int:
         ``reference_bytes``.
 
     Raises:
-        ValueError: not a whole number of bytes, or below
-            :data:`MIN_REFERENCE_BYTES`; the message says why that is too small.
+        ValueError: not a whole number of bytes, or below :data:`MIN_REFERENCE_BYTES`.
 
     Example:
         >>> check_reference(256 << 20)
@@ -110,8 +98,7 @@ def check_sweep(
 
     Raises:
         ValueError: no sizes, a size that is not a positive multiple of 4 bytes,
-            repeats below 1, warmup below 0 or min_time below 0; the message names
-            the value.
+            repeats below 1, warmup below 0 or min_time below 0.
 
     Example:
         >>> check_sweep([65536, 4096], repeats=20, warmup=5, min_time=1.0)
@@ -136,8 +123,7 @@ def check_sweep(
 
 
 def _usable_bytes(device: Any, ranks_here: int) -> int | None:
-    """Memory one rank may use: its GPU's free memory, or the node's available RAM
-    shared among the node's ranks; None where it cannot be read."""
+    """Its GPU's free memory, or the node's RAM shared by its ranks; None if unknown."""
     import torch
 
     if device.type == "cuda":
@@ -187,11 +173,8 @@ def _machine(device: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         # started working when this was read.
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "workshop": __version__,
-    }
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions["workshop"] = __version__
     if gpu:
         nccl = torch.cuda.nccl.version()  # a tuple; an int in old releases
         versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
@@ -201,9 +184,7 @@ def _machine(device: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def _fit_in_memory(
     sizes: list[int], device: Any, ranks_here: int
 ) -> tuple[list[int], int]:
-    """The sizes whose tensors, all together, take at most a quarter of the memory
-    each rank may use, and that quarter in bytes; the same on every rank (a
-    collective call)."""
+    """The sizes that fit in a quarter of a rank's memory, and that quarter."""
     import torch
     import torch.distributed as dist
 
@@ -236,8 +217,7 @@ def _reference_copy(device: Any, nbytes: int) -> list[float]:
 def _repetitions(
     tensors: list[Any], warmup: int, repeats: int, min_time: float, most: int
 ) -> list[int]:
-    """Warm each size up and, from the slowest rank's warm-up times, choose how
-    many times to time it: enough to last ``min_time``, within repeats..most."""
+    """Calls per size to last ``min_time`` by the slowest rank's warm-up."""
     import torch
     import torch.distributed as dist
 
@@ -287,20 +267,17 @@ def allreduce_sweep(
 ) -> AllreduceResult:
     """Time ``all_reduce`` of a float32 tensor of each size on this rank's device.
 
-    Call it on every rank of a process group: through ``workshop.launch``, or inside
-    ``with workshop.process_group():`` under torchrun, srun or mpirun. Sizes that
-    would not fit in memory (all sizes together in a quarter of what each rank may
-    use) are skipped, the same ones on every rank.
+    Call it on every rank: through ``workshop.launch``, or inside ``with
+    workshop.process_group():`` under torchrun, srun or mpirun. Sizes that would not fit
+    (all together in a quarter of a rank's memory) are skipped on every rank.
 
     Args:
         sizes: message sizes in bytes; :func:`message_sizes` by default.
         repeats: timed calls per size, at least.
-        warmup: untimed calls per size first; their times set the repetitions
-            (with none, every size is timed ``repeats`` times).
-        min_time: seconds to spend timing each size: a size is repeated, up to
-            ``max_repeats`` times, until its calls add up to this.
+        warmup: untimed calls per size first; their times set the repetitions.
+        min_time: seconds of timed calls per size, up to ``max_repeats`` calls.
         max_repeats: most timed calls per size (``repeats`` wins if larger).
-        reference_bytes: size of the reference memory copy, made on rank 0;
+        reference_bytes: size of the reference copy, made on rank 0;
             :data:`MIN_REFERENCE_BYTES` at least.
 
     Returns:
@@ -312,10 +289,7 @@ def allreduce_sweep(
             size fits.
 
     Example:
-        >>> from workshop import launch
         >>> run = launch(allreduce_sweep, [4096, 65536], world_size=2)  # doctest: +SKIP
-        >>> len(run.returns[0].medians)                               # doctest: +SKIP
-        2
     """
     import torch
     import torch.distributed as dist
@@ -393,13 +367,11 @@ def measure_allreduce(
         Rank 0's :class:`AllreduceResult`.
 
     Raises:
-        ValueError: world_size below 2, or bad sizes, repeats, warmup, min_time or
-            reference_bytes.
+        ValueError: world_size below 2, or a bad sweep option.
         LaunchError: a rank failed, or the timeout passed.
 
     Example:
-        >>> result = measure_allreduce(2, sizes=[4096, 1 << 20])    # doctest: +SKIP
-        >>> print(result.summary())                                 # doctest: +SKIP
+        >>> measure_allreduce(2, sizes=[4096, 1 << 20]).summary()  # doctest: +SKIP
     """
     from ..ranks.launcher import launch
 
@@ -407,20 +379,10 @@ def measure_allreduce(
     whole("world_size", world_size, 2, fix=fix)
     check_sweep(message_sizes() if sizes is None else sizes, repeats, warmup, min_time)
     check_reference(reference_bytes)
-    run = launch(
-        allreduce_sweep,
-        sizes=sizes,
-        repeats=repeats,
-        warmup=warmup,
-        min_time=min_time,
-        max_repeats=max_repeats,
-        reference_bytes=reference_bytes,
-        world_size=world_size,
-        backend=backend,
-        timeout=timeout,
-        show=show,
-    )
-    return run.returns[0]
+    sweep = dict(sizes=sizes, repeats=repeats, warmup=warmup, min_time=min_time)
+    sweep |= dict(max_repeats=max_repeats, reference_bytes=reference_bytes)
+    ranks = dict(world_size=world_size, backend=backend, timeout=timeout, show=show)
+    return launch(allreduce_sweep, **sweep, **ranks).returns[0]
 
 
 # ------------------------------------------------------------------ command line
@@ -471,17 +433,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest message, e.g. 64M or 1G (default 64M; sizes that do not fit "
         "in memory are skipped)",
     )
-    parser.add_argument(
-        "--factor",
-        type=whole_number(2, "--factor 4"),
-        default=4,
-        help="each size is this times the last (4)",
-    )
-    parser.add_argument(
+    count_option(parser, "--factor", 2, 4, "each size is this times the last (4)")
+    count_option(
+        parser,
         "--repeats",
-        type=whole_number(1, "--repeats 20", "each size is timed at least once"),
-        default=20,
-        help="timed calls per size, at least (20)",
+        1,
+        20,
+        "timed calls per size, at least (20)",
+        why="each size is timed at least once",
     )
     parser.add_argument(
         "--min-time",
@@ -489,12 +448,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="seconds of timed calls per size: small sizes repeat more (1.0)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=whole_number(0, "--warmup 5"),
-        default=5,
-        help="untimed calls per size (5)",
-    )
+    count_option(parser, "--warmup", 0, 5, "untimed calls per size (5)")
     parser.add_argument(
         "--reference-size",
         type=_reference_arg,
@@ -524,8 +478,7 @@ def _default_world_size() -> int:
 
 
 def _report(result: AllreduceResult, args: argparse.Namespace, started: float) -> bool:
-    """Print the table and the fit, and write the files; False if they could not
-    be written (the JSON was printed instead)."""
+    """Print the table and fit, write the files; False if the JSON was printed."""
     load = result.machine.get("load_average")
     print(
         f"backend {result.backend}, {result.world_size} ranks ({result.launcher}), "
@@ -563,12 +516,8 @@ def main(args: argparse.Namespace) -> int:
     from ..ranks.worker import process_group
 
     started = time.perf_counter()
-    options = {
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "min_time": args.min_time,
-        "reference_bytes": args.reference_size,
-    }
+    options = dict(repeats=args.repeats, warmup=args.warmup, min_time=args.min_time)
+    options["reference_bytes"] = args.reference_size
     # A ValueError here is python -m workshop.bench's one-line error (status 2).
     sizes = message_sizes(args.min_size, args.max_size, args.factor)
     check_sweep(sizes, args.repeats, args.warmup, args.min_time)

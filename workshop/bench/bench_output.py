@@ -1,21 +1,61 @@
-"""Where a benchmark's ``--out PREFIX`` files go: checked before anything is measured,
+"""What the benchmarks' command lines share: their options of a whole number or a JSON
+file, and where their ``--out PREFIX`` files go: checked before anything is measured,
 and kept somewhere else if writing still fails at the end, so that a finished sweep
 (minutes of a shared machine, or of an allocation) is never lost to a traceback."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["check_writable", "save_or_keep"]
+from .._cli import whole_number, writable_file
+
+__all__ = [
+    "check_writable",
+    "count_option",
+    "json_option",
+    "save_or_keep",
+    "write_json",
+]
+
+
+def count_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    least: int,
+    default: int | None,
+    help: str | None = None,
+    example: str = "",
+    why: str = "",
+) -> None:
+    """Add ``flag``, a whole number ``least`` or more (example: "FLAG DEFAULT")."""
+    parse = whole_number(least, example or f"{flag} {default}", why)
+    parser.add_argument(flag, type=parse, default=default, help=help)
+
+
+def json_option(parser: argparse.ArgumentParser, example: str, help: str) -> None:
+    """Add ``--json PATH``, a file that can be written."""
+    parser.add_argument(
+        "--json", type=writable_file(example), metavar="PATH", help=help
+    )
+
+
+def write_json(path: str, report: dict[str, Any], say: bool = True) -> None:
+    """Write ``report`` to ``path`` as JSON; ``say`` prints that it did."""
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    if say:
+        print(f"\nwrote {path}")
 
 
 def _why_not(folder: Path, exc: OSError) -> str:
-    """Why files cannot go into ``folder``: the nearest existing path at or above it
-    when that is a file, else what the system said."""
+    """The nearest existing path at or above ``folder`` if a file, else ``exc``."""
     for path in (folder, *folder.parents):
         if path.exists():
             if not path.is_dir():
@@ -25,8 +65,8 @@ def _why_not(folder: Path, exc: OSError) -> str:
 
 
 def check_writable(prefix: str | os.PathLike[str], option: str = "--out") -> Path:
-    """Make the folder of ``PREFIX.json`` if it is missing and write a scratch file
-    there, so that a place that cannot be written is said before measuring.
+    """Make the folder of ``PREFIX.json`` if missing and write a scratch file there,
+    so that a place that cannot be written is said before measuring.
 
     Args:
         prefix: the files' path without their suffix (``runs/scale``).
@@ -36,12 +76,10 @@ def check_writable(prefix: str | os.PathLike[str], option: str = "--out") -> Pat
         The folder, which now exists.
 
     Raises:
-        ValueError: the folder cannot be made or written to; the message says why
-            (a file in the way, no permission) and what to pass instead.
+        ValueError: the folder cannot be made or written to, with why and what to pass.
 
     Example:
         >>> check_writable("runs/allreduce")                 # doctest: +SKIP
-        PosixPath('runs')
     """
     folder = Path(prefix).parent
     try:
@@ -63,13 +101,11 @@ def save_or_keep(
     prefix: str | os.PathLike[str],
     document: Callable[[], str],
 ) -> list[Path]:
-    """``save(prefix)``; if that fails, say where the files could not go and why,
-    and print the JSON they would have held, so that the figures are not lost (in a
-    batch job they land in the job's output file).
+    """``save(prefix)``; where that fails, say why and print the JSON the files
+    would have held, so the figures are not lost (a batch job's output file keeps them).
 
     Args:
         save: writes ``PREFIX.json`` and the rest; returns their paths.
-        prefix: where they should go.
         document: the JSON text of ``PREFIX.json``.
 
     Returns:
@@ -77,7 +113,6 @@ def save_or_keep(
 
     Example:
         >>> save_or_keep(result.save, "runs/scale", text)     # doctest: +SKIP
-        [PosixPath('runs/scale.json'), PosixPath('runs/scale.csv')]
     """
     try:
         return list(save(Path(prefix)))

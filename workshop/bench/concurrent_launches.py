@@ -1,21 +1,14 @@
 """A classroom on one node: many notebook kernels launching ranks at the same moment
-(``python -m workshop.bench concurrent``).
+(``python -m workshop.bench concurrent``: 6 kernels, 200 launches by default).
 
-    python -m workshop.bench concurrent                  # 6 kernels, 200 launches
-
-Each "kernel" is a Python process of its own that imports ``workshop``, as a notebook
-kernel has, and waits; then all are told to go at once, and each makes its share of
-the launches, one after the other, with the start method a notebook gets by default.
-Launches alternate between two short jobs of a notebook: a function that calls no
-collective and returns at once (the cell whose ranks once failed to connect, issue
-35) and one that calls an all-reduce and a broadcast. Counted: launches, failures
-(with their first line) and the lines the kernels printed on stderr, where the
-launcher writes its notices. ``workshop.launch`` starts the ranks once: a process
-group that fails to connect is a failure here, never hidden by a restart.
-
-The same jobs with plain ``torch.distributed`` (no workshop code in the ranks), and
-the ways a plain rank may leave its group, were measured once and are kept as
-findings in docs/benchmarks.md, "Many kernels launching at once".
+Each "kernel" is a process that imports ``workshop``, as a notebook kernel has, and
+waits; all are told to go at once, and each makes its share of the launches with a
+notebook's default start method, alternating a job with no collective (the cell
+whose ranks once failed to connect, issue 35) and one with an all-reduce and a
+broadcast. Counted: launches, failures (their first line) and the lines printed on
+stderr, where the launcher writes its notices. A process group that fails to connect
+is a failure, never hidden by a restart. The same with plain ``torch.distributed``
+was measured once: docs/benchmarks.md, "Many kernels launching at once".
 """
 
 from __future__ import annotations
@@ -36,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._cli import above_zero, whole_number, writable_file
+from .._cli import above_zero
 from .._house import ROOT
 from ..ranks.forkable import START_METHODS
+from .bench_output import count_option, json_option, write_json
 
 __all__ = ["Round", "measure"]
 
@@ -103,8 +97,7 @@ def workshop_launch(job: str, world_size: int, method: str, timeout: float) -> d
 
 # -- one kernel: its own process, told to go at the same moment as the others
 def run_kernel(spec_text: str) -> None:
-    """The body of one kernel process (see :func:`measure`): get ready, say so on
-    stdout, wait for "go" on stdin, launch, and write the records to ``spec.out``."""
+    """A kernel (see :func:`measure`): "ready", wait for "go", launch, write."""
     spec = json.loads(spec_text)
     print("ready", flush=True)
     os.dup2(2, 1)  # from now on, whatever is printed goes to the kernel's log
@@ -129,12 +122,9 @@ class Round:
     """K kernels launching at once, and what came of every launch.
 
     Attributes:
-        kernels, world_size, start_method: how it ran.
-        records: one dict per launch: job, error (None, or its first line),
-            seconds.
+        records: a dict per launch: job, error (None, or its first line), seconds.
         wall_seconds: from "go" until the last kernel ended.
-        load: the 1-minute load average before the kernels started, the highest
-            seen while they ran, and after.
+        load: the 1-minute load average before, the highest while running, after.
         stderr_lines: lines the kernels printed on stderr (the launcher's notices).
     """
 
@@ -152,15 +142,10 @@ class Round:
         for job in [*JOBS, "all"]:
             mine = [r for r in self.records if job in ("all", r["job"])]
             seconds = [r["seconds"] for r in mine] or [0.0]
-            rows.append(
-                {
-                    "job": job,
-                    "launches": len(mine),
-                    "failed": sum(r["error"] is not None for r in mine),
-                    "median_s": statistics.median(seconds),
-                    "max_s": max(seconds),
-                }
-            )
+            failed = sum(r["error"] is not None for r in mine)
+            row = {"job": job, "launches": len(mine), "failed": failed}
+            median = statistics.median(seconds)
+            rows.append(row | {"median_s": median, "max_s": max(seconds)})
         return rows
 
     def failures(self) -> Counter:
@@ -199,8 +184,8 @@ def measure(
     start_method: str = "auto",
     timeout: float = 120.0,
 ) -> Round:
-    """Start ``kernels`` kernel processes, tell them to go at once, and collect
-    what came of ``launches`` launches between them (see the module's docstring).
+    """Start ``kernels`` kernel processes, tell them to go at once, and collect what
+    came of ``launches`` launches between them (see the module's docstring).
 
     Args:
         kernels: kernel processes launching at the same time.
@@ -213,8 +198,8 @@ def measure(
         A :class:`Round` with one record per launch.
 
     Raises:
-        RuntimeError: a kernel did not get ready, crashed, or ran out of time;
-            the message holds the end of its log.
+        RuntimeError: a kernel did not get ready, crashed, or ran out of time; the
+            message holds the end of its log.
 
     Example:
         >>> measure(2, 4, world_size=2).rows()[-1]["failed"]   # doctest: +SKIP
@@ -292,23 +277,23 @@ def measure(
 # -- the command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench concurrent``."""
-    parser.add_argument(
-        "--kernels",
-        type=whole_number(1, "--kernels 6"),
-        default=6,
-        help="kernel processes launching at once (default 6)",
+    count_option(
+        parser, "--kernels", 1, 6, "kernel processes launching at once (default 6)"
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--launches",
-        type=whole_number(1, "--launches 200"),
-        default=200,
-        help="launches in all, shared between the kernels (default 200)",
+        1,
+        200,
+        "launches in all, shared between the kernels (default 200)",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--world-size",
-        type=whole_number(2, "--world-size 4", "ranks that connect need 2"),
-        default=4,
-        help="ranks per launch (default 4)",
+        2,
+        4,
+        "ranks per launch (default 4)",
+        why="ranks that connect need 2",
     )
     parser.add_argument(
         "--start-method",
@@ -322,20 +307,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="seconds one launch may take (default 120)",
     )
-    parser.add_argument(
-        "--json",
-        type=writable_file("--json concurrent.json"),
-        metavar="PATH",
-        help="also write the figures and every launch as JSON",
+    json_option(
+        parser,
+        "--json concurrent.json",
+        "also write the figures and every launch as JSON",
     )
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Refuse options that do not go together, before any kernel starts.
-
-    Raises:
-        ValueError: naming the options, their values and what to pass.
-    """
+    """Refuse options that do not go together, before any kernel starts (ValueError)."""
     from ..ranks.launcher import capacity
 
     if args.launches < args.kernels:
@@ -374,8 +354,7 @@ def print_round(round_: Round) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``python -m workshop.bench concurrent``: 1 where a launch failed or the
-    kernels printed on stderr (the goal is neither), else 0."""
+    """Run the command: 1 where a launch failed or a kernel wrote on stderr, else 0."""
     import torch
 
     from ..allocation import usable_cores
@@ -396,14 +375,11 @@ def main(args: argparse.Namespace) -> int:
         report = {
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "cores": usable_cores(),
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "rows": round_.rows(),
-            "round": asdict(round_) | {"failures": dict(round_.failures())},
         }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"\nwrote {args.json}")
+        report |= {"torch": torch.__version__, "python": sys.version.split()[0]}
+        failures = {"failures": dict(round_.failures())}
+        report |= {"rows": round_.rows(), "round": asdict(round_) | failures}
+        write_json(args.json, report)
     failed = round_.rows()[-1]["failed"]
     said = len(round_.stderr_lines)
     met = failed == 0 and said == 0

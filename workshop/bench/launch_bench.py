@@ -1,14 +1,9 @@
-"""What the workshop's own machinery costs at start-up, set against the plain way:
-the start-up of ``workshop.launch`` on each start path against ``torchrun``
-(``python -m workshop.bench launch``). The training step's benchmark is in
-``train_bench.py``.
+"""What the workshop's machinery costs at start-up: ``workshop.launch`` on each start
+path against ``torchrun`` (``python -m workshop.bench launch``).
 
-Each measurement starts N ranks, initialises the process group (gloo), passes a
-barrier and collects the ranks: the whole cost a learner waits for before the first
-line of their own code runs. gloo on every machine, as in the torchrun no-op it is
-set against: on a GPU node "auto" would give NCCL, whose start-up (a CUDA context
-per rank) is another figure.
-
+Each measurement starts N gloo ranks (as the torchrun no-op it is set against; NCCL's
+CUDA context per rank is another figure), initialises the process group, passes a
+barrier and collects the ranks: what a learner waits for before their own code runs.
 Besides, a launch whose ranks build DDP + AdamW and step once is set against a trivial
 one, in a fresh process like a kernel: ``ranks.start.preload`` imports what ranks use.
 """
@@ -25,8 +20,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from .._cli import names_from, whole_number, writable_file
+from .._cli import names_from
 from .._house import ROOT  # run from it, so that a fresh process imports this copy
+from .bench_output import count_option, json_option, write_json
 
 # The no-op torchrun runs: the same work a launch does around the lesson's function.
 _TORCHRUN_NOOP = """\
@@ -129,8 +125,7 @@ class OptimizerLaunch:
 
 
 def _fresh_process_launches(method: str, world_size: int, repeats: int) -> None:
-    """In the fresh process: a first (trivial) launch, then ``repeats`` trivial and
-    DDP + AdamW launches in turn; prints the figures as JSON on the last line."""
+    """In the fresh process: the launches, their figures as JSON on the last line."""
     from ..ranks import start as preload
     from ..ranks.launcher import launch
 
@@ -154,9 +149,8 @@ def _fresh_process_launches(method: str, world_size: int, repeats: int) -> None:
 def time_optimizer_launch(
     method: str, world_size: int, repeats: int, preload: bool = True
 ) -> OptimizerLaunch:
-    """Time trivial and DDP + AdamW launches in a fresh process that has imported
-    ``workshop``, as a fresh kernel has; ``preload=False`` sets
-    ``WORKSHOP_PRELOAD=0`` there, so each rank imports what it needs itself."""
+    """Time trivial and DDP + AdamW launches in a fresh process that imported
+    ``workshop``, as a kernel has; ``preload=False`` sets ``WORKSHOP_PRELOAD=0``."""
     from ..ranks.start import PRELOAD_VAR
 
     env = dict(os.environ, **({} if preload else {PRELOAD_VAR: "0"}))
@@ -219,10 +213,9 @@ def _bare_rank(rank: int, world_size: int, port: int) -> None:
 
 
 def time_bare_fork(world_size: int, repeats: int) -> LaunchTimes:
-    """Time the least a forked start can cost: ``os.fork()`` N times, each child
-    joining a gloo group, passing a barrier and leaving; the parent waits for all.
-    No output, results, checks or clean-up: what ``start_method="fork"`` adds to it
-    is the launcher's own cost."""
+    """The least a forked start can cost: N ``os.fork()`` children joining a gloo
+    group, passing a barrier and leaving; what ``start_method="fork"`` adds is the
+    launcher's own cost."""
     import socket
     import warnings
 
@@ -295,15 +288,9 @@ def launches_in_a_row(count: int, world_size: int, timeout: float) -> dict:
             else:
                 failed += 1
         seconds.append(time.perf_counter() - t0)
-    return {
-        "count": count,
-        "done": done,
-        "hung": hung,
-        "failed": failed,
-        "min": min(seconds),
-        "median": statistics.median(seconds),
-        "max": max(seconds),
-    }
+    spread = {"min": min(seconds), "median": statistics.median(seconds)}
+    counts = {"count": count, "done": done, "hung": hung, "failed": failed}
+    return counts | spread | {"max": max(seconds)}
 
 
 _PATHS = ("fork", "server", "spawn")
@@ -311,25 +298,18 @@ _PATHS = ("fork", "server", "spawn")
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m workshop.bench launch``."""
-    ranks = whole_number(1, "--world-size 4")
-    parser.add_argument("--world-size", type=ranks, default=4, help="ranks (default 4)")
-    parser.add_argument(
-        "--repeats",
-        type=whole_number(1, "--repeats 5"),
-        default=5,
-        help="timed launches per fast path (default 5)",
+    count_option(parser, "--world-size", 1, 4, "ranks (default 4)")
+    count_option(parser, "--repeats", 1, 5, "timed launches per fast path (default 5)")
+    count_option(
+        parser, "--slow-repeats", 1, 2, "timed runs of spawn and torchrun (default 2)"
     )
-    parser.add_argument(
-        "--slow-repeats",
-        type=whole_number(1, "--slow-repeats 2"),
-        default=2,
-        help="timed runs of spawn and torchrun (default 2)",
-    )
-    parser.add_argument(
+    count_option(
+        parser,
         "--in-a-row",
-        type=whole_number(0, "--in-a-row 50 (0 skips it)"),
-        default=50,
-        help="launches in a row checked for hangs (default 50)",
+        0,
+        50,
+        "launches in a row checked for hangs (default 50)",
+        "--in-a-row 50 (0 skips it)",
     )
     parser.add_argument(
         "--methods",
@@ -342,19 +322,16 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip torchrun (ratios are then not printed)",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--ddp-repeats",
-        type=whole_number(0, "--ddp-repeats 3 (0 skips them)"),
-        default=3,
-        help="timed DDP + AdamW and trivial launches of 2 ranks in a fresh process, "
-        "per path (default 3; 0 skips them)",
+        0,
+        3,
+        "timed DDP + AdamW and trivial launches of 2 "
+        "ranks in a fresh process, per path (default 3; 0 skips them)",
+        "--ddp-repeats 3 (0 skips them)",
     )
-    parser.add_argument(
-        "--json",
-        type=writable_file("--json launch.json"),
-        metavar="PATH",
-        help="also write the figures as JSON",
-    )
+    json_option(parser, "--json launch.json", "also write the figures as JSON")
 
 
 def launch_main(args: argparse.Namespace) -> int:
@@ -366,11 +343,9 @@ def launch_main(args: argparse.Namespace) -> int:
         f"workshop.launch start-up, world_size={n}, gloo, {os.cpu_count()} cores, "
         f"torch {torch.__version__}"
     )
-    rows = []
     methods = args.methods
-    for method in methods:
-        repeats = args.slow_repeats if method == "spawn" else args.repeats
-        rows.append(time_launch(method, n, repeats))
+    repeats = {"spawn": args.slow_repeats}
+    rows = [time_launch(m, n, repeats.get(m, args.repeats)) for m in methods]
     # The floor of the fork path, where this process may still fork (fork_hazard).
     bare = None
     if "fork" in methods and hasattr(os, "fork"):
@@ -388,12 +363,8 @@ def launch_main(args: argparse.Namespace) -> int:
         )
         if times.first is not None:
             print(f"{'  (first, cold start)':<22}{times.first:>10.3f}")
-    report: dict = {
-        "world_size": n,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "paths": [asdict(t) | {"median": t.median} for t in rows],
-    }
+    report: dict = dict(world_size=n, cpu_count=os.cpu_count(), torch=torch.__version__)
+    report["paths"] = [asdict(t) | {"median": t.median} for t in rows]
     if bare:
         fork = next(t for t in rows if t.method == "fork")
         report["bare_fork"] = asdict(bare) | {"median": bare.median}
@@ -431,7 +402,5 @@ def launch_main(args: argparse.Namespace) -> int:
             print_optimizer_launches(fresh, 2)
             report["optimizer_launch"] = [asdict(r) | {"extra": r.extra} for r in fresh]
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, report)
     return 0

@@ -1,22 +1,12 @@
-"""Published scaling figures, as plain data, each with its source.
+"""Published scaling figures, as plain data, each with its source, to set beside a
+learner's own: ``plot_scaling(my_run, published_scaling())``.
 
-To set a learner's own measurements beside figures others published, in the form
-:func:`workshop.bench.scaling_plots.plot_scaling` draws::
-
-    plot_scaling(my_run, published_scaling())
-
-Only figures read in their source are here, copied as the source gives them. A
-*table* (GPUs, samples per second) can be drawn; a *quote* (one figure, or an
-efficiency with no throughput behind it) is printed with its source, not drawn, since
-a line through one point, or through points worked back from a percentage, would
-look like a measurement that nobody published.
-
-A figure from one of the workshop's source documents names the document itself
-(:func:`workshop.sources.documents.document`) and holds only numbers that document
-contains: :func:`figures_not_in_documents` checks it. Document 004's tables in seconds
-(MNIST on CPU cores and GPUs) are not throughput tables: they live, with all its other
-tables, in :mod:`workshop.sources.tables` (``workshop.sources.document_tables()``), and
-:func:`workshop.bench.scaling_plots.plot_efficiency` draws their efficiency.
+Only figures read in their source are here, as the source gives them. A *table*
+(GPUs, samples per second) can be drawn; a *quote* (one figure, or an efficiency with
+no throughput behind it) is printed, not drawn, since a line through it would look
+like a measurement nobody published. A figure credited to one of the workshop's
+documents holds only numbers that document contains (:func:`figures_not_in_documents`);
+the documents' other tables are in :mod:`workshop.sources.tables`.
 """
 
 from __future__ import annotations
@@ -150,15 +140,12 @@ def figures_not_in_documents(
 ) -> list[str]:
     """The figures credited to a source document that the document does not hold.
 
-    Every table and quote whose source is one of the workshop's documents must
-    write only numbers the document itself contains (``workshop.sources.holds``).
-
     Args:
         *items: tables and quotes to check; none for all of this module's.
 
     Returns:
-        One line per item with figures its document lacks, e.g. ``"large-batch-16gpus
-        [doc 002]: 75"``; empty when every figure is found.
+        A line per item with figures its document lacks (``"large-batch-16gpus [doc
+        002]: 75"``); empty when every figure is found.
 
     Example:
         >>> figures_not_in_documents()
@@ -176,16 +163,10 @@ def figures_not_in_documents(
 
 
 def published_tables(*names: str) -> list[PublishedTable]:
-    """The published throughput tables, each with its source.
-
-    Args:
-        *names: which tables (see ``PublishedTable.name``); none for all.
-
-    Returns:
-        The tables, in a fixed order.
+    """The published throughput tables, each with its source, in a fixed order.
 
     Raises:
-        ValueError: a name that is not known; the message lists the known ones.
+        ValueError: an unknown name (``PublishedTable.name``); the message lists them.
 
     Example:
         >>> [t.name for t in published_tables()][:2]
@@ -197,14 +178,8 @@ def published_tables(*names: str) -> list[PublishedTable]:
 def published_quotes(*names: str) -> list[PublishedQuote]:
     """Published figures that are not tables (one number, or an efficiency).
 
-    Args:
-        *names: which quotes (see ``PublishedQuote.name``); none for all.
-
-    Returns:
-        The quotes, in a fixed order.
-
     Raises:
-        ValueError: a name that is not known; the message lists the known ones.
+        ValueError: an unknown name (``PublishedQuote.name``); the message lists them.
 
     Example:
         >>> published_quotes("large-batch-16gpus")[0].statement[:21]
@@ -214,21 +189,15 @@ def published_quotes(*names: str) -> list[PublishedQuote]:
 
 
 def published_scaling(*names: str) -> dict[str, list[tuple[int, float]]]:
-    """Published tables as ``{label: [(gpus, samples/s), ...]}`` for ``plot_scaling``.
-
-    Args:
-        *names: which tables (see :func:`published_tables`); none for all.
-
-    Returns:
-        One series per table; each label names the model, the GPU and the source.
+    """Published tables (see :func:`published_tables`) as ``{label: [(gpus,
+    samples/s), ...]}`` for ``plot_scaling``.
 
     Raises:
-        ValueError: a name that is not known.
+        ValueError: an unknown name.
 
     Example:
         >>> published_scaling("resnet50-v100-fp32")
         {'ResNet-50 FP32, V100 (NVIDIA, published)': [(1, 367.0), (8, 2855.0)]}
-        >>> fig = plot_scaling(my_run, published_scaling())     # doctest: +SKIP
     """
     return {t.label: list(t.points) for t in published_tables(*names)}
 
@@ -254,19 +223,11 @@ def line_wrapper(
 
 
 def published_sources(width: int = 88) -> str:
-    """Every published table and quote with its source, as lines of text.
-
-    Each table's speed-up and efficiency against its smallest GPU count are worked
-    out from its own numbers (speed-up / (N / N0)), so the reader sees what the
-    figures say; where the source states a speed-up of its own, both are given. The
-    source documents' other tables are listed by name
-    (``workshop.sources.document_table``).
+    """Every published table and quote with its source, as lines of text; each
+    table's speed-up and efficiency worked out from its own numbers.
 
     Args:
         width: the longest line, in characters; at least 40.
-
-    Returns:
-        The text, lines at most ``width`` long.
 
     Raises:
         ValueError: ``width`` below 40.

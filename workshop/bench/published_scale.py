@@ -1,15 +1,7 @@
-"""Published figures at scale, each with its source, to hold the layout planner against
-(the figures themselves, and their two kinds of record, are in
-:mod:`workshop.sources.scale_data`).
-
-Whatever is worked out from them (busbw from the printed times with
-:func:`workshop.comm.costmodel.busbw`, tokens per second and MFU from the step times,
-weak-scaling efficiency) is computed by :func:`derived` and printed by
-:func:`scale_sources`, never stored as published. :func:`plot_published_busbw` (busbw
-by size; quoted busbw against the link's line rate) and :func:`plot_published_mfu`
-(GPT-3 175B throughput and MFU) draw them for a 1280x720 projector, with room for the
-planner's own numbers beside them.
-"""
+"""Published figures at scale (kept in :mod:`workshop.sources.scale_data`), to hold
+the layout planner against: what follows from them (busbw from printed times, MFU,
+weak-scaling efficiency) is computed by :func:`derived`, never stored as published;
+:func:`scale_sources` prints them, and two plots draw them for a projector."""
 
 from __future__ import annotations
 
@@ -38,17 +30,11 @@ __all__ = [
 
 
 def scale_tables(*names: str) -> list[ScaleTable]:
-    """The published tables at scale, each with its source.
-
-    Args:
-        *names: which tables (``ScaleTable.name``); none for all.
-
-    Returns:
-        The tables in a fixed order: three of bus bandwidth by message size, two
-        of GPT-3 175B training throughput by GPU count.
+    """The published tables at scale, each with its source: three of bus bandwidth
+    by message size, two of GPT-3 175B training throughput by GPU count.
 
     Raises:
-        ValueError: an unknown name; the message lists the known ones.
+        ValueError: an unknown name (``ScaleTable.name``); the message lists them.
 
     Example:
         >>> [t.name for t in scale_tables() if t.x_unit == "GPUs"]
@@ -58,11 +44,8 @@ def scale_tables(*names: str) -> list[ScaleTable]:
 
 
 def scale_quotes(*names: str) -> list[PublishedQuote]:
-    """Published single figures at scale: bus bandwidths quoted by NCCL maintainers
-    (:class:`QuotedBandwidth`) and model-FLOPs utilisation of large runs.
-
-    Args:
-        *names: which quotes; none for all.
+    """Published single figures at scale: bus bandwidths quoted by NCCL's
+    maintainers (:class:`QuotedBandwidth`) and model-FLOPs utilisation of large runs.
 
     Raises:
         ValueError: an unknown name; the message lists the known ones.
@@ -77,13 +60,10 @@ def scale_quotes(*names: str) -> list[PublishedQuote]:
 def derived(table: ScaleTable) -> dict[str, list[float]]:
     """What follows from a table's printed figures, one value per point.
 
-    For a bus-bandwidth table that prints times: ``"algbw GB/s"`` = size / time and
-    ``"busbw GB/s"`` = algbw x 2(n-1)/n (:func:`workshop.comm.costmodel.busbw`),
-    and ``"busbw from algbw"``, the printed algbw times the same factor. For a
-    training table: the ``"global batch"`` its throughput implies (tokens/s x step
-    / sequence), ``"MFU %"`` and ``"days for 1T tokens"`` from its tokens per
-    second, and ``"weak-scaling efficiency"``: tokens/s per GPU over the first
-    point's.
+    A bus-bandwidth table with times gives ``"algbw GB/s"``, ``"busbw GB/s"`` and
+    ``"busbw from algbw"``; a training table gives the ``"global batch"`` its
+    throughput implies, ``"MFU %"``, ``"days for 1T tokens"`` and
+    ``"weak-scaling efficiency"`` (tokens/s per GPU over the first point's).
 
     Raises:
         ValueError: a table with nothing to derive (no times, no step times).
@@ -189,15 +169,11 @@ def _training_lines(table: ScaleTable) -> list[str]:
 
 
 def scale_sources(width: int = 88) -> str:
-    """Every published figure at scale with its source, and what follows from it.
+    """Every published figure at scale with its source, and what follows from it
+    (:func:`derived`); quoted bus bandwidths beside their link's line rate.
 
     Args:
         width: the longest line, in characters; at least 40.
-
-    Returns:
-        The text: the bus-bandwidth and training tables (with the figures worked
-        out from them, see :func:`derived`), the quoted bus bandwidths beside their
-        link's line rate, and the quoted utilisation of large runs.
 
     Raises:
         ValueError: ``width`` below 40.
@@ -211,9 +187,8 @@ def scale_sources(width: int = 88) -> str:
     )
     bus = [t for t in TABLES if t.x_unit == "bytes"]
     training = [t for t in TABLES if t.x_unit == "GPUs"]
-    for table, part in [(t, _bus_lines) for t in bus] + [
-        (t, _training_lines) for t in training
-    ]:
+    for table in bus + training:
+        part = _training_lines if table in training else _bus_lines
         if table is training[0]:
             lines += wrap("Training throughput at scale (plot_published_mfu):", "")
         first, *rest = part(table)
@@ -295,19 +270,13 @@ def plot_published_busbw(
     title: str = "",
 ) -> Figure:
     """Published all-reduce bus bandwidth: by message size in one node (left), and
-    quoted peaks against their link's line rate (right).
-
-    Left: each bus-bandwidth table of :func:`scale_tables` (busbw against message
-    size, both axes logarithmic), and ``extra`` series, dashed: the planner's
-    alpha-beta busbw, or the learner's own ``measure_allreduce``. Right: each
-    :class:`QuotedBandwidth`, InfiniBand between nodes and NVLink within one, with
-    the line where busbw equals the line rate. A point above it (NVLink SHARP) adds
-    inside the switch, which busbw's formula does not count.
+    quoted peaks against their link's line rate (right; a point above the line, NVLink
+    SHARP, adds inside the switch, which busbw's formula does not count).
 
     Args:
         *names: bus-bandwidth tables to draw on the left; none for all three.
-        extra: ``{label: [(bytes, busbw GB/s), ...]}`` drawn beside them.
-        title: the figure's title.
+        extra: ``{label: [(bytes, busbw GB/s), ...]}`` drawn dashed beside them (the
+            planner's busbw, or a learner's ``measure_allreduce``).
 
     Returns:
         The Figure, whole on a 1280x720 projector; closed in pyplot.
@@ -333,35 +302,18 @@ def plot_published_busbw(
         for i, table in enumerate(tables):
             xs, ys = zip(*table.points, strict=True)
             sizes |= set(xs)
-            left.plot(
-                xs,
-                ys,
-                marker=_MARKERS[i],
-                ms=5,
-                lw=2.2,
-                color=COLOURS[i],
-                label=table.label,
-            )
+            style = dict(marker=_MARKERS[i], ms=5, lw=2.2, color=COLOURS[i])
+            left.plot(xs, ys, label=table.label, **style)
         for j, (label, points) in enumerate(more.items()):
             xs, ys = zip(*points, strict=True)
             sizes |= set(xs)
-            left.plot(
-                xs,
-                ys,
-                ls="--",
-                lw=2.2,
-                color=COLOURS[(len(tables) + j) % 7],
-                label=label,
-            )
+            colour = COLOURS[(len(tables) + j) % 7]
+            left.plot(xs, ys, ls="--", lw=2.2, color=colour, label=label)
         left.set_xscale("log", base=2)
         left.set_yscale("log")
         low, high = min(sizes), max(sizes)
-        ticks = [
-            2.0**k
-            for k in range(
-                math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1, 4
-            )
-        ]
+        first, last = math.ceil(math.log2(low)), math.floor(math.log2(high))
+        ticks = [2.0**k for k in range(first, last + 1, 4)]
         left.xaxis.set_major_locator(FixedLocator(ticks))
         left.xaxis.set_minor_locator(NullLocator())
         left.set_xticklabels([_size(t) for t in ticks])
@@ -394,18 +346,9 @@ def plot_published_busbw(
             mids = [(q.busbw_gbs[0] + q.busbw_gbs[1]) / 2 for q in group]
             spans = [(q.busbw_gbs[1] - q.busbw_gbs[0]) / 2 for q in group]
             where = "across nodes" if link == "InfiniBand" else "one node"
-            right.errorbar(
-                xs,
-                mids,
-                yerr=spans,
-                fmt=marker,
-                ms=8,
-                color=colour,
-                capsize=4,
-                lw=0,
-                elinewidth=2,
-                label=f"{link}, {where}",
-            )
+            bars = dict(ms=8, color=colour, capsize=4, lw=0, elinewidth=2)
+            label = f"{link}, {where}"
+            right.errorbar(xs, mids, yerr=spans, fmt=marker, label=label, **bars)
         for q in quotes:
             if q.link == "NVLink":
                 above = q.busbw_gbs[0] > q.line_rate_gbs
@@ -448,7 +391,6 @@ def plot_published_mfu(
         *names: training tables of :func:`scale_tables`; none for both (BF16, FP8).
         extra: ``{label: [(GPUs, MFU as a fraction), ...]}`` drawn dashed on the
             right: the planner's estimate for the same model and layout.
-        title: the figure's title.
 
     Returns:
         The Figure, whole on a 1280x720 projector; closed in pyplot.
@@ -475,28 +417,17 @@ def plot_published_mfu(
             gpus |= set(xs)
             style = dict(marker=_MARKERS[i], ms=7, lw=2.2, color=COLOURS[i])
             left.plot(xs, ys, label=table.label, **style)
+            ideal = [ys[0], ys[0] * xs[-1] / xs[0]]
             left.plot(
-                [xs[0], xs[-1]],
-                [ys[0], ys[0] * xs[-1] / xs[0]],
-                ls="--",
-                lw=1.5,
-                color=COLOURS[i],
-                alpha=0.8,
+                [xs[0], xs[-1]], ideal, ls="--", lw=1.5, color=COLOURS[i], alpha=0.8
             )
             right.plot(xs, table.column("MFU %"), label=table.label, **style)
         for j, (label, points) in enumerate(more.items()):
             xs, ys = zip(*points, strict=True)
             gpus |= set(xs)
-            right.plot(
-                xs,
-                [100 * y for y in ys],
-                ls="--",
-                marker="x",
-                ms=8,
-                lw=2.2,
-                color=COLOURS[(len(tables) + j) % 7],
-                label=label,
-            )
+            style = dict(ls="--", marker="x", ms=8, lw=2.2, label=label)
+            colour = COLOURS[(len(tables) + j) % 7]
+            right.plot(xs, [100 * y for y in ys], color=colour, **style)
         ticks = sorted(gpus)
         for ax in (left, right):
             ax.set_xscale("log", base=2)

@@ -1,23 +1,14 @@
-"""Weak and strong scaling of DDP training: ``python -m workshop.bench scaling``.
-
-Run it::
+"""Weak and strong scaling of DDP training: ``python -m workshop.bench scaling``::
 
     python -m workshop.bench scaling                  # 1, 2, 4 ranks, both modes
     python -m workshop.bench scaling --mode strong --global-batch 64 --out runs/scale
     torchrun --nproc_per_node=8 -m workshop.bench scaling --out runs/scale8
 
-From a notebook: ``measure_scaling(world_sizes=(1, 2, 4), mode="both")``. Each world
-size is a separate :func:`workshop.launch`. Started by torchrun, srun or mpirun, the
-command measures that one world size with :func:`scaling_worker` (the same code the
-launches run) and rank 0 prints and writes the rows.
-
-* weak scaling: every rank keeps ``batch`` samples per step, so the work grows with
-  the ranks; efficiency = throughput_N / (N * throughput_1).
-* strong scaling: a fixed global batch is split across the ranks; speed-up =
-  T_1 / T_N (seconds per step), efficiency = speed-up / N.
-
-How a step is split into compute and communication, and why this way:
-:mod:`workshop.bench.scaling_measure`.
+Each world size is a separate launch; under torchrun, srun or mpirun the command
+measures that one world size with the same :func:`scaling_worker` and rank 0 writes
+the rows. Weak scaling keeps ``batch`` per rank (efficiency = X_N / (N X_1)); strong
+scaling splits a global batch (speed-up = T_1 / T_N, efficiency = speed-up / N). How a
+step is split into compute and communication: :mod:`workshop.bench.scaling_measure`.
 """
 
 from __future__ import annotations
@@ -27,10 +18,10 @@ import sys
 import time
 from types import SimpleNamespace
 
-from .._cli import above_zero, read_with, whole_number, zero_or_more
+from .._cli import above_zero, read_with, zero_or_more
 from ..env import RankInfo
 from ..training.models import RESNETS
-from .bench_output import check_writable, save_or_keep
+from .bench_output import check_writable, count_option, save_or_keep
 from .scaling_measure import (
     CNN_NAMES,
     _fit_sizes,
@@ -51,8 +42,7 @@ __all__ = ["add_arguments", "main"]
 
 # ------------------------------------------------------------------ command line
 def _allreduce_json(text: str) -> str:
-    """--allreduce-json: its alpha and beta read now, so that a missing or wrong
-    file is said before anything is measured; the path goes on to the run."""
+    """--allreduce-json: read now, so a bad file is said before anything is measured."""
     given_alpha_beta(None, None, text)
     return text
 
@@ -88,33 +78,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"cnn (SmallCNN) or {', '.join(RESNETS)} (default cnn)",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--batch",
-        type=whole_number(1, "--batch 32"),
-        help="samples per rank per step, weak scaling (default 32; 128 on GPUs)",
+        1,
+        None,
+        "samples per rank per step, weak scaling (default 32; 128 on GPUs)",
+        "--batch 32",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--global-batch",
-        type=whole_number(1, "--global-batch 64"),
-        help="samples per step over all ranks, strong scaling (default: --batch)",
+        1,
+        None,
+        "samples per step over all ranks, strong scaling (default: --batch)",
+        "--global-batch 64",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--image-size",
-        type=whole_number(1, "--image-size 32"),
-        help="default 32 (cnn, 4 at least), 224 (ResNet)",
+        1,
+        None,
+        "default 32 (cnn, 4 at least), 224 (ResNet)",
+        "--image-size 32",
     )
-    parser.add_argument(
-        "--steps",
-        type=whole_number(1, "--steps 20"),
-        default=20,
-        help="timed steps of each kind",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=whole_number(0, "--warmup 5"),
-        default=5,
-        help="untimed steps first",
-    )
+    count_option(parser, "--steps", 1, 20, "timed steps of each kind")
+    count_option(parser, "--warmup", 0, 5, "untimed steps first")
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
     parser.add_argument(
         "--alpha",
@@ -168,26 +157,20 @@ def _under_launcher(
         args.image_size,
     )  # fmt: skip
     global_batch = args.global_batch or batch
+    batches = {"weak": batch, "strong": global_batch}
     if "strong" in modes:
         check_divides(global_batch, [info.world_size])
     given = given_alpha_beta(args.alpha, args.beta, args.allreduce_json)
     baseline = args.baseline  # read when the options were parsed
     if baseline is not None:  # before measuring, not after: say at once
+        per_rank = {m: scaling_batch(m, batches[m], info.world_size) for m in modes}
         planned = [
             SimpleNamespace(
-                mode=m,
-                batch_per_rank=scaling_batch(
-                    m, batch if m == "weak" else global_batch, info.world_size
-                ),
-                global_batch=global_batch,
+                mode=m, batch_per_rank=per_rank[m], global_batch=global_batch
             )
             for m in modes
         ]
-        size = (
-            default_image_size(args.model)
-            if args.image_size is None
-            else args.image_size
-        )
+        size = args.image_size or default_image_size(args.model)
         check_baseline(baseline, {"model": args.model, "image_size": size}, planned)
     fit = [] if given else _fit_sizes(_gradient_bytes(args.model))
     if args.world_sizes and info.is_main:
@@ -198,7 +181,7 @@ def _under_launcher(
             raws.append(
                 scaling_worker(
                     m,
-                    batch if m == "weak" else global_batch,
+                    batches[m],
                     steps=args.steps,
                     warmup=args.warmup,
                     model=args.model,

@@ -1,29 +1,14 @@
-"""Measuring scaling: :func:`scaling_worker` on every rank, inside an initialised
-process group (the same whether ``workshop.launch`` or torchrun, srun or mpirun
-started the rank), and :func:`measure_scaling`, which checks the settings before
-anything starts, launches the worker once per world size and mode, and turns the
-workers' plain dicts into a :class:`ScalingResult`. The command line and the two
-modes: :mod:`workshop.bench.scaling_bench`.
+"""Measuring scaling: :func:`scaling_worker` on every rank of a process group (however
+the rank was started), and :func:`measure_scaling`, which checks the settings, launches
+the worker once per world size and mode, and builds a :class:`ScalingResult`.
 
-How a step is split into compute and communication, and why this way: every rank
-alternates an ordinary DDP step with the same step under ``no_sync()``, where DDP
-skips the gradient all-reduce and the rank only computes; a barrier (not timed)
-starts each step on all ranks together, so both kinds see the same load on the
-machine. The difference of the median step times is the communication a step *waits
-for*: all-reduce time not hidden behind the backward pass, plus waiting for a slower
-rank. That is what costs throughput, so it is the split reported; timing the
-all-reduce alone would miss the overlap. It is still recorded: a DDP comm hook notes
-when each bucket's all-reduce starts and when its future completes, and the time at
-least one is in flight is reported beside the split (often longer, since it overlaps
-backward). Buffers are not synced in each forward pass (``forward_sync_buffers=False``,
-``broadcast_buffers=False`` before torch 2.15), so the gradient all-reduce is the only
-communication in a step. The data is synthetic, made once per rank in memory: the
-benchmark times training, not loading. Every step time of every rank is kept; the
-summaries are medians, which a busy shared machine disturbs less.
-
-The alpha-beta model (:mod:`workshop.comm.costmodel`) then predicts the all-reduce of
-the gradient's size, from ``--alpha/--beta``, a JSON file of the all-reduce benchmark,
-or a quick fit of a few all-reduce sizes timed in the same run.
+Every rank alternates a DDP step with the same step under ``no_sync()``, each started
+together by an untimed barrier. The difference of the median step times is the
+communication a step *waits for* (all-reduce not hidden behind backward, and waiting
+for a slower rank): what costs throughput. A DDP comm hook also keeps the all-reduce
+time in flight. Only gradients cross the network; the data is synthetic, in memory.
+The alpha-beta model (:mod:`workshop.comm.costmodel`) predicts the gradient's
+all-reduce from ``--alpha/--beta``, an all-reduce JSON, or a fit made in the run.
 """
 
 from __future__ import annotations
@@ -48,15 +33,8 @@ _CNN_MIN_IMAGE = 4  # pixels: SmallCNN's two 2x2 poolings need 4 to leave 1
 
 
 def scaling_batch(mode: str, batch: int, world_size: int) -> int:
-    """Samples each rank computes per step.
-
-    Args:
-        mode: "weak" (``batch`` is per rank) or "strong" (``batch`` is global).
-        batch: samples per rank (weak) or per step over all ranks (strong).
-        world_size: ranks.
-
-    Returns:
-        ``batch`` for weak scaling, ``batch // world_size`` for strong scaling.
+    """Samples each rank computes per step: ``batch`` (weak), or ``batch //
+    world_size`` (strong, ``batch`` is global).
 
     Raises:
         ValueError: an unknown mode, or a global batch that does not divide by the
@@ -89,11 +67,9 @@ def check_divides(global_batch: int, world_sizes: Sequence[int]) -> None:
 
 # ------------------------------------------------------------------ per rank
 def _no_buffer_sync() -> dict[str, bool]:
-    """DDP's keyword that stops buffers being broadcast in every forward pass.
-
-    torch 2.15 renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on
-    the old name (into every rank's output); torch 2.4 knows only the old one.
-    """
+    """DDP's keyword that stops buffers being broadcast in every forward pass: torch
+    2.15 renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on the
+    old name (into every rank's output); torch 2.4 knows only the old one."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
@@ -138,11 +114,8 @@ class _AllReduceClock:
 
 def _timed_allreduce(clock: _AllReduceClock, bucket):
     """DDP's default all-reduce (average of the bucket), with its wall time noted.
-
-    ``bucket`` and the return value are left unannotated on purpose: DDP refuses a
-    hook whose annotations are not the very classes ``dist.GradBucket`` and
-    ``torch.futures.Future``, and here they would be strings.
-    """
+    ``bucket`` and the result are unannotated on purpose: DDP refuses a hook whose
+    annotations are not the very classes ``dist.GradBucket`` and ``Future``."""
     import torch.distributed as dist
 
     tensor = bucket.buffer().div_(dist.get_world_size())
@@ -159,8 +132,7 @@ def _timed_allreduce(clock: _AllReduceClock, bucket):
 
 
 def default_image_size(model: str) -> int:
-    """The synthetic images' side when none is given: CIFAR's 32 for the CNN,
-    ImageNet's 224 for a ResNet."""
+    """CIFAR's 32 for the CNN, ImageNet's 224 for a ResNet."""
     return 32 if model in CNN_NAMES else 224
 
 
@@ -207,9 +179,8 @@ def scaling_worker(
 ) -> dict[str, Any]:
     """Time DDP steps with and without the gradient all-reduce on this rank.
 
-    Runs inside an initialised default process group: on every rank of
-    ``workshop.launch(scaling_worker, world_size=N, ...)``, or inside
-    ``with workshop.process_group():`` under torchrun, srun or mpirun.
+    Runs inside an initialised process group: ``workshop.launch(scaling_worker, ...)``,
+    or ``with workshop.process_group():`` under torchrun, srun or mpirun.
 
     Args:
         mode: "weak" or "strong" (see :func:`scaling_batch`).
@@ -217,16 +188,15 @@ def scaling_worker(
         steps: timed steps of each kind (with and without all-reduce).
         warmup: untimed steps of each kind first.
         model: "cnn" (the workshop's SmallCNN) or a ResNet name such as "resnet18".
-        image_size: height and width of the synthetic images (32 for the CNN, 224
-            for a ResNet when None).
+        image_size: the synthetic images' side (None: :func:`default_image_size`).
         fit_sizes: all-reduce sizes in bytes to time afterwards for the alpha-beta
             fit; none on one rank.
         seed: seeds the weights and the data.
 
     Returns:
-        A dict of plain data: the settings, every rank's step times
-        (``step_seconds``, ``compute_seconds``: one list per rank), this rank's
-        all-reduce time in flight per step, and this rank's times of ``fit_sizes``.
+        Plain data: the settings, every rank's step times (``step_seconds``,
+        ``compute_seconds``: a list per rank), this rank's all-reduce time in flight
+        per step, and its times of ``fit_sizes``.
 
     Raises:
         RuntimeError: no process group is initialised.
@@ -234,7 +204,6 @@ def scaling_worker(
 
     Example:
         >>> run = launch(scaling_worker, world_size=2, steps=5)    # doctest: +SKIP
-        >>> run.returns[0]["step_seconds"]                       # doctest: +SKIP
     """
     import torch
     import torch.distributed as dist
@@ -250,11 +219,8 @@ def scaling_worker(
             "workshop.launch(scaling_worker, world_size=2), or inside "
             "`with workshop.process_group():` under torchrun"
         )
-    rank, world_size, backend = (
-        dist.get_rank(),
-        dist.get_world_size(),
-        backend_name(dist.get_backend()),  # "nccl" for "cpu:gloo,cuda:nccl"
-    )
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    backend = backend_name(dist.get_backend())  # "nccl" for "cpu:gloo,cuda:nccl"
     device = rank_device(backend)
     per_rank = scaling_batch(mode, batch, world_size)
     torch.manual_seed(seed)
@@ -301,6 +267,7 @@ def scaling_worker(
             allreduce_times.append(in_flight)
     dist.barrier()
     fit_seconds = _time_allreduce(fit_sizes, device) if world_size > 1 else []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, (step_times, compute_times))
     return {
@@ -314,9 +281,7 @@ def scaling_worker(
         "parameters": sum(p.numel() for p in grads),
         "gradient_bytes": sum(p.numel() * p.element_size() for p in grads),
         "threads_per_rank": torch.get_num_threads(),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else "CPU",
+        "device": name,
         "step_seconds": [g[0] for g in gathered],
         "compute_seconds": [g[1] for g in gathered],
         "allreduce_seconds": allreduce_times,
@@ -403,11 +368,8 @@ def given_alpha_beta(
                 f"need alpha >= 0 and beta > 0, both finite numbers, got {alpha!r} and "
                 f"{beta!r}; e.g. alpha=1e-5, beta=1e9"
             )
-        return (
-            float(alpha),
-            float(beta),
-            f"given (alpha {alpha:g} s, beta {beta:g} B/s)",
-        )
+        where = f"given (alpha {alpha:g} s, beta {beta:g} B/s)"
+        return float(alpha), float(beta), where
     if allreduce_json is None:
         return None
     data = load_allreduce(allreduce_json)
@@ -455,36 +417,30 @@ def measure_scaling(
 
     Args:
         world_sizes: rank counts; speed-up and efficiency are against the smallest.
-        mode: "weak" (``batch`` per rank), "strong" (``global_batch`` split across
-            the ranks) or "both".
-        steps: timed steps of each kind (with and without the all-reduce).
-        warmup: untimed steps of each kind first.
+        mode: "weak" (``batch`` per rank), "strong" (``global_batch`` split across the
+            ranks) or "both".
+        steps, warmup: timed and untimed steps of each kind (with and without the
+            all-reduce).
         batch: samples per rank per step in weak scaling.
-        global_batch: samples per step over all ranks in strong scaling; ``batch``
-            when None. Must divide by every world size.
+        global_batch: samples per step in strong scaling (None: ``batch``); must
+            divide by every world size.
         model: "cnn" (the workshop's SmallCNN) or a ResNet name ("resnet18", ...).
-        image_size: synthetic images' size; None for 32 (the CNN, which needs 4
-            at least) or 224 (a ResNet).
-        backend: "auto", "gloo" or "nccl", the same at every world size: "auto"
-            gives NCCL only where the largest world size has a GPU per rank, so
-            that every row is measured on the same hardware.
+        image_size: None for 32 (the CNN, which needs 4 at least) or 224 (a ResNet).
+        backend: "auto", "gloo" or "nccl", one for every world size: "auto" gives
+            NCCL only where the largest world size has a GPU per rank.
         alpha, beta: the ring model's latency per step (s) and bandwidth per link
-            (bytes/s), both or neither; fitted to all-reduces timed in the run when
-            neither they nor ``allreduce_json`` are given.
-        allreduce_json: a JSON of ``python -m workshop.bench allreduce`` to read
-            alpha and beta from.
+            (bytes/s), both or neither; fitted in the run when neither they nor
+            ``allreduce_json`` (an all-reduce benchmark's JSON) are given.
         seed: seeds the weights and data.
         timeout: seconds each launch may take.
         verbose: print a line after each launch.
 
     Returns:
-        A :class:`ScalingResult`; ``print(result.table())`` shows it,
-        ``result.explain()`` explains it, ``result.save("runs/scale")`` keeps it.
+        A :class:`ScalingResult`: ``.table()``, ``.explain()``, ``.save(prefix)``.
 
     Raises:
         ValueError: bad settings, such as a global batch that does not divide by a
-            world size, or NCCL with fewer GPUs than the largest world size
-            (checked before anything starts).
+            world size, or NCCL with too few GPUs (before anything starts).
         workshop.LaunchError: a rank failed or a launch passed ``timeout``.
 
     Example:
@@ -508,24 +464,15 @@ def measure_scaling(
     backend = choose_backend(backend, max(sizes))
     given = given_alpha_beta(alpha, beta, allreduce_json)
     fit = [] if given else _fit_sizes(_gradient_bytes(model))
+    work = dict(steps=steps, warmup=warmup, model=model, image_size=image_size)
+    work["seed"] = seed
     raws = []
     for m in modes:
         for n in sizes:
-            run = launch(
-                scaling_worker,
-                world_size=n,
-                backend=backend,
-                timeout=timeout,
-                show="none",
-                mode=m,
-                batch=batch if m == "weak" else global_batch,
-                steps=steps,
-                warmup=warmup,
-                model=model,
-                image_size=image_size,
-                fit_sizes=fit if m == modes[0] and n > 1 else [],
-                seed=seed,
-            )
+            ranks = dict(world_size=n, backend=backend, timeout=timeout, show="none")
+            batches = {"batch": batch if m == "weak" else global_batch}
+            fits = {"fit_sizes": fit if m == modes[0] and n > 1 else []}
+            run = launch(scaling_worker, mode=m, **ranks, **batches, **fits, **work)
             raws.append(run.returns[0])
             if verbose:
                 print(_progress(raws[-1]), flush=True)

@@ -1,26 +1,13 @@
 """Scaling runs read back and drawn: throughput, speed-up and efficiency against ranks.
 
-:func:`load_scaling` reads runs back from the JSON files the benchmark wrote: a batch
-job measures one world size per step (``slurm/scaling.sbatch``: 1 rank, then 1 node,
-2 nodes, ...), each step in its own file, and read together they are one
-``ScalingResult`` with every world size in it, so the table and the plot show the
-whole curve. Nothing here needs torch: the results can be drawn on a login node.
-
-The plots are drawn from plain numbers, so a learner's run and a published table
-appear side by side: a ``ScalingResult`` of
-:func:`workshop.bench.scaling_measure.measure_scaling`, a table typed in by hand,
-``{"label": [(ranks, samples_per_sec), ...]}``, or a file (the ``.json`` or ``.csv``
-the benchmark writes, or any CSV with columns ``ranks`` and ``throughput``). No
-published figures live here: whoever quotes one passes it in, its source in the label::
+:func:`load_scaling` reads the benchmark's JSON files back, several (a batch job's
+steps, one world size each) as one ``ScalingResult``. The plots take plain numbers, so
+a learner's run and a published table, its source in the label, appear side by side::
 
     plot_scaling(result, {"Horovod ResNet-50 (paper, Fig. N)": [(2, ...), (64, ...)]})
-
-A published table may also give the time of a whole run (smaller is faster) rather
-than a rate: :func:`plot_efficiency` turns both into a speed-up over the series'
-smallest count (time ratio, or rate ratio) and an efficiency, speed-up / (N / N0),
-drawn beside the ideal::
-
     plot_efficiency(document_table("cpu-batch50"), load_scaling("docs/results/..."))
+
+Nothing here needs torch: the results can be drawn on a login node.
 """
 
 from __future__ import annotations
@@ -62,8 +49,7 @@ _MARKERS = ["o", "s", "^", "D", "v", "P", "X"]  # shape as well as colour tells 
 
 
 def series_style(i: int) -> dict[str, Any]:
-    """The line style of the ``i``-th series of a scaling plot: colour and marker
-    both change, so lines stay apart in black and white too."""
+    """The ``i``-th series' colour and marker: both change, for black and white too."""
     return {
         "color": COLOURS[i % len(COLOURS)],
         "marker": _MARKERS[i % len(_MARKERS)],
@@ -92,11 +78,8 @@ def _checked(label: Any, points: Any) -> Points:
         )
     out: Points = []
     for point in points:
-        if (
-            isinstance(point, (str, bytes))
-            or not isinstance(point, Sequence)
-            or (len(point) != 2)
-        ):
+        pair = isinstance(point, Sequence) and not isinstance(point, (str, bytes))
+        if not pair or len(point) != 2:
             raise ValueError(
                 f"series {label!r}: {point!r} is not a (ranks, samples per second) pair"
             )
@@ -149,24 +132,21 @@ def _read_csv(path: Path) -> dict[str, Points]:
 def load_scaling(*paths: PathLike) -> ScalingResult:
     """Read scaling runs back from the JSON files :meth:`ScalingResult.save` wrote.
 
-    Several files (or folders of them) become one result: their rows in one table,
-    ordered by mode and world size, with speed-up and efficiency taken against the
-    smallest world size of each mode among all of them. That is how the steps of a
-    batch job, each measured at its own world size, are read together.
+    Several files (or folders) become one result, rows ordered by mode and world size,
+    speed-up and efficiency against the smallest world size of each mode among them all.
 
     Args:
-        *paths: ``.json`` files, or folders whose ``*.json`` scaling files are all
-            read (other JSON files in a folder are passed over).
+        *paths: ``.json`` files, or folders whose scaling files are all read (other
+            JSON files in a folder are passed over).
 
     Returns:
-        The :class:`ScalingResult`; with several files, its descriptive fields
-        (steps, launcher, machine, ...) are those of the first file.
+        The :class:`ScalingResult`; with several files, the descriptive fields (steps,
+        launcher, machine, ...) are the first file's.
 
     Raises:
         FileNotFoundError: no such file, or a folder with no scaling file in it.
-        ValueError: a file that is not a scaling run's JSON (a CSV, say); files
-            that measured different models, backends or batches; two files that
-            both hold the same mode at the same world size.
+        ValueError: a file that is not a scaling run's JSON; files that measured
+            different models, backends or batches; a mode and world size held twice.
 
     Example:
         >>> job = load_scaling("runs/scaling-1234")            # doctest: +SKIP
@@ -185,8 +165,7 @@ def load_scaling(*paths: PathLike) -> ScalingResult:
 
 
 def _runs(path: Path) -> list[tuple[Path, ScalingResult]]:
-    """The file's run, or the runs of a folder's scaling files in name order (each
-    file read once; other JSON files in a folder are passed over)."""
+    """The file's run, or the runs of a folder's scaling files in name order."""
     if path.is_dir():
         found = []
         for f in sorted(path.glob("*.json")):
@@ -278,19 +257,18 @@ def scaling_series(source: Any) -> dict[str, Points]:
     """One source of measurements as ``{label: [(ranks, samples/s), ...]}``, sorted.
 
     Args:
-        source: a ``ScalingResult`` (one series per mode), a mapping of label to
-            (ranks, samples per second) pairs, or the path of a CSV (columns
-            ``ranks``, ``throughput``; a ``label`` or ``mode`` column splits it into
-            series), of the JSON the scaling benchmark writes, or of a folder of
-            such JSON files (a batch job's steps, read together by ``load_scaling``).
+        source: a ``ScalingResult`` (a series per mode), a mapping of label to (ranks,
+            samples per second) pairs, or the path of a CSV (columns ``ranks``,
+            ``throughput``; a ``label`` or ``mode`` column splits it), of the
+            benchmark's JSON, or of a folder of them.
 
     Returns:
         Each series' points, checked and sorted by rank count.
 
     Raises:
         TypeError: a source of another kind.
-        ValueError: a bad table: no points, ranks below 1, a throughput that is not
-            above 0, a rank count given twice, missing CSV columns.
+        ValueError: no points, ranks below 1, a throughput not above 0, a rank count
+            given twice, missing CSV columns.
         FileNotFoundError: no such file.
 
     Example:
@@ -322,11 +300,10 @@ def scaling_series(source: Any) -> dict[str, Points]:
 
 
 def relative_efficiency(points: Points) -> Points:
-    """Efficiency of each point against the first (the smallest rank count).
+    """Efficiency of each point against the first: ``(X_N / X_0) * (N_0 / N)``.
 
-    ``(X_N / X_0) * (N_0 / N)``: with a 1-rank first point, X_N / (N X_1), the weak
-    scaling efficiency; for a fixed global batch it equals (T_1 / T_N) / N, the strong
-    scaling one, since throughput is the global batch over the step time.
+    With a 1-rank first point that is weak scaling's X_N / (N X_1), and for a fixed
+    global batch strong scaling's (T_1 / T_N) / N.
 
     Example:
         >>> relative_efficiency([(1, 100.0), (4, 360.0)])
@@ -337,8 +314,7 @@ def relative_efficiency(points: Points) -> Points:
 
 
 def _add(series: dict[str, Points], label: str, points: Points) -> None:
-    """``series[label] = points``, the label numbered " (2)", " (3)", ... when it is
-    already there (two runs of the same model and mode)."""
+    """``series[label] = points``, the label numbered " (2)", ... if already there."""
     unique, k = label, 2
     while unique in series:
         unique, k = f"{label} ({k})", k + 1
@@ -361,9 +337,7 @@ def _count_axes(axes: Any, counts: list[int], xlabel: str, log: bool = True) -> 
 def _efficiency_and_legend(
     fig: Figure, ax_e: Any, handles: list, labels: list[str], title: str
 ) -> None:
-    """The efficiency panel in percent from 0, and one legend under both panels:
-    whole on a 1280x720 projector (workshop.draw.projector), with nothing drawn over
-    the lines."""
+    """The efficiency panel in percent from 0, and one legend below both panels."""
     from matplotlib.ticker import PercentFormatter
 
     longest = max(len(text) for text in labels)
@@ -387,23 +361,18 @@ def plot_scaling(
     xlabel: str = "ranks (processes or GPUs)",
     log: bool = True,
 ) -> Figure:
-    """Throughput and efficiency against ranks, each with its ideal line.
+    """Throughput (left) and efficiency (right) against ranks, each with its ideal.
 
-    Left: samples per second (all ranks together), each series with a dashed line of
-    its own colour for perfect scaling from its first point. Right: efficiency, with
-    the ideal at 100 %. Efficiency is computed against each series' smallest rank
-    count; where that is not 1 (a published table from 2 GPUs up, say), the legend
-    says so: "(vs 2 ranks)".
+    Each series has a dashed ideal line of its own colour from its first point;
+    efficiency is against its smallest rank count, which the legend names where it is
+    not 1: "(vs 2 ranks)".
 
     Args:
-        *sources: one or more of: a ``ScalingResult``, a dict ``{label: [(ranks,
-            samples_per_sec), ...]}``, the path of a CSV (``ranks``, ``throughput``
-            columns), of the benchmark's JSON or of a folder of them. See
-            :func:`scaling_series`.
-        title: the figure's title.
+        *sources: ``ScalingResult`` s, dicts ``{label: [(ranks, samples_per_sec),
+            ...]}``, or CSV or JSON paths; see :func:`scaling_series`.
         xlabel: what the ranks are.
-        log: logarithmic axes for the throughput (base 2 for ranks), so that a
-            CPU's hundreds and a cluster's thousands fit in one panel.
+        log: logarithmic throughput axes, so a CPU's hundreds and a cluster's
+            thousands fit in one panel.
 
     Returns:
         The matplotlib Figure; ``fig.axes`` is (throughput, efficiency).
@@ -478,14 +447,12 @@ def efficiency_series(*sources: Any) -> dict[str, Points]:
     """Each source's speed-up over its smallest count, as ``{label: [(N, x)]}``.
 
     Args:
-        *sources: a :class:`~workshop.sources.tables.DocumentTable` (every measured
-            column becomes a series), or anything :func:`scaling_series` reads: a
-            ``ScalingResult``, a dict ``{label: [(ranks, samples_per_sec), ...]}``,
-            a CSV or JSON path. A dict of speed-ups (``table.speedups("V100")``)
-            reads as rates too: a speed-up is a rate over the first one.
+        *sources: a :class:`~workshop.sources.tables.DocumentTable` (each measured
+            column a series), or anything :func:`scaling_series` reads; a dict of
+            speed-ups reads as rates too.
 
     Returns:
-        Speed-ups, sorted by count; the first point of each series is 1.
+        Speed-ups, sorted by count; each series starts at 1.
 
     Raises:
         ValueError: no source, a bad table, or a document table of single runs.
@@ -520,27 +487,22 @@ def plot_efficiency(
 ) -> Figure:
     """Speed-up (left) and efficiency (right) against the count, with the ideal.
 
-    Speed-up is over each series' smallest count: for a table in seconds, time at
-    that count / time; for rates, rate / rate at that count. Efficiency is speed-up /
-    (N / N0); the ideal is N / N0 and 100 %. A series that starts above 1 (a table
-    from 2 GPUs up) says so in the legend.
+    Speed-up is over each series' smallest count N0 (a time's ratio for a table in
+    seconds, a rate's for rates); efficiency is speed-up / (N / N0).
 
     Args:
-        *sources: document tables, measured runs or tables of rates; see
+        *sources: document tables, runs or tables of rates; see
             :func:`efficiency_series`.
-        title: the figure's title.
         xlabel: what is counted.
 
     Returns:
-        The matplotlib Figure, ``fig.axes`` (speed-up, efficiency), whole on a
-        1280x720 projector; closed in pyplot, so a cell shows it once.
+        The Figure, ``fig.axes`` (speed-up, efficiency); closed in pyplot.
 
     Raises:
         ValueError, TypeError: as :func:`efficiency_series`.
 
     Example:
-        >>> fig = plot_efficiency(document_table("cpu-batch50"),
-        ...                       document_table("cpu-batch256"))  # doctest: +SKIP
+        >>> fig = plot_efficiency(document_table("cpu-batch50"))  # doctest: +SKIP
     """
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D

@@ -1,9 +1,5 @@
 """Results of the scaling benchmark: speed-up and efficiency, rows, JSON and CSV.
-
-The workers' plain dicts become :class:`ScalingRow` s here (:func:`assemble`). A saved
-run is read back by :func:`workshop.bench.scaling_plots.load_scaling`, which needs no
-torch: it can be drawn anywhere, a login node included.
-"""
+:func:`assemble` turns the workers' plain dicts into :class:`ScalingRow` s."""
 
 from __future__ import annotations
 
@@ -53,14 +49,13 @@ def weak_scaling(
     """Speed-up and efficiency of weak scaling (fixed batch per rank).
 
     Args:
-        throughput_1: samples per second (global) at ``base_world_size`` ranks.
-        throughput_n: samples per second (global) at ``world_size`` ranks.
+        throughput_1: global samples per second at ``base_world_size`` ranks.
+        throughput_n: global samples per second at ``world_size`` ranks.
         world_size: ranks of the measurement.
         base_world_size: ranks of the baseline; 1 unless no 1-rank run exists.
 
     Returns:
-        (speed-up, efficiency): throughput_n / throughput_1, and that divided by the
-        growth in ranks: throughput_n / (N * throughput_1) for a 1-rank baseline.
+        (throughput_n / throughput_1, that divided by the growth in ranks).
 
     Raises:
         ValueError: a throughput that is not > 0, or a world size below 1.
@@ -80,14 +75,13 @@ def strong_scaling(
     """Speed-up and efficiency of strong scaling (fixed global batch).
 
     Args:
-        seconds_1: seconds per step of the global batch at ``base_world_size`` ranks.
+        seconds_1: seconds per step at ``base_world_size`` ranks.
         seconds_n: seconds per step of the same global batch at ``world_size`` ranks.
         world_size: ranks of the measurement.
         base_world_size: ranks of the baseline; 1 unless no 1-rank run exists.
 
     Returns:
-        (speed-up, efficiency): T_1 / T_N, and speed-up / N for a 1-rank baseline
-        (speed-up * base / N otherwise).
+        (T_1 / T_N, that divided by the growth in ranks).
 
     Raises:
         ValueError: a time that is not > 0, or a world size below 1.
@@ -103,34 +97,32 @@ def strong_scaling(
 
 def add_speedups(rows: list[ScalingRow], baselines: Sequence[ScalingRow] = ()) -> None:
     """Set each row's speed-up and efficiency against the smallest world size of its
-    mode, among ``rows`` and ``baselines`` (rows of an earlier run)."""
+    mode among ``rows`` and ``baselines`` (an earlier run's rows)."""
     for mode in MODES:
         mine = [r for r in rows if r.mode == mode]
         if not mine:
             continue
         base = min([*mine, *(b for b in baselines if b.mode == mode)], key=_ranks)
+        formula, name = _FORMULAS[mode]
         for r in mine:
             r.base_world_size = base.world_size
-            if mode == "weak":
-                r.speedup, r.efficiency = weak_scaling(
-                    base.samples_per_second,
-                    r.samples_per_second,
-                    r.world_size,
-                    base.world_size,
-                )
-            else:
-                r.speedup, r.efficiency = strong_scaling(
-                    base.step_seconds, r.step_seconds, r.world_size, base.world_size
-                )
+            pair = getattr(base, name), getattr(r, name)
+            r.speedup, r.efficiency = formula(*pair, r.world_size, base.world_size)
+
+
+# Each mode's formula and the row's figure it compares.
+_FORMULAS = {
+    "weak": (weak_scaling, "samples_per_second"),
+    "strong": (strong_scaling, "step_seconds"),
+}
 
 
 def why_not_comparable(
     first: tuple[str, int, Sequence[ScalingRow]],
     second: tuple[str, int, Sequence[ScalingRow]],
 ) -> str | None:
-    """Why two runs, each ``(model, image_size, rows)``, cannot share a baseline:
-    another model or image size, or a mode measured with another batch (weak scaling
-    keeps the batch per rank, strong scaling the global batch). None when they can."""
+    """Why two runs, each ``(model, image_size, rows)``, cannot share a baseline (weak
+    scaling keeps the batch per rank, strong the global batch); None if they can."""
     (model_a, size_a, rows_a), (model_b, size_b, rows_b) = first, second
     if (model_a, size_a) != (model_b, size_b):
         return f"{model_a} at {size_a}px against {model_b} at {size_b}px"
@@ -148,24 +140,18 @@ def why_not_comparable(
 # ------------------------------------------------------------------ results
 @dataclass
 class ScalingRow:
-    """One world size in one mode. Times are seconds per step: the median over the
-    timed steps of the slowest rank.
+    """One world size in one mode; times are seconds per step, the median of the
+    slowest rank's.
 
     Attributes:
-        samples_per_second: global samples per second, with the all-reduce.
-        step_seconds: a DDP step (compute and gradient all-reduce).
-        compute_seconds: the same step under ``no_sync()`` (no all-reduce).
+        step_seconds: a DDP step; compute_seconds: the same under ``no_sync()``.
         comm_seconds: ``step_seconds - compute_seconds``: communication waited for.
-        allreduce_seconds: time at least one bucket's all-reduce was in flight
-            (rank 0; overlaps the backward pass).
-        predicted_allreduce_seconds: the alpha-beta model's all-reduce of the whole
+        allreduce_seconds: time some bucket's all-reduce was in flight (rank 0).
+        predicted_allreduce_seconds: the alpha-beta model's all-reduce of the
             gradient (0 on one rank; None without alpha and beta).
-        speedup, efficiency: against ``base_world_size`` ranks, the smallest world
-            size of the same mode.
-        step_times, compute_times: every timed step, one list per rank.
-        allreduce_times: rank 0's all-reduce time in flight, per step.
-        fit_sizes, fit_seconds: all-reduce sizes (bytes) and median times timed for
-            the alpha-beta fit at this world size.
+        speedup, efficiency: against ``base_world_size``, the mode's smallest.
+        step_times, compute_times: every timed step, a list per rank.
+        fit_sizes, fit_seconds: all-reduces timed for the alpha-beta fit.
     """
 
     mode: str
@@ -193,12 +179,9 @@ class ScalingRow:
 
 @dataclass
 class ScalingResult:
-    """Rows of a scaling run and what they were measured on.
-
-    ``table()`` and ``explain()`` give the text the command prints; ``save(prefix)``
-    writes ``prefix.json`` (read back by ``load_scaling``) and ``prefix.csv``;
-    :func:`workshop.bench.scaling_plots.plot_scaling` draws it.
-    """
+    """Rows of a scaling run and what they were measured on: ``table()``,
+    ``explain()``, ``save(prefix)``; drawn by
+    :func:`workshop.bench.scaling_plots.plot_scaling`."""
 
     rows: list[ScalingRow]
     model: str
@@ -230,8 +213,7 @@ class ScalingResult:
         )
 
     def table(self) -> str:
-        """The rows as a fixed-width table at most 88 characters wide, the times in
-        ms per step under two grouping headings: ``print(result.table())``."""
+        """The rows as a table at most 88 characters wide, times in ms per step."""
         names = [f"{n:>{w}}" for n, w in _TABLE_COLUMNS]  # all right-aligned but mode
         lines = [f"{'':49}{'ms per step':^22}{'all-reduce ms':>17}", "".join(names)]
         lines[1] = f"{'mode':<6}" + lines[1][6:]
@@ -256,11 +238,8 @@ class ScalingResult:
         for r in self.rows:
             if r.world_size == 1:
                 continue
-            comm, step, p = (
-                r.comm_seconds,
-                r.step_seconds,
-                r.predicted_allreduce_seconds,
-            )
+            comm, step = r.comm_seconds, r.step_seconds
+            p = r.predicted_allreduce_seconds
             text = f"{r.mode}, {r.world_size} ranks: "
             if p is not None:
                 text += (
@@ -323,16 +302,15 @@ class ScalingResult:
         return lines
 
     def _noise(self) -> list[str]:
-        """Rows of both modes that did the same work (same ranks, same batch per
-        rank) should take the same time; when they do not, the machine was busy."""
+        """Lines for rows of both modes that did the same work in times that differ."""
         lines = []
         for weak in (r for r in self.rows if r.mode == "weak"):
             for strong in self.rows:
-                same = (strong.world_size, strong.batch_per_rank) == (
+                work = strong.world_size, strong.batch_per_rank
+                if strong.mode != "strong" or work != (
                     weak.world_size,
                     weak.batch_per_rank,
-                )
-                if strong.mode != "strong" or not same:
+                ):
                     continue
                 fast, slow = sorted([weak.step_seconds, strong.step_seconds])
                 if slow > 1.25 * fast:
@@ -367,8 +345,7 @@ class ScalingResult:
         return json.dumps({"kind": KIND, **asdict(self)}, indent=1)
 
     def save(self, prefix: str | os.PathLike[str]) -> tuple[Path, Path]:
-        """Write ``prefix.json`` (everything) and ``prefix.csv`` (a row per world
-        size and mode, with every step time as a JSON list); return both paths."""
+        """Write ``prefix.json`` and ``prefix.csv`` (a row per world size and mode)."""
         prefix = Path(prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)
         json_path = prefix.with_name(prefix.name + ".json")
@@ -478,14 +455,11 @@ def assemble(
     given: tuple[float, float, str] | None,
     baseline: ScalingResult | None = None,
 ) -> ScalingResult:
-    """A :class:`ScalingResult` from the dicts that ``scaling_worker`` returned.
+    """A :class:`ScalingResult` from rank 0's dict of each launch of ``scaling_worker``.
 
     Args:
-        raws: rank 0's dict of each launch.
-        steps, warmup: the settings the workers ran with.
-        launcher: "workshop", "torchrun", "srun" or "mpirun".
-        given: (alpha, beta, where from), or None to fit them to the all-reduces the
-            workers timed, one fit per world size.
+        given: (alpha, beta, where from), or None to fit them, one fit per world
+            size, to the all-reduces the workers timed.
         baseline: an earlier run whose rows may hold the smallest world size.
     """
     import torch
@@ -506,29 +480,20 @@ def assemble(
         source = "fitted in this run to all-reduces of 4 sizes at each world size"
     else:
         source = "none (pass --alpha and --beta for a prediction)"
-    first = raws[0]
+    machine = {"host": platform.node(), "system": platform.platform()}
+    machine["processor"] = platform.processor() or platform.machine()
+    machine["cpu_count"] = os.cpu_count()
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions["cuda"] = str(torch.version.cuda)
+    same = ("model", "image_size", "parameters", "gradient_bytes", "backend", "device")
     return ScalingResult(
+        **{name: raws[0][name] for name in same},
         rows=rows,
-        model=first["model"],
-        image_size=first["image_size"],
-        parameters=first["parameters"],
-        gradient_bytes=first["gradient_bytes"],
         steps=steps,
         warmup=warmup,
-        backend=first["backend"],
-        device=first["device"],
         launcher=launcher,
         alpha_beta_source=source,
-        machine={
-            "host": platform.node(),
-            "system": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-        },
-        versions={
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "cuda": str(torch.version.cuda),
-        },
+        machine=machine,
+        versions=versions,
         created=datetime.datetime.now().isoformat(timespec="seconds"),
     )

@@ -1,32 +1,21 @@
 """Training samples per second, the workshop's loop against one in plain PyTorch:
-``python -m workshop.bench train``.
+``python -m workshop.bench train`` (a GPU node's figure beside published ones:
+ResNet-50, bf16, channels_last on an H100, about 2,600 to 2,800 images/s).
 
-``train`` trains a model on synthetic images for a fixed number of steps and prints
-samples per second, so a GPU node's figure can be set beside published ones (ResNet-50
-with bf16 and channels_last on an H100: about 2,600 to 2,800 images per second).
-``--bare`` times the same model, batch, precision and memory format with a training
-loop written out in plain PyTorch instead of the workshop's ``train_step``, so the
-two figures show what the workshop's loop costs (``python -m workshop check-node``
-runs both on a GPU node).
-
-``--compile`` times three loops on the same model, batch and data, one after the
-other: the workshop's loop eager, the workshop's loop compiled (the model through
-``compile_model``, as ``train(compile=True)`` does) and a bare compiled loop
-(``torch.compile(model)`` and the plain loop of ``--bare``: no workshop code). Each
-loop's warm-up (the untimed first steps, the compiling ones among them) is printed
-apart from its steady state, and the point of the table is the ratio of the
-workshop's compiled loop to the bare one (goal on a GPU node: 0.98 or more)::
+``--bare`` times a loop written out in plain PyTorch instead of ``train_step``, so the
+two figures show what the workshop's loop costs. ``--compile`` times three loops on
+the same model and data: the workshop's eager, the workshop's compiled (as
+``train(compile=True)``) and a bare ``torch.compile`` one, each warm-up apart from
+its steady state; the point is the workshop/bare ratio (goal on a GPU: 0.98)::
 
     python -m workshop.bench train --compile --model smallcnn --image-size 32 \\
         --amp none                                            # a CPU, in a minute
-    python -m workshop.bench train --compile --channels-last  # ResNet-50 bf16, a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from .._cli import whole_number, writable_file
+from .bench_output import count_option, json_option, write_json
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,24 +37,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"smallcnn or {', '.join(RESNETS)} (default resnet50)",
     )
-    parser.add_argument(
+    count_option(
+        parser,
         "--batch-size",
-        type=whole_number(1, "--batch-size 32"),
-        default=None,
-        help="samples per step (default 256 on a GPU, 8 on the CPU)",
+        1,
+        None,
+        "samples per step (default 256 on a GPU, 8 on the CPU)",
+        "--batch-size 32",
     )
-    parser.add_argument(
-        "--image-size", type=whole_number(1, "--image-size 224"), default=224
-    )
-    parser.add_argument(
-        "--steps", type=whole_number(1, "--steps 30"), default=30, help="timed steps"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=whole_number(0, "--warmup 5"),
-        default=5,
-        help="untimed steps first",
-    )
+    count_option(parser, "--image-size", 1, 224)
+    count_option(parser, "--steps", 1, 30, "timed steps")
+    count_option(parser, "--warmup", 0, 5, "untimed steps first")
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="bf16")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument(
@@ -79,12 +61,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="time the workshop's loop eager and compiled and a bare compiled loop, "
         "each warm-up apart from its steady state (on a CPU: --model smallcnn)",
     )
-    parser.add_argument(
-        "--json",
-        type=writable_file("--json train.json"),
-        metavar="PATH",
-        help="also write the figures as JSON",
-    )
+    json_option(parser, "--json train.json", "also write the figures as JSON")
 
 
 def _bare_step(
@@ -96,14 +73,9 @@ def _bare_step(
     scaler: Any,
     channels_last: bool,
 ) -> Callable[[], None]:
-    """One training step in plain PyTorch, for ``--bare``: no workshop code in it.
-
-    It does what ``train_step`` does with one micro-batch: the batch (already on the
-    device here) into the memory format, the forward pass and the loss under
-    autocast, backward, step. ``train_step`` also sums the loss and counts correct
-    predictions on the device; that bookkeeping is part of what the two figures
-    compare.
-    """
+    """One training step in plain PyTorch, for ``--bare``: what ``train_step`` does
+    with one micro-batch, without its loss and accuracy bookkeeping on the device (part
+    of what the two figures compare)."""
     import torch
     import torch.nn.functional as F
 
@@ -199,8 +171,7 @@ def _model(args: argparse.Namespace, setup: _Setup) -> Any:
 def _step(
     args: argparse.Namespace, setup: _Setup, model: Any, bare: bool
 ) -> Callable[[], None]:
-    """One training step of ``model`` (compiled or not) with its own optimizer: the
-    plain loop of ``--bare`` or the workshop's ``train_step`` on the one batch."""
+    """One training step of ``model``, with its own optimizer: ``--bare``'s or ours."""
     import torch
 
     from ..training.steps import train_step
@@ -223,15 +194,10 @@ def _step(
 
 def _settings(args: argparse.Namespace, setup: _Setup) -> dict:
     """What a run measured, as its JSON file starts: model, device, batch and so on."""
-    return {
-        "model": args.model,
-        "device": _device_name(setup),
-        "batch_size": setup.batch,
-        "image_size": args.image_size,
-        "amp": setup.amp,
-        "channels_last": args.channels_last,
-        "steps": args.steps,
-    }
+    device = _device_name(setup)
+    first = {"model": args.model, "device": device, "batch_size": setup.batch}
+    then = {"image_size": args.image_size, "amp": setup.amp}
+    return first | then | {"channels_last": args.channels_last, "steps": args.steps}
 
 
 def _device_name(setup: _Setup) -> str:
@@ -263,8 +229,7 @@ def _timed(step: Callable[[], None], steps: int, gpu: bool) -> float:
 
 
 def train_main(args: argparse.Namespace) -> int:
-    """Time training steps and print samples per second (``--compile``: three loops,
-    see :func:`compiled_main`)."""
+    """Time training steps and print samples per second (``--compile``: three loops)."""
     import torch
 
     setup = _setup(args)
@@ -281,18 +246,10 @@ def train_main(args: argparse.Namespace) -> int:
         f"{args.steps} steps)"
     )
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    **_settings(args, setup),
-                    "loop": "bare" if args.bare else "workshop",
-                    "seconds": seconds,
-                    "samples_per_second": rate,
-                    "torch": torch.__version__,
-                },
-                f,
-                indent=2,
-            )
+        loop = "bare" if args.bare else "workshop"
+        report = _settings(args, setup) | {"loop": loop, "seconds": seconds}
+        report |= {"samples_per_second": rate, "torch": torch.__version__}
+        write_json(args.json, report, say=False)
     return 0
 
 
@@ -304,10 +261,9 @@ class LoopTimes:
     Attributes:
         loop: "eager, workshop", "compiled, workshop" or "compiled, bare".
         warmup_steps: seconds of each untimed first step (the first compiles).
-        compiled_steps: the warm-up steps (from 1) that compiled a graph, where
-            the loop counts them (the workshop's compiled loop).
+        compiled_steps: the warm-up steps (from 1) that compiled a graph, where the
+            loop counts them (the workshop's compiled loop).
         seconds: the timed steps' seconds, after the warm-up.
-        samples_per_second: the steady state's rate.
     """
 
     loop: str
@@ -322,13 +278,14 @@ class LoopTimes:
 
 
 def _run_loop(
-    name: str, step: Callable[[], None], args: argparse.Namespace, setup: _Setup
+    name: str, model: Any, args: argparse.Namespace, setup: _Setup, bare: bool = False
 ) -> LoopTimes:
-    """Warm-up steps one by one, then the timed steps."""
+    """``model``'s loop (:func:`_step`): warm-up steps one by one, then the timed."""
     import torch
 
     from ..training.compiled import graphs_compiled
 
+    step = _step(args, setup, model, bare)
     times = LoopTimes(name)
     for number in range(1, max(args.warmup, 1) + 1):
         graphs = graphs_compiled()
@@ -343,9 +300,7 @@ def _run_loop(
 
 
 def compiled_main(args: argparse.Namespace, setup: _Setup) -> int:
-    """``--compile``: the workshop's loop eager, the workshop's loop compiled, and a
-    bare compiled loop, one after the other on copies of one model; each warm-up
-    apart from its steady state, and the workshop/bare ratio."""
+    """``--compile``: the three loops on copies of one model, and their ratio."""
 
     from ..training.compiled import inductor_unavailable, no_triton_pool
 
@@ -372,25 +327,16 @@ def _compiled_loops(args: argparse.Namespace, setup: _Setup) -> int:
     from ..training.compiled import compile_model
 
     base = _model(args, setup)
-    rows = []
-    eager = copy.deepcopy(base)
-    rows.append(
-        _run_loop("eager, workshop", _step(args, setup, eager, False), args, setup)
-    )
-    del eager
+    rows = [_run_loop("eager, workshop", copy.deepcopy(base), args, setup)]
     # The workshop's compiled loop: compile_model, as train(compile=True) does.
     ours = compile_model(copy.deepcopy(base), "inductor")
-    rows.append(
-        _run_loop("compiled, workshop", _step(args, setup, ours, False), args, setup)
-    )
+    rows.append(_run_loop("compiled, workshop", ours, args, setup))
     del ours
     # The bare compiled loop: plain PyTorch (torch.compile's caches emptied first,
     # as compile_model does, so that it compiles afresh too).
     torch._dynamo.reset()
     bare = torch.compile(copy.deepcopy(base))
-    rows.append(
-        _run_loop("compiled, bare", _step(args, setup, bare, True), args, setup)
-    )
+    rows.append(_run_loop("compiled, bare", bare, args, setup, bare=True))
     del bare
     _print_compiled(args, setup, rows)
     if args.json:
@@ -400,8 +346,7 @@ def _compiled_loops(args: argparse.Namespace, setup: _Setup) -> int:
             "ratio": rows[1].samples_per_second / rows[2].samples_per_second,
             "torch": torch.__version__,
         }
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.json, report, say=False)
     return 0
 
 

@@ -1,12 +1,9 @@
 """Run real launchers (``torchrun``, ``mpirun``) from a notebook cell (notebook 03).
 
-``torchrun_command`` and ``mpirun_command`` build the command lines a learner would
-type on a cluster; ``run_command`` runs one and ``run_commands`` several at once (two
-torchrun agents standing in for two nodes), showing their output live in the cell and
-returning it. Whatever happens (an error, ``timeout``, the kernel's stop button, one
-"node" failing, the kernel itself killed), every process they started is stopped:
-each command runs under a keeper process (``reaper.py``) that holds its whole tree.
-Agents started together on this one machine share its GPUs (``gpu_split.py``).
+``torchrun_command`` and ``mpirun_command`` build the lines a learner would type on a
+cluster; ``run_command`` runs one and ``run_commands`` several at once (two torchrun
+agents standing in for two nodes), output shown live. Whatever happens, every
+process they started is stopped: each runs under a keeper (``reaper.py``).
 """
 
 from __future__ import annotations
@@ -37,10 +34,8 @@ __all__ = [
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago. It lies below the range
-    the system hands out by itself (``ports.py``), so that no outgoing connection
-    takes it before torchrun or a test binds it; a program asking for that very
-    number still could.
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the range the
+    system hands out to outgoing connections (``ports.py``).
 
     Example:
         >>> 0 < free_port() < 65536
@@ -65,17 +60,17 @@ def torchrun_command(
         script: the training script; relative paths start from the current folder.
         *args: the script's own arguments.
         nproc_per_node: processes (ranks) on each node, usually one per GPU.
-        nnodes: nodes in the job; each runs this same command (with ``nnodes > 1``,
-            ``rdzv_endpoint`` is needed).
-        rdzv_endpoint: "host:port" where the nodes' torchrun agents meet (c10d
-            rendezvous); None with one node: ``--standalone``.
+        nnodes: nodes in the job, each running this command (needs
+            ``rdzv_endpoint`` above 1).
+        rdzv_endpoint: "host:port" where the agents meet (c10d); None:
+            ``--standalone``.
         rdzv_id: the job's name at the rendezvous; every node passes the same.
         max_restarts: how many times torchrun restarts all ranks after a failure.
-        python: the interpreter whose ``torchrun`` to use (default: this one's);
-            without a ``torchrun`` beside it, ``python -m torch.distributed.run``.
+        python: the interpreter whose ``torchrun`` to use (default: this one's), else
+            ``python -m torch.distributed.run``.
 
     Returns:
-        The command as a list of words (``shlex.join`` makes it a shell line).
+        The command as a list of words.
 
     Raises:
         ValueError: a count below its minimum, or a missing or malformed endpoint.
@@ -130,12 +125,7 @@ def mpirun_command(
     options: Sequence[str] = (),
 ) -> list[str]:
     """The Open MPI ``mpirun`` command line that starts ``np`` ranks of ``script``
-    on this machine.
-
-    Inside a Slurm job (a notebook kernel on a cluster's portal) the line keeps
-    Open MPI off the job's allocation, ``--mca ras ^slurm --mca plm ^slurm``: by
-    default it would count one slot per task of the job and start its daemons with
-    ``srun``, which waits for the CPUs the kernel's own job step holds.
+    on this machine (inside a Slurm job, kept off the job's allocation).
 
     Args:
         script: the training script; relative paths start from the current folder.
@@ -144,8 +134,7 @@ def mpirun_command(
         master_addr: the host of rank 0, where the ranks meet (``MASTER_ADDR``).
         master_port: a free port there (``MASTER_PORT``); None picks one here.
         python: the interpreter that runs the script (default: this one).
-        options: more mpirun options, as words, put before the program, e.g.
-            ``["--bind-to", "core", "--report-bindings"]``.
+        options: more mpirun options, as words, e.g. ``["--bind-to", "core"]``.
 
     Returns:
         The command as a list of words.
@@ -208,9 +197,7 @@ def mpirun_command(
 
 @dataclass
 class CommandResult:
-    """What one command did: its exit code (-N: ended by signal N), what it printed
-    on stdout and stderr (as shown: torchrun's log lines tidied), and its wall
-    time in seconds; ``label`` names it among several."""
+    """What one command did: exit code (-N: signal N), output as shown, seconds."""
 
     command: list[str]
     returncode: int
@@ -240,16 +227,9 @@ def run_command(
     show: bool = True,
     grace: float = 5.0,
 ) -> CommandResult:
-    """Run ``command``, show its output live in the cell, and return it.
-
-    First a line shows the command (``$ ...``); then stdout lines go to
-    ``sys.stdout`` and stderr lines to ``sys.stderr`` as they come, torchrun's log
-    lines without their time stamps or OMP_NUM_THREADS banner. The command gets this
-    environment plus ``env`` and ``PYTHONUNBUFFERED=1``; torchrun also gets (and
-    shows) ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, without which a restart can fail
-    or hang (pytorch issue #135712). On ``timeout``, an error or an interrupt, every
-    process it started is stopped (SIGTERM, ``grace`` s, SIGKILL), and if the
-    kernel itself dies, they end too.
+    """Run ``command``, show its output live in the cell (torchrun's log lines
+    tidied), and return it. On ``timeout``, an error, an interrupt or the kernel's
+    death, every process it started is stopped (SIGTERM, ``grace`` s, SIGKILL).
 
     Args:
         command: the program and its arguments, e.g. from :func:`torchrun_command`.
@@ -266,8 +246,7 @@ def run_command(
     Raises:
         CommandError: a non-zero exit (with ``check``), or ``timeout`` passed.
         FileNotFoundError: the program is not installed, with what to install.
-        TypeError: ``command`` is a string, not a list of words (the message shows
-            the list).
+        TypeError: ``command`` is a string, not a list of words.
         KeyboardInterrupt: the kernel was interrupted; everything was stopped.
 
     Example:
@@ -293,14 +272,9 @@ def run_commands(
     show: bool = True,
     grace: float = 5.0,
 ) -> list[CommandResult]:
-    """Run several commands at once, as the nodes of one job: each line shown with
-    its label (``[node 1] ...``). If one fails while others still run, the others
-    are stopped, as a job ends when a node dies.
-
-    Two or more torchrun agents share this machine's GPUs (``gpu_split.py``):
-    each gets GPUs of its own (``CUDA_VISIBLE_DEVICES``, shown on its ``$`` line),
-    or, with too few GPUs for all their ranks, none, so that their ranks run on the
-    CPU with gloo; a note before the commands says which (with ``show``).
+    """Run several commands at once, as the nodes of one job, each line shown with
+    its label; one failing stops the others. Torchrun agents share this machine's
+    GPUs (``gpu_split.py``).
 
     Args:
         commands: the commands, e.g. one :func:`torchrun_command` per node.
@@ -312,8 +286,7 @@ def run_commands(
         One :class:`CommandResult` per command, in order.
 
     Raises:
-        CommandError, FileNotFoundError, KeyboardInterrupt: as :func:`run_command`;
-        the error names the first command that failed.
+        CommandError, FileNotFoundError, KeyboardInterrupt: as :func:`run_command`.
         TypeError: ``commands`` is not a list of commands, each a list of words.
 
     Example:
@@ -372,8 +345,8 @@ def _listed(line: str) -> str:
 
 
 def _words(command: object, what: str) -> list[str]:
-    """``command`` as a list of words; a string is refused, since iterating it
-    would run each of its characters as a word ("program 'e' not found")."""
+    """``command`` as a list of words; a string is refused (its letters would be
+    taken for words)."""
     if isinstance(command, (str, bytes)):
         text = command.decode() if isinstance(command, bytes) else command
         raise TypeError(

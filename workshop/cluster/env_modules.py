@@ -1,12 +1,8 @@
 """Environment modules (Lmod, Environment Modules), shown for real where a site has
 them and imitated where it has not (notebook 03, section 6).
 
-``module load cuda/12.4`` changes the variables of the shell that runs it, as the
-module's file says (``prepend-path PATH ...``, ``setenv CUDA_HOME ...``); programs
-started from that shell afterwards inherit them, and nothing else does: not a
-Jupyter kernel started before. :func:`module_system` says whether ``module`` exists
-here; :func:`module_load_environment` applies a modulefile's few common commands
-to a copy of an environment, as ``module load`` would.
+``module load`` changes only the variables of the shell that runs it (and what it
+starts later), never a kernel started before.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ _COMMANDS = ("prepend-path", "append-path", "setenv", "unsetenv")
 
 @dataclass(frozen=True)
 class ModuleSystem:
-    """Whether ``module`` is defined in a login shell here: ``available``, and what
-    ``module --version`` said (first line), or why it is missing."""
+    """Whether a login shell here defines ``module``: its version, or why not."""
 
     available: bool
     description: str
@@ -34,8 +29,7 @@ class ModuleSystem:
 
 
 def module_system(timeout: float = 30.0) -> ModuleSystem:
-    """Whether this machine has environment modules: a login shell (``bash -lc``)
-    that defines ``module``, as a cluster's login and compute nodes do.
+    """Whether a login shell (``bash -lc``) here defines ``module``.
 
     Args:
         timeout: seconds to wait for the login shell.
@@ -69,12 +63,9 @@ def module_load_environment(
 ) -> dict[str, str]:
     """A copy of ``environ`` changed as ``module load`` of ``modulefile`` would.
 
-    Understands the commands most modulefiles are made of, one per line:
-    ``prepend-path VAR DIR``, ``append-path VAR DIR``, ``setenv VAR VALUE`` and
-    ``unsetenv VAR``; ``#`` starts a comment. ``environ`` itself is not changed.
-
     Args:
-        modulefile: the modulefile's text (Tcl syntax, those four commands only).
+        modulefile: the modulefile's text: ``prepend-path``, ``append-path``,
+            ``setenv`` and ``unsetenv`` lines, ``#`` comments.
         environ: the environment to start from; ``os.environ`` when omitted.
 
     Returns:

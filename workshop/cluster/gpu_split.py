@@ -1,10 +1,8 @@
 """Torchrun agents started together on one machine share its GPUs (notebook 03).
 
-On a cluster each torchrun agent has a node, and its GPUs, to itself. Two agents on
-one machine, standing in for two nodes, each count only their own ranks, so both give
-local rank 0 ``cuda:0``. :func:`split_gpus` decides which GPUs each agent may see
-(``CUDA_VISIBLE_DEVICES``); ``commands.run_commands`` applies it. Imports only
-``env`` and ``run`` from the package.
+Two agents on one machine, standing in for two nodes, each count only their own
+ranks, so both give local rank 0 ``cuda:0``: :func:`split_gpus` gives each its own
+``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ __all__ = ["GpuSplit", "split_for", "split_gpus"]
 
 @dataclass(frozen=True)
 class GpuSplit:
-    """How commands started together share this machine's GPUs: ``envs[i]`` is
-    what command ``i`` gets on top of its environment (empty: left alone), and
-    ``note`` says what was decided (None: nothing to say)."""
+    """How commands started together share the GPUs: ``envs[i]`` is added to
+    command ``i``'s environment; ``note`` says what was decided, if anything."""
 
     envs: list[dict[str, str]]
     note: str | None = None
@@ -33,21 +30,16 @@ def split_gpus(
 ) -> GpuSplit:
     """Share the visible GPUs between launchers started together on one machine.
 
-    A launcher counts only its own ranks, so two torchrun agents on one machine
-    (two "nodes" of a lesson) both give their local rank 0 ``cuda:0``, and NCCL
-    cannot run two ranks on one GPU. So each launcher gets GPUs of its own through
-    ``CUDA_VISIBLE_DEVICES``, taken in order from those visible, as many as it has
-    ranks. When there are fewer GPUs than ranks in all, none gets any
-    (``CUDA_VISIBLE_DEVICES=""``): the ranks' backend "auto"
-    (:func:`workshop.env.choose_backend`) then picks gloo on the CPU, and the note
-    says so. One launcher alone, or no GPU at all, changes nothing.
+    Each launcher gets as many of the visible GPUs as it has ranks; with fewer GPUs
+    than ranks in all, none gets any, so that backend "auto"
+    (:func:`workshop.env.choose_backend`) picks gloo. One launcher alone, or no GPU,
+    changes nothing.
 
     Args:
-        ranks: per command, the ranks it starts on this machine; None for a command
-            that is not a launcher, which is left alone.
+        ranks: per command, the ranks it starts here; None for a non-launcher.
         gpu_count: GPUs this process sees (:func:`workshop.env.visible_gpu_count`).
-        environ: the environment the commands start with; a ``CUDA_VISIBLE_DEVICES``
-            list in it names the GPUs to share, in its order.
+        environ: the commands' environment; its ``CUDA_VISIBLE_DEVICES`` names the
+            GPUs to share.
 
     Returns:
         A :class:`GpuSplit`, one mapping per command in ``ranks``.
@@ -91,9 +83,8 @@ def split_gpus(
 
 
 def _visible_gpu_ids(count: int, listed: str | None) -> list[str]:
-    """The ids of the ``count`` visible GPUs: the first entries of a
-    ``CUDA_VISIBLE_DEVICES`` list, which CUDA reads up to an empty or negative
-    entry; 0, 1, ... without one."""
+    """The ids of the ``count`` visible GPUs (CUDA reads ``listed`` up to an empty or
+    negative entry)."""
     if listed is None:
         return [str(i) for i in range(count)]
     ids = []
@@ -112,9 +103,8 @@ def _agents_text(ranks: list[int]) -> str:
 
 
 def _torchrun_ranks(command: Sequence[str]) -> int | None:
-    """The ranks a torchrun command starts on this machine (its nproc_per_node,
-    1 when not given); None for another command, or a count torchrun works out
-    itself ("gpu", "auto")."""
+    """A torchrun command's nproc_per_node (1 by default); None for another command
+    or a count torchrun works out itself ("gpu")."""
     if not is_torchrun(command):
         return None
     value = "1"  # torchrun's default

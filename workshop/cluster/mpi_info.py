@@ -1,9 +1,8 @@
 """Which MPI is installed, and where mpirun put each rank (notebook 03, section 5).
 
-MPI is a standard; Open MPI, MPICH, Intel MPI and MVAPICH are programs that implement
-it, each with its own ``mpirun``. :func:`mpi_installation` says which one this
-machine has (or what to install); :func:`binding_lines` makes the lines of Open MPI's
-``--report-bindings`` readable without the host and process id that start them.
+MPI is a standard with several implementations, each with its own ``mpirun``;
+:func:`mpi_installation` says which this machine has, :func:`binding_lines` tidies
+Open MPI's ``--report-bindings``.
 """
 
 from __future__ import annotations
@@ -64,9 +63,8 @@ def parse_mpi_version(text: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class MpiInstallation:
-    """The MPI that ``mpirun`` on PATH belongs to; ``available`` False (and ``reason``
-    saying what to install) where there is none. ``btl`` and ``pml`` list Open MPI's
-    transports for MPI messages (``ompi_info``), empty for other implementations."""
+    """The MPI that ``mpirun`` on PATH belongs to (``reason`` says what to install
+    where there is none); ``btl`` and ``pml`` are Open MPI's transports."""
 
     available: bool
     implementation: str = ""
@@ -144,8 +142,8 @@ _BINDING = re.compile(r"^\[[^\]\s]*:\d+\]\s+(?:MCW\s+)?rank\s+(\d+)\s+(.*)$", re
 
 
 def binding_lines(text: str) -> list[str]:
-    """The lines of Open MPI's ``--report-bindings`` in ``text``, by rank, without
-    the ``[host:pid]`` that starts each; other lines are left out.
+    """Open MPI's ``--report-bindings`` lines in ``text``, by rank, without their
+    ``[host:pid]``.
 
     Args:
         text: what mpirun wrote on stderr.

@@ -1,11 +1,8 @@
 """Ports for services that start later: free now, and out of the system's way.
 
-A port found by binding port 0 and closing the socket comes from the range the
-system hands out by itself (``ip_local_port_range``): the next outgoing connection
-of any program may take it before the service binds it. On a busy machine that
-happened to the portal's proxy ("EADDRINUSE" at start). A port below that range is
-never handed out by itself; only a program that asks for that very number can take
-it.
+A port from binding port 0 lies in ``ip_local_port_range``, where any outgoing
+connection may take it before the service binds it (the portal's proxy once got
+"EADDRINUSE"); one below that range is taken only by a program that asks for it.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ ATTEMPTS = 200
 
 
 def ephemeral_start(path: str = RANGE_FILE) -> int:
-    """The first port of the range the system gives out by itself (32768 where the
-    range cannot be read: Linux's default)."""
+    """The first port the system hands out by itself (Linux's 32768 if unknown)."""
     try:
         with open(path) as f:
             return int(f.read().split()[0])

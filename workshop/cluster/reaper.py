@@ -3,29 +3,14 @@ mpirun, a script), so that the command's whole process tree ends when it should.
 
     python -I reaper.py PARENT_PID GRACE [--remove FOLDER] -- COMMAND [ARG ...]
 
-Why a separate process: torchrun starts each worker in a session of its own, and
-mpirun each rank in a process group of its own, so signalling the command's process
-group misses them; and when torchrun or mpirun is SIGKILLed (by a dying kernel's
-PR_SET_PDEATHSIG, or the OOM killer) their workers live on, re-parented to init.
-This keeper is a child subreaper (Linux): orphans of its tree are re-parented to it
-instead of init, so every process the command started stays its descendant and is
-found by walking /proc. It takes the whole tree down (SIGTERM, ``GRACE`` seconds,
-then SIGKILL) when it gets SIGTERM, SIGINT or SIGHUP; when the kernel that started it
-(``PARENT_PID``) dies, even by SIGKILL; and when the command ends but leaves processes
-behind. It exits as the command did: the same code, or killed by the same signal.
-With ``--remove FOLDER`` it then removes that folder (torchrun's log folder, made
-per run by ``run.py``), whichever way the command ended.
-
-One more case needs it while the command still runs: mpirun ends only once every
-rank's output pipe is closed, so a child a rank left behind (it inherited the pipe)
-keeps mpirun waiting after all its ranks ended, until the cell's timeout. So when the
-command has no process of its own left but orphans of its tree live on (re-parented
-here), those orphans are what it waits for: they are stopped the same way. While the
-command has children of its own (ranks still running), its orphans (a rank's daemon)
-are left alone until it ends.
-
-It runs as a plain script from the standard library only (``python -I``): importing
-the ``workshop`` package would import torch, seconds of start-up for every command.
+torchrun and mpirun put workers in sessions or groups of their own, which a signal
+to the command's group misses, and SIGKILLed they leave them re-parented to init.
+This keeper is a child subreaper (Linux), so every process of the tree stays its
+descendant; it takes the whole tree down (SIGTERM, ``GRACE`` s, SIGKILL) on SIGTERM,
+SIGINT or SIGHUP, when ``PARENT_PID`` dies, and when the command ends but leaves
+processes behind, then exits as the command did. Orphans that a command with no
+process of its own left waits for (mpirun waits on every inherited output pipe) are
+stopped too. Standard library only: importing ``workshop`` would import torch.
 """
 
 from __future__ import annotations
@@ -167,9 +152,8 @@ def keep(command: list[str], parent: int, grace: float) -> int | None:
 def _stop_orphans(
     me: int, command: int, doomed: dict[int, float], grace: float
 ) -> None:
-    """While the command runs: stop the orphans of its tree (re-parented here) once
-    the command has no process of its own left, as it then waits for them; SIGTERM
-    first, SIGKILL ``grace`` seconds later. ``doomed`` keeps when each got SIGTERM."""
+    """Stop the tree's orphans once the command has no process of its own left;
+    ``doomed`` keeps when each got SIGTERM (SIGKILL ``grace`` s later)."""
     children = _children()
     orphans = set(_below(children, (me,))) - {command, *_below(children, (command,))}
     for pid in list(doomed):

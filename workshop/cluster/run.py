@@ -27,19 +27,14 @@ from .reaper import descendants
 # connectFullMesh failed ... Connection refused") or hang (pytorch issue #135712).
 # With this set, every rendezvous round uses a fresh store.
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-# Without a log folder torchrun makes one per run in the temporary folder
-# (tempfile.mkdtemp(prefix="torchelastic_"), for each rank's error.json) and never
-# removes it: one more folder in /tmp for every torchrun cell. PET_LOG_DIR is its
-# --log-dir read from the environment (torch 2.4 and later), which leaves the command
-# line as the learner would type it and the ranks' own TMPDIR untouched.
+# Without a log folder torchrun makes one in /tmp per run and never removes it.
+# PET_LOG_DIR is its --log-dir read from the environment (torch 2.4 and later): the
+# command line stays as the learner would type it.
 TORCHRUN_LOGS = "PET_LOG_DIR"
 TORCHRUN_LOGS_PREFIX = "workshop-torchrun-"
-# Open MPI's mpirun keeps its session folder (ompi.HOST.UID in Open MPI 4, prte.HOST.UID
-# in 5) in the temporary folder, and an mpirun that is stopped (a timeout, the stop
-# button) leaves its job's part of it there. So each mpirun gets a folder of its own,
-# removed with the others, through the MCA parameter its version reads from the
-# environment: orte_tmpdir_base (Open MPI 4), prte_top_session_dir (5, PRRTE's
-# session-directory document). Neither changes the command line or the ranks' TMPDIR.
+# A stopped mpirun leaves its session folder in /tmp, so each gets a folder of its
+# own, removed with the others, through the MCA parameter its version reads from the
+# environment (Open MPI 4's, then 5's), leaving the command line as it is.
 MPIRUN_SESSION = {4: "OMPI_MCA_orte_tmpdir_base", 5: "PRTE_MCA_prte_top_session_dir"}
 MPIRUN_SESSION_PREFIX = "workshop-mpirun-"
 _MPIRUNS = ("mpirun", "mpiexec", "orterun", "prterun")
@@ -85,10 +80,8 @@ class Run:
         self.started = time.monotonic()
 
     def start(self) -> None:
-        """Start every command under its keeper, in a session of its own; a
-        torchrun gets a log folder of its own and an mpirun a session folder, which
-        its keeper removes once its tree has ended (the kernel may be gone by then)
-        and :meth:`close` too."""
+        """Start every command under its keeper, in a session of its own, with its
+        scratch folder (:func:`scratch_variable`), which its keeper removes."""
         keeper = [sys.executable, "-I", _KEEPER, str(os.getpid()), str(self.grace)]
         for index, (command, env) in enumerate(
             zip(self.commands, self.envs, strict=True)
@@ -116,9 +109,8 @@ class Run:
                 self.open += 1
 
     def pump(self, deadline: float, stop_on_failure: bool = True) -> str:
-        """Show and keep output until "done" (every command ended, its output read),
-        "failed" (one of several failed while others still run) or "timeout"
-        (``deadline``, a ``time.monotonic()`` value, passed)."""
+        """Show and keep output until "done", "failed" (one of several, with
+        ``stop_on_failure``) or "timeout" (``deadline``, monotonic, passed)."""
         all_ended_at = None
         while True:
             self._poll()
@@ -159,9 +151,8 @@ class Run:
                     self.first_failed = index
 
     def stop(self) -> None:
-        """Stop every command: SIGTERM to its keeper, which passes it to the whole
-        tree and sends SIGKILL after the grace period; if the keeper is still there
-        a little later, SIGKILL the tree and the keeper from here."""
+        """SIGTERM every keeper (which stops its tree); SIGKILL from here what is
+        still there a little after the grace period."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -195,8 +186,8 @@ class Run:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL everything under a keeper, then the keeper (children first: while the
-    keeper lives, orphans are re-parented to it and stay in sight)."""
+    """SIGKILL everything under a keeper, then the keeper (while it lives, orphans
+    are re-parented to it and stay in sight)."""
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         tree = descendants(proc.pid)
@@ -225,10 +216,8 @@ def run_all(
     grace: float,
     extra_env: Sequence[Mapping[str, str]] | None = None,
 ) -> Run:
-    """Run ``commands`` to their end, or stop them all on timeout (``run.outcome``
-    is then "timeout"), on one's failure ("failed") or on any exception.
-    ``extra_env``, one mapping per command, adds variables to ``env`` for that
-    command alone (each torchrun agent its own GPUs, say)."""
+    """Run ``commands`` to their end, or stop them all on timeout, one's failure or
+    any exception; ``extra_env`` adds variables to one command's ``env``."""
     if not commands or any(not c for c in commands) or len(labels) != len(commands):
         raise ValueError(
             f"need one or more non-empty commands and a label for each; got "
@@ -277,13 +266,9 @@ def run_all(
 def environment(
     command: list[str], env: Mapping[str, str | None] | None
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """The command's whole environment, and the part worth showing with it.
-
-    Inside a Slurm job step (a notebook kernel on a cluster's portal), the command
-    gets the job's variables but not the kernel's task's (``SLURM_PROCID``,
-    ``SLURM_STEP_ID``, its CPU binding: :func:`workshop.env.task_variables`): the
-    command is not that task, and an ``srun`` in it would read the kernel's
-    ``SLURM_CPU_BIND`` as its own and pin every new task onto the kernel's cores."""
+    """The command's whole environment, and the part worth showing with it; without
+    the kernel's Slurm task variables (an ``srun`` in it would pin every new task
+    onto the kernel's cores)."""
     shown = dict(TORCHRUN_ENV) if is_torchrun(command) else {}
     child = dict(os.environ, PYTHONUNBUFFERED="1", **shown)
     for name in task_variables(child):
@@ -305,10 +290,8 @@ def is_torchrun(command: Sequence[str]) -> bool:
 
 
 def needs_log_folder(command: Sequence[str], env: Mapping[str, str]) -> bool:
-    """True for a torchrun given no log folder, which would make its own in the
-    temporary folder and leave it there (``TORCHRUN_LOGS``). The old launcher,
-    ``python -m torch.distributed.launch`` (notebook 03 runs it beside torchrun),
-    is torchrun under another name and does the same."""
+    """True for a torchrun (or the old ``torch.distributed.launch``) given no log
+    folder (``TORCHRUN_LOGS``)."""
     chosen = any(str(w).startswith(("--log-dir", "--log_dir")) for w in command)
     old = bool(command) and "torch.distributed.launch" in command[1:3]
     return (is_torchrun(command) or old) and not chosen and TORCHRUN_LOGS not in env
@@ -317,9 +300,8 @@ def needs_log_folder(command: Sequence[str], env: Mapping[str, str]) -> bool:
 def scratch_variable(
     command: Sequence[str], env: Mapping[str, str]
 ) -> tuple[str | None, str]:
-    """The variable that gives ``command`` a folder of its own for what it would
-    leave in the temporary folder, and the folder's name prefix; (None, "") where it
-    needs none: not torchrun or Open MPI's mpirun, or given a folder already."""
+    """The variable that gives ``command`` a scratch folder of its own, and the
+    folder's prefix; (None, "") where it needs none."""
     if needs_log_folder(command, env):
         return TORCHRUN_LOGS, TORCHRUN_LOGS_PREFIX
     if not command or Path(command[0]).name not in _MPIRUNS:
@@ -335,8 +317,8 @@ def scratch_variable(
 
 @functools.cache
 def open_mpi_major(program: str, path: str | None) -> int | None:
-    """Open MPI's major version (4 for 3.x and 4.x, 5 from 5.0 on), as ``program
-    --version`` says it; None for another MPI, or one that does not answer."""
+    """Open MPI's major version (4 up to 4.x, else 5) from ``program --version``;
+    None for another MPI."""
     where = shutil.which(program, path=path)
     if where is None:
         return None

@@ -9,10 +9,8 @@ Notebook 03 submits the scripts in ``slurm/`` and watches them::
     job.wait()                      # job 12: PENDING / RUNNING on vm / COMPLETED ...
     print(job.output())
 
-:func:`submit` prints the ``sbatch`` command it runs, so a learner can type the same
-on a login node. Output files go to ``runs/`` at the repository root (ignored by git),
-never beside the notebooks. Nothing here knows about training: a job is a script,
-its options and its output file.
+:func:`submit` prints the ``sbatch`` line it runs, for a learner to type on a login
+node; output files go to ``runs/`` at the repository root.
 """
 
 from __future__ import annotations
@@ -56,13 +54,11 @@ _NOT_INSTALLED = (
 )
 
 
-def _check_conf() -> None:
-    """Refuse a ``SLURM_CONF`` that names no file: every Slurm command would retry
-    reading it for 60 s, then fail with a message about the configuration.
-
-    Raises:
-        FileNotFoundError: ``SLURM_CONF`` is set to a path that is not a file.
-    """
+def _check_ready(tool: str) -> None:
+    """Refuse a missing ``tool``, or a ``SLURM_CONF`` that names no file (every Slurm
+    command would retry reading it for 60 s)."""
+    if shutil.which(tool) is None:
+        raise FileNotFoundError(_NOT_INSTALLED.format(tool=tool))
     problem = conf_problem()
     if problem:
         raise FileNotFoundError(
@@ -72,16 +68,8 @@ def _check_conf() -> None:
 
 
 def _slurm(command: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run a Slurm command, text captured.
-
-    Raises:
-        FileNotFoundError: the command is not installed, or ``SLURM_CONF`` names no
-            file (the message says what to do).
-        RuntimeError: it did not answer within ``timeout`` seconds.
-    """
-    if shutil.which(command[0]) is None:
-        raise FileNotFoundError(_NOT_INSTALLED.format(tool=command[0]))
-    _check_conf()
+    """Run a Slurm command, text captured; RuntimeError past ``timeout``."""
+    _check_ready(command[0])
     try:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -108,12 +96,8 @@ class SlurmJob:
     command: list[str] = field(default_factory=list)
 
     def status(self) -> JobStatus:
-        """The job's state with its reason, nodes, exit code and run time.
-
-        Asks ``scontrol show job``; once the controller has forgotten the job
-        (``MinJobAge``, 5 minutes by default, after it ended) asks ``sacct``; if
-        neither can tell, the state is UNKNOWN and ``reason`` says why. Never
-        raises for a job Slurm cannot find.
+        """The job's state with its reason, nodes, exit code and run time, from
+        ``scontrol``, else ``sacct``, else UNKNOWN with why; never raises.
 
         Example:
             >>> job.status().line()                     # doctest: +SKIP
@@ -153,8 +137,7 @@ class SlurmJob:
         )
 
     def state(self) -> str:
-        """Slurm's state of the job: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
-        TIMEOUT, ..., or UNKNOWN (see :meth:`status` for the reason).
+        """Slurm's state of the job (PENDING, RUNNING, COMPLETED...), or UNKNOWN.
 
         Example:
             >>> job.state()                             # doctest: +SKIP
@@ -168,21 +151,17 @@ class SlurmJob:
         """Wait for the job to end, printing each change of state on one line.
 
         Args:
-            timeout: seconds to wait. The job is not cancelled when they run out.
+            timeout: seconds to wait; the job is not cancelled when they run out.
             poll: seconds between two looks at the job.
-            show: print ``job 12: PENDING (Resources)``, ``job 12: RUNNING on vm``,
-                ``job 12: COMPLETED, exit code 0, in 4 s`` as they happen.
+            show: print each change of state as it happens.
 
         Returns:
-            The final :class:`JobStatus`; check ``.state == "COMPLETED"`` and read
-            :meth:`output`.
+            The final :class:`JobStatus`.
 
         Raises:
-            TimeoutError: still pending or running after ``timeout`` seconds; the job
-                keeps running, and the message says how to wait longer or cancel.
-            KeyboardInterrupt: the kernel was interrupted: the job is cancelled
-                first (so no allocation is left running); a notebook shows two
-                lines, the scancel and the job's last state.
+            TimeoutError: still pending or running after ``timeout``; it keeps
+                running.
+            KeyboardInterrupt: the kernel was interrupted; the job was cancelled.
 
         Example:
             >>> job.wait(timeout=120)                   # doctest: +SKIP
@@ -234,8 +213,7 @@ class SlurmJob:
         """What the job wrote to its output file (stdout and stderr) so far.
 
         Raises:
-            FileNotFoundError: the file is not there yet: Slurm creates it when the
-                job starts. The message names the path and the job's state.
+            FileNotFoundError: not there yet (Slurm creates it when the job starts).
 
         Example:
             >>> print(job.output())                     # doctest: +SKIP
@@ -276,35 +254,28 @@ def submit(
     cwd: str | os.PathLike[str] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
 ) -> SlurmJob:
-    """Submit a batch script with ``sbatch``; print the command line first.
-
-    Options given here override the script's ``#SBATCH`` lines (sbatch reads its
-    command line after the script's header).
+    """Submit a batch script with ``sbatch`` (printing the line first); options here
+    override the script's ``#SBATCH`` lines.
 
     Args:
         script: the batch script; a relative path is looked for in ``cwd``, the
-            current folder, then the repository root (so "slurm/train_ddp.sbatch"
-            works from ``notebooks/``).
+            current folder, then the repository root.
         *args: arguments for the script itself (``"$@"`` inside it).
         nodes, ntasks_per_node, gpus_per_node: ``--nodes``, ``--ntasks-per-node``,
             ``--gpus-per-node`` (0 for a node without GPUs).
         time: ``--time``: "HH:MM:SS", "D-HH:MM:SS", or whole minutes.
         options: more sbatch options; see :func:`sbatch_options`.
-        cwd: the job's working directory, where sbatch runs (``SLURM_SUBMIT_DIR``);
-            default: the repository root, since the scripts use paths from there.
-        output_dir: where the output file goes (``--output=DIR/NAME-%j.out``, unless
-            ``options`` gives ``--output``); default ``runs/`` at the repository
-            root, created if missing.
+        cwd: the job's working directory (default: the repository root).
+        output_dir: the output file's folder, unless ``options`` gives
+            ``--output`` (default ``runs/`` at the repository root).
 
     Returns:
         The :class:`SlurmJob`.
 
     Raises:
-        FileNotFoundError: no such script, sbatch is not installed, or
-            ``SLURM_CONF`` names a file that does not exist.
+        FileNotFoundError: no such script or sbatch, or a missing ``SLURM_CONF``.
         ValueError, TypeError: bad options (see :func:`sbatch_options`).
-        RuntimeError: sbatch refused the job; the message has its error and the
-            command line.
+        RuntimeError: sbatch refused the job.
 
     Example:
         >>> job = submit("slurm/train_ddp.sbatch", "--epochs", "2", nodes=1,
@@ -316,9 +287,7 @@ def submit(
     root = project_root(path)
     workdir = Path(cwd).resolve() if cwd is not None else root
     extra = sbatch_options(nodes, ntasks_per_node, gpus_per_node, time, options)
-    if shutil.which("sbatch") is None:
-        raise FileNotFoundError(_NOT_INSTALLED.format(tool="sbatch"))
-    _check_conf()  # before sbatch spends 60 s retrying a file that is not there
+    _check_ready("sbatch")
     command = ["sbatch", "--parsable", *extra]
     pattern = None
     if not gives_output(extra):

@@ -1,13 +1,9 @@
 """Is there a Slurm here to submit to? A real cluster, a private one started here, or
 none.
 
-:func:`slurm_cluster` (``workshop.cluster.slurm_cluster``) answers with a
-:class:`SlurmCluster`. Where no controller answers but Slurm's daemons are
-installed and we are root, it starts a private two-node cluster with
-``scripts/local_slurm.sh`` in a temporary folder (two node daemons on this machine, so
-that a job of two nodes runs on two nodes) and makes sure it stops: at interpreter
-exit, and through a detached watchdog (:mod:`workshop.cluster.slurm_watchdog`) when the
-kernel is killed.
+:func:`slurm_cluster` answers with a :class:`SlurmCluster`; where no controller
+answers, it may start a private two-node cluster here (``scripts/local_slurm.sh``),
+stopped at exit or by a watchdog (:mod:`workshop.cluster.slurm_watchdog`).
 """
 
 from __future__ import annotations
@@ -44,16 +40,15 @@ class SlurmCluster:
 
     Attributes:
         available: True when :func:`workshop.cluster.slurm.submit` can submit.
-        kind: "cluster" (a controller answered: a real cluster, or a private one
-            started elsewhere), "private" (started by this process) or "none".
+        kind: "cluster" (a controller answered), "private" (started by this
+            process) or "none".
         reason: why jobs can or cannot be submitted, in a sentence.
         partitions: partition names, the default one first.
         hosts: node names.
         cpus: CPUs of all nodes together.
         gpus: GPUs of all nodes together (from each node's GRES).
-        gpus_per_node: the fewest GPUs of any node that has GPUs, 0 without any:
-            what ``--gpus-per-node`` can ask of every node a job gets (an average
-            over the cluster would count its CPU-only nodes too).
+        gpus_per_node: the fewest GPUs of a node with GPUs (0 without any): what
+            ``--gpus-per-node`` can ask of every node.
         folder: a private cluster's configuration, state and logs.
     """
 
@@ -75,8 +70,7 @@ class SlurmCluster:
         return len(self.hosts)
 
     def describe(self) -> str:
-        """What this is, its nodes, CPUs and GPUs, or why there is none: one line, or
-        two for a private cluster (whose nodes share this machine's CPUs)."""
+        """What this is, its nodes, CPUs and GPUs, or why there is none."""
         if not self.available:
             return f"no Slurm to submit to: {self.reason}"
         gpus = _count(self.gpus, "GPU") if self.gpus else "no GPUs"
@@ -96,9 +90,8 @@ class SlurmCluster:
     __str__ = describe
 
     def stop(self) -> None:
-        """Stop a private cluster: cancel its jobs, stop its daemons and watchdog,
-        restore ``SLURM_CONF``, remove its folder. Does nothing for a real cluster
-        and nothing the second time.
+        """Stop a private cluster (jobs, daemons, watchdog), restore ``SLURM_CONF``
+        and remove its folder; nothing for a real cluster, or the second time.
 
         Example:
             >>> slurm_cluster().stop()                  # doctest: +SKIP
@@ -139,8 +132,7 @@ def _end(popen: subprocess.Popen, grace: float = 5.0) -> None:
 
 def _parse_sinfo(text: str) -> tuple[list[str], list[str], int, int, int]:
     """Partitions, hosts, CPUs, GPUs and the fewest GPUs of a node with GPUs, from
-    ``sinfo -h -N -o "%N|%P|%c|%G"`` (a line per node and partition; a node in two
-    partitions is counted once)."""
+    ``sinfo -h -N -o "%N|%P|%c|%G"`` (each node counted once)."""
     partitions: list[str] = []
     nodes: dict[str, tuple[int, int]] = {}
     for line in text.splitlines():
@@ -191,9 +183,8 @@ def _with_sinfo(cluster: SlurmCluster) -> SlurmCluster:
 
 
 def _unique_job_ids(conf: Path) -> None:
-    """Number a new private cluster's jobs on from a value taken from the clock, not
-    from 1: output files named after job ids (runs/NAME-ID.out) then do not meet
-    those of an earlier private cluster. Best effort: ids from 1 work too."""
+    """Number a new private cluster's jobs from the clock, not 1, so its output
+    files (runs/NAME-ID.out) do not meet an earlier cluster's. Best effort."""
     first = 1000 + int(time.time() * 10) % 60_000_000  # below Slurm's MaxJobId
     with open(conf, "a") as f:
         f.write(f"FirstJobId={first}\n")
@@ -207,14 +198,8 @@ def _unique_job_ids(conf: Path) -> None:
 
 
 def _start_private() -> SlurmCluster:
-    """Start a private two-node cluster in a new temporary folder.
-
-    Raises:
-        RuntimeError: ``local_slurm.sh start`` failed; the message has its error
-            and the folder with the logs, if it got as far as writing any. It
-            refuses, for one, where the host name resolves to an address other
-            machines can reach: the cluster listens on that address.
-    """
+    """Start a private two-node cluster in a new temporary folder; RuntimeError
+    with ``local_slurm.sh``'s error (and its logs' folder) where it failed."""
     folder = Path(tempfile.mkdtemp(prefix="workshop-slurm-"))
     # The watchdog first: should this process die during the start, it still stops
     # whatever was started.
@@ -267,8 +252,7 @@ def _start_private() -> SlurmCluster:
 
 
 def conf_problem() -> str | None:
-    """What is wrong with ``SLURM_CONF``, if it names no file; else None. Every Slurm
-    command would retry reading such a file for a minute, then fail."""
+    """What is wrong with ``SLURM_CONF``, if it names no file; else None."""
     conf = os.environ.get("SLURM_CONF")
     if not conf or Path(conf).is_file():
         return None
@@ -285,21 +269,17 @@ def conf_problem() -> str | None:
 def slurm_cluster(start_private: bool = True) -> SlurmCluster:
     """Find out whether Slurm jobs can be submitted from here, and where.
 
-    In this order: a private cluster this process started already is reused; a
-    controller that answers ``scontrol ping`` (a real cluster, or ``SLURM_CONF``
-    pointing at a running private one) is used; otherwise, with ``start_private``,
-    Slurm's daemons installed and root, a private two-node cluster (two node daemons
-    on this machine) is started in a temporary folder, ``SLURM_CONF`` is set in
-    ``os.environ`` so that ``sbatch``, ``srun`` and ``squeue`` find it, and it is
-    stopped at interpreter exit, or by a watchdog process if the kernel is killed or
-    restarted.
+    In this order: a private cluster this process started; a controller that
+    answers ``scontrol ping``; else, with ``start_private``, Slurm installed and
+    root, a new private two-node cluster on this machine (``SLURM_CONF`` set), stopped
+    at exit or by a watchdog if the kernel is killed.
 
     Args:
         start_private: start a private cluster when no controller answers.
 
     Returns:
-        A :class:`SlurmCluster`; ``available`` is False, with the ``reason``, when
-        nothing can be submitted here. It never raises for a missing Slurm.
+        A :class:`SlurmCluster`; ``available`` False, with the ``reason``, when
+        nothing can be submitted here (it never raises for a missing Slurm).
 
     Example:
         >>> cluster = slurm_cluster()                   # doctest: +SKIP
@@ -326,21 +306,18 @@ def slurm_cluster(start_private: bool = True) -> SlurmCluster:
     if not start_private:
         return SlurmCluster(False, "none", f"{no_controller}; start_private=False")
     missing = [name for name in _DAEMONS if shutil.which(name) is None]
-    if missing:
-        return SlurmCluster(
-            False,
-            "none",
-            f"{no_controller}, and a private cluster needs {', '.join(missing)}: "
-            "run `make setup` as root to install slurm-wlm and munge, or run this "
-            "notebook on a cluster's login node",
-        )
-    if os.geteuid() != 0:
-        return SlurmCluster(
-            False,
-            "none",
-            f"{no_controller}, and a private cluster needs root (slurmd starts the "
-            "jobs' processes): run the notebook as root, or on a cluster",
-        )
+    needs = (
+        f"{', '.join(missing)}: run `make setup` as root to install slurm-wlm and "
+        "munge, or run this notebook on a cluster's login node"
+        if missing
+        else "root (slurmd starts the jobs' processes): run the notebook as root, "
+        "or on a cluster"
+        if os.geteuid() != 0
+        else None
+    )
+    if needs:
+        why = f"{no_controller}, and a private cluster needs {needs}"
+        return SlurmCluster(False, "none", why)
     if not LOCAL_SLURM.is_file():
         return SlurmCluster(
             False, "none", f"{no_controller}, and {LOCAL_SLURM} is not there"

@@ -16,8 +16,8 @@ from ..checks import whole
 
 
 def project_root(script: Path) -> Path:
-    """The repository that holds ``script``: the nearest folder above it with
-    ``.git`` or ``pyproject.toml``, else the parent of the script's folder."""
+    """The nearest folder above ``script`` with ``.git`` or ``pyproject.toml``, else
+    the parent of the script's folder."""
     for folder in script.parents:
         if (folder / ".git").exists() or (folder / "pyproject.toml").is_file():
             return folder
@@ -26,11 +26,7 @@ def project_root(script: Path) -> Path:
 
 def find_script(script: str | os.PathLike[str], cwd: Path | None) -> Path:
     """The batch script, absolute: a relative path is looked for in ``cwd``, the
-    current folder, then the repository this package is in.
-
-    Raises:
-        FileNotFoundError: in none of them; the message lists where it looked.
-    """
+    current folder, then this repository; FileNotFoundError in none of them."""
     path = Path(script).expanduser()
     bases = [path] if path.is_absolute() else [
         (base / path) for base in (cwd, Path.cwd(), ROOT) if base is not None
@@ -54,9 +50,8 @@ def sbatch_options(
 ) -> list[str]:
     """``sbatch`` options from :func:`submit`'s arguments, in that order.
 
-    ``options`` is a mapping (``{"cpus-per-task": 1, "exclusive": True}``: keys with
-    or without dashes, ``_`` read as ``-``; True gives a bare flag, None or False
-    leaves it out) or a list of ready options (``["--cpus-per-task=1"]``).
+    ``options`` is a mapping (``{"cpus_per_task": 1, "exclusive": True}``; True a
+    bare flag, None or False left out) or a list of ready options.
 
     Raises:
         ValueError: a count that is not a whole number, an option given twice.
@@ -112,8 +107,7 @@ def gives_output(options: list[str]) -> bool:
 
 
 def relative(path: Path, base: Path) -> str:
-    """``path`` relative to ``base`` when it is inside it, else absolute: the
-    command line a learner reads stays short."""
+    """``path`` relative to ``base`` when inside it (a short line), else absolute."""
     try:
         return str(path.relative_to(base))
     except ValueError:
@@ -125,15 +119,10 @@ def sbatch_environment(
 ) -> tuple[dict[str, str], list[str]]:
     """The environment ``sbatch`` gets, and the names left out of it.
 
-    ``sbatch`` hands its whole environment to the job (``--export=ALL``). From
-    inside a Slurm job (a notebook kernel on a cluster's portal runs in one), the
-    new job would inherit the old job's variables wherever Slurm does not set its
-    own: the old ``SLURM_MEM_PER_NODE`` beside the new ``SLURM_MEM_PER_CPU`` makes
-    every ``srun`` in it fail, the old ``SLURM_NTASKS`` starts too few tasks, and
-    the old ``SLURM_STEP_ID`` makes the batch script look like a job step. So the
-    job's variables (:func:`workshop.allocation.job_variables`) are left out; the
-    client's settings (``SLURM_CONF``) and everything else stay. Outside a job nothing
-    is.
+    From inside a job (a kernel on a portal), the new job would inherit the old
+    job's variables where Slurm sets none (an old ``SLURM_MEM_PER_NODE`` makes every
+    ``srun`` fail), so :func:`workshop.allocation.job_variables` are left out; the
+    client's settings (``SLURM_CONF``) stay.
 
     Args:
         environ: the environment to start from; ``os.environ`` when omitted.

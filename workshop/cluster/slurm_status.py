@@ -1,18 +1,15 @@
 """What Slurm prints, read as Slurm means it: a job's state, from ``scontrol`` and
-``sacct``, and its time limit (``--time``, notebook 03, section 6).
-
-Plain parsing, no subprocess: :mod:`workshop.cluster.slurm` runs the commands and passes
-their output here, so the tests can check the parsing without a Slurm.
-
-``--time`` takes six forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M`` and
-``D-H:M:S``. A limit is kept in whole minutes, seconds rounded up, and ``scontrol
-show job`` prints it back as ``HH:MM:SS``, or ``D-HH:MM:SS`` from one day on.
+``sacct``, and its time limit (``--time``, notebook 03, section 6). Plain parsing,
+no subprocess (:mod:`workshop.cluster.slurm` runs the commands), so it is tested
+without a Slurm.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .arguments import check_count
 
 #: States after which a job does not run again (unless someone requeues it).
 FINAL_STATES = frozenset(
@@ -32,16 +29,13 @@ class JobStatus:
 
     Attributes:
         job_id: the job's id.
-        state: Slurm's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED,
-            TIMEOUT, ...) or UNKNOWN when neither scontrol nor sacct could tell.
-        reason: why it is pending (Resources, Priority, ...), why it ended the way
-            it did (TimeLimit), or why the state is UNKNOWN; "" when there is none.
+        state: Slurm's state (PENDING, RUNNING, ...) or UNKNOWN.
+        reason: why it is pending or ended so, or why the state is UNKNOWN.
         nodes: the nodes it runs or ran on ("" while pending).
         exit_code: the batch script's exit code, once it ended.
         signal: the signal that ended it (15 for a cancelled job), else 0.
         elapsed: seconds it ran.
-        source: where this came from: "scontrol", "sacct", "forgotten" (Slurm no
-            longer knows the job and keeps no accounting) or "error" (scontrol
+        source: "scontrol", "sacct", "forgotten" (by both) or "error" (scontrol
             failed; asking again may work).
     """
 
@@ -56,8 +50,7 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """True once the job ended, or once Slurm cannot say anything more about
-        it."""
+        """True once the job ended, or Slurm cannot say more about it."""
         return self.state in FINAL_STATES or self.source == "forgotten"
 
     def line(self) -> str:
@@ -81,8 +74,7 @@ class JobStatus:
 def parse_scontrol(text: str) -> dict[str, str]:
     """The ``Key=Value`` pairs of one line of ``scontrol show job -o``.
 
-    A value runs to the next `` Key=``, so values with spaces (a path, a reason in
-    parentheses) and with ``=`` inside (``TRES=cpu=1,node=1``) are kept whole.
+    A value runs to the next `` Key=``: spaces and ``=`` inside are kept.
 
     Example:
         >>> parse_scontrol("JobId=7 JobState=PENDING Reason=Resources TRES=cpu=2")
@@ -137,22 +129,26 @@ def status_from_scontrol(job_id: str, text: str) -> JobStatus | None:
         pairs = parse_scontrol(line)
         if pairs.get("JobId") != str(job_id):
             continue
-        state = pairs.get("JobState", "UNKNOWN")
-        reason = pairs.get("Reason", "")
-        code, sig = _exit(pairs.get("ExitCode", ""))
-        return JobStatus(
-            job_id=str(job_id),
-            state=state,
+        reason, nodes = pairs.get("Reason", ""), pairs.get("NodeList", "")
+        return _status(
+            job_id,
+            pairs.get("JobState", "UNKNOWN"),
+            pairs.get("ExitCode", ""),
+            "scontrol",
             reason="" if reason in ("None", "(null)") else reason,
-            nodes=""
-            if pairs.get("NodeList") == "(null)"
-            else pairs.get("NodeList", ""),
-            exit_code=code if state in FINAL_STATES else None,
-            signal=sig if state in FINAL_STATES else 0,
+            nodes="" if nodes == "(null)" else nodes,
             elapsed=parse_seconds(pairs.get("RunTime", "")),
-            source="scontrol",
         )
     return None
+
+
+def _status(job_id: str, state: str, exit: str, source: str, **more) -> JobStatus:
+    """A status whose exit code and signal count once the job is final."""
+    code, sig = _exit(exit)
+    code, sig = (code, sig) if state in FINAL_STATES else (None, 0)
+    return JobStatus(
+        str(job_id), state, exit_code=code, signal=sig, source=source, **more
+    )
 
 
 def status_from_sacct(job_id: str, text: str) -> JobStatus | None:
@@ -162,18 +158,15 @@ def status_from_sacct(job_id: str, text: str) -> JobStatus | None:
         parts = line.strip().split("|")
         if len(parts) < 5 or parts[0] != str(job_id):
             continue
-        state = (
-            parts[1].split()[0] if parts[1].strip() else "UNKNOWN"
-        )  # "CANCELLED by 0"
-        code, sig = _exit(parts[2])
-        return JobStatus(
-            job_id=str(job_id),
-            state=state,
-            nodes="" if parts[4] in ("None assigned", "(null)") else parts[4],
-            exit_code=code if state in FINAL_STATES else None,
-            signal=sig if state in FINAL_STATES else 0,
+        state = parts[1].split()[0] if parts[1].strip() else "UNKNOWN"  # "... by 0"
+        nodes = "" if parts[4] in ("None assigned", "(null)") else parts[4]
+        return _status(
+            job_id,
+            state,
+            parts[2],
+            "sacct",
+            nodes=nodes,
             elapsed=parse_seconds(parts[3]),
-            source="sacct",
         )
     return None
 
@@ -191,7 +184,8 @@ def time_limit_minutes(text: str) -> int:
         Minutes, seconds rounded up as Slurm does (``"5:30"`` gives 6).
 
     Raises:
-        ValueError: not one of Slurm's six forms, or a negative or non-numeric field.
+        ValueError: not one of Slurm's six forms (M, M:S, H:M:S, D-H, D-H:M,
+            D-H:M:S).
 
     Example:
         >>> time_limit_minutes("0-10:05"), time_limit_minutes("5:30")
@@ -230,11 +224,7 @@ def scontrol_time_limit(minutes: int) -> str:
         >>> scontrol_time_limit(605), scontrol_time_limit(1440)
         ('10:05:00', '1-00:00:00')
     """
-    if isinstance(minutes, bool) or not isinstance(minutes, int) or minutes < 0:
-        raise ValueError(
-            f"minutes must be a whole number, 0 or more; got {minutes!r} (pass "
-            "time_limit_minutes('0-10:05'), for example)"
-        )
+    check_count("minutes", minutes, 0, "time_limit_minutes('0-10:05')")
     days, rest = divmod(minutes, 24 * 60)
     clock = f"{rest // 60:02d}:{rest % 60:02d}:00"
     return f"{days}-{clock}" if days else clock

@@ -1,25 +1,15 @@
 """Stop a private Slurm cluster (scripts/local_slurm.sh) with all it runs, and the
 watchdog that does it when the process that started the cluster dies.
 
-A notebook kernel that started a private cluster stops it at exit (``atexit``), but a
-kernel can also be SIGKILLed or restarted, and Slurm's daemons detach from it: they
-would outlive it. So :mod:`workshop.cluster.slurm_here` also starts this file as a
-small detached process::
+A SIGKILLed kernel's ``atexit`` never runs and Slurm's daemons outlive it, so
+:mod:`workshop.cluster.slurm_here` starts this file detached, with the standard
+library only (not torch's hundreds of megabytes)::
 
     python -I workshop/cluster/slurm_watchdog.py PID START_TIME DIR STOP_SCRIPT
+    python -I workshop/cluster/slurm_watchdog.py stop DIR STOP_SCRIPT   # at once
 
-(``python -I workshop/cluster/slurm_watchdog.py stop DIR STOP_SCRIPT`` stops a cluster
-at once: ``scripts/local_slurm.sh stop DIR`` runs it.)
-
-It polls the kernel (``PID``, with the start time from ``/proc`` so a reused PID does
-not fool it) twice a second; when the kernel is gone it stops the cluster in ``DIR``
-and removes ``DIR``. It imports nothing but the standard library and two files
-that do the same (``workshop/_procs.py``, ``reaper.py``), so it costs a few
-megabytes, not torch's hundreds.
-
-Stopping the daemons is not enough: ``slurmstepd`` (the process that runs a job's
-tasks) outlives ``slurmd`` by design. So :func:`stop_cluster` cancels every job first,
-waits for their ``slurmstepd`` to end, and kills those that do not.
+``slurmstepd`` outlives ``slurmd`` by design, so :func:`stop_cluster` cancels every
+job and kills the job processes left before it stops the daemons.
 """
 
 from __future__ import annotations
@@ -57,8 +47,7 @@ def _quiet(command: list[str], env: dict[str, str], timeout: float) -> str:
 
 
 def _uses_folder(pid: int, folder: str) -> bool:
-    """True if ``pid`` works in ``folder`` or holds a file open there (slurmstepd's
-    working directory and log are in the cluster's folder)."""
+    """True if ``pid`` works in ``folder`` or holds a file open there."""
     base = Path(f"/proc/{pid}")
     try:
         links = [os.readlink(base / "cwd")]
@@ -86,30 +75,20 @@ def job_processes(folder: str | os.PathLike[str]) -> list[int]:
 def stop_cluster(
     folder: str | os.PathLike[str], stop_script: str | os.PathLike[str]
 ) -> list[int]:
-    """Cancel every job of the private cluster in ``folder``, stop its daemons.
-
-    Steps: ``scancel`` all jobs and wait up to 15 s for the queue to empty; wait up
-    to 10 s more for their ``slurmstepd`` to end, then SIGKILL what is left of them;
-    ``bash stop_script stop-daemons folder`` (TERM, grace, KILL for each daemon).
+    """Cancel every job of the private cluster in ``folder`` (15 s), SIGKILL the job
+    processes left 10 s later, then stop its daemons.
 
     Args:
         folder: the folder given to ``local_slurm.sh start``.
         stop_script: ``scripts/local_slurm.sh``.
 
     Returns:
-        The job processes that had to be killed (empty when the jobs ended on
-        their own).
+        The job processes that had to be killed.
     """
     folder = Path(folder)
     env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"))
     if (folder / "run" / "slurmctld.pid").exists():
-        jobs = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
-        if jobs:
-            _quiet(["scancel", *jobs], env, 15)
-        deadline = time.monotonic() + 15
-        while jobs and time.monotonic() < deadline:
-            time.sleep(0.3)
-            jobs = _quiet(["squeue", "-h", "-o", "%A"], env, 15).split()
+        cancel_jobs(env)
     deadline = time.monotonic() + 10
     left = job_processes(folder)
     while left and time.monotonic() < deadline:
@@ -132,6 +111,19 @@ def stop_cluster(
     return left
 
 
+def cancel_jobs(env: dict[str, str], users: list[str] | None = None) -> list[str]:
+    """Cancel every job (of ``users``, if given) and wait up to 15 s for the queue to
+    let them go; their ids."""
+    queue = ["squeue", "-h", "-o", "%A", *(["-u", ",".join(users)] if users else [])]
+    jobs = _quiet(queue, env, 15).split()
+    if jobs:
+        _quiet(["scancel", *jobs], env, 15)
+    deadline = time.monotonic() + 15
+    while jobs and time.monotonic() < deadline and _quiet(queue, env, 15):
+        time.sleep(0.3)
+    return jobs
+
+
 def start_time(pid: int) -> str:
     """When ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat);
     "" when there is no such process."""
@@ -143,10 +135,8 @@ def start_time(pid: int) -> str:
 
 
 def watch_cluster(parent: int, started: str, folder: Path, stop_script: Path) -> None:
-    """Wait for ``parent`` to end, then stop the cluster in ``folder`` and remove it.
-
-    A cluster already stopped (its folder removed by the parent's own clean-up) ends
-    the watch early."""
+    """Wait for ``parent`` to end (or ``folder`` to go), then stop the cluster in
+    ``folder`` and remove it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal that closes
     while start_time(parent) == started and folder.exists():

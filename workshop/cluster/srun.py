@@ -1,12 +1,9 @@
 """The ``srun`` command line that starts a script's ranks as a job step, from a cell.
 
-On a cluster's Jupyter portal the notebook kernel itself runs inside a Slurm job, as
-one task of a job step: JupyterHub's batchspawner submits a batch script that runs
-``srun jupyterhub-singleuser``. A second ``srun`` from a cell starts a new step of
-the same job, and since Slurm 20.11 a step waits for CPUs, memory and GPUs that no
-other step holds. The kernel's step holds them until the kernel ends, so the new
-step waits forever ("step creation temporarily disabled, retrying"). ``--overlap``
-lets it share them: :func:`srun_command` adds it there, and only there.
+On a cluster's portal the kernel itself runs in a job step, which holds the job's
+CPUs, memory and GPUs; since Slurm 20.11 a new step from a cell waits for them
+forever ("step creation temporarily disabled"), so :func:`srun_command` adds
+``--overlap`` there, and only there.
 """
 
 from __future__ import annotations
@@ -34,25 +31,19 @@ def srun_command(
     """The ``srun`` command line that runs ``script`` as ``ntasks`` ranks of a job
     step, each reading its rank from Slurm's variables (``workshop.process_group``).
 
-    Inside a job step (``SLURM_STEP_ID`` set: a notebook kernel that a cluster's
-    portal started with ``srun``), ``--overlap`` comes first: without it the new
-    step waits forever for the CPUs the kernel's own step holds. In a batch script
-    or an ``salloc`` shell no step holds them, and the line is the plain one. Give
-    ``cpus_per_task`` to have each rank's cores: since Slurm 22.05 ``srun`` no
-    longer takes the job's ``--cpus-per-task``. Run the line with
-    :func:`workshop.cluster.run_command`, which also keeps the kernel's task variables
-    (``SLURM_PROCID``, its CPU binding) out of the new step.
+    Inside a job step (``SLURM_STEP_ID`` set) ``--overlap`` comes first. Give
+    ``cpus_per_task`` for each rank's cores: since Slurm 22.05 ``srun`` no longer
+    takes the job's. Run it with :func:`workshop.cluster.run_command`, which keeps
+    the kernel's task variables out of the new step.
 
     Args:
         script: the training script; relative paths start from the current folder.
         *args: the script's own arguments.
         ntasks: ranks in the step (``--ntasks``).
         nodes: nodes they spread over (``--nodes``); None: as Slurm places them.
-        cpus_per_task: cores of each rank (``--cpus-per-task``); None: Slurm's
-            default.
+        cpus_per_task: cores of each rank (``--cpus-per-task``).
         python: the interpreter that runs the script (default: this one).
-        environ: the environment to judge "inside a job step" by; ``os.environ``
-            when omitted.
+        environ: the environment to judge "inside a job step" by (``os.environ``).
 
     Returns:
         The command as a list of words.
@@ -77,8 +68,7 @@ def srun_command(
     if slurm_allocation(env).in_step:
         words.append("--overlap")  # share what the kernel's own step holds
     words.append(f"--ntasks={ntasks}")
-    if nodes is not None:
-        words.append(f"--nodes={nodes}")
-    if cpus_per_task is not None:
-        words.append(f"--cpus-per-task={cpus_per_task}")
+    for flag, value in (("nodes", nodes), ("cpus-per-task", cpus_per_task)):
+        if value is not None:
+            words.append(f"--{flag}={value}")
     return [*words, python or sys.executable, str(script), *map(str, args)]

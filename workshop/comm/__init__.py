@@ -1,14 +1,8 @@
-"""What ranks exchange (notebook 02), as plain data and cost.
-
-- The calls a run made (``launch(..., trace=True)``): collectives, communication_kind.
-- The ring all-reduce: ring_all_reduce_steps (step by step, as data),
-  ring_all_reduce (over send and recv, inside a rank), ring_all_reduce_time (the
-  alpha-beta cost model).
-- DDP's gradient buckets: gradient_bytes, plan_buckets (the plan), count_ddp_buckets
-  and timed_ddp_steps (inside a rank: DDP's own), ddp_timeline (their picture's data).
-
-Imports only the base modules from the package: never a launcher.
-"""
+"""What ranks exchange (notebook 02), as plain data and cost: the calls a run made
+(collectives, communication_kind), the ring all-reduce (ring_all_reduce_steps,
+ring_all_reduce, ring_all_reduce_time) and DDP's gradient buckets (gradient_bytes,
+plan_buckets, count_ddp_buckets, timed_ddp_steps, ddp_timeline). Imports only the base
+modules from the package: never a launcher."""
 
 from .._exports import offer
 

@@ -1,18 +1,10 @@
 """How many gradient buckets DistributedDataParallel makes, planned and counted.
 
-DDP walks the gradients in the order backward produces them (the last layer first)
-and fills a bucket until it holds at least its cap, then starts the next. The first
-bucket has a cap of its own: with ``bucket_cap_mb`` left at its default (25 MiB) the
-first bucket closes at ``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB), so
-that the last layers' gradients go on the wire early instead of waiting for 25 MiB.
+:func:`plan_buckets` does DDP's arithmetic on plain byte counts;
+:func:`~workshop.comm.ddp_buckets.count_ddp_buckets` counts the buckets a real DDP
+all-reduces inside a rank. Notebook 02, section "Inside DDP", prints both::
 
-:func:`plan_buckets` does that arithmetic on plain byte counts;
-:func:`~workshop.comm.ddp_buckets.count_ddp_buckets` wraps a model in a real DDP
-inside a rank and counts the buckets DDP all-reduces. Notebook 02, section "Inside
-DDP", prints both for ResNet-50::
-
-    sizes = gradient_bytes(model)                  # anywhere
-    plan_buckets(sizes)                            # DDP's defaults: 1 MiB, then 25 MiB
+    plan_buckets(gradient_bytes(model))            # DDP's defaults: 1 MiB, then 25 MiB
     count_ddp_buckets(model, inputs)               # inside a rank: DDP's own buckets
 """
 
@@ -24,12 +16,7 @@ from torch import nn
 
 from ..checks import positive_number, whole
 
-__all__ = [
-    "DEFAULT_BUCKET_CAP_MB",
-    "first_bucket_mb",
-    "gradient_bytes",
-    "plan_buckets",
-]
+__all__ = ["DEFAULT_BUCKET_CAP_MB", "first_bucket_mb", "gradient_bytes", "plan_buckets"]
 
 #: DDP's ``bucket_cap_mb`` when none is given (mebibytes, as DDP counts them).
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -53,15 +40,13 @@ def first_bucket_mb() -> float:
 
 
 def gradient_bytes(model: nn.Module) -> list[int]:
-    """Bytes of each gradient DDP will bucket, in the order backward produces them.
-
-    That order is the reverse of ``model.parameters()`` (DDP's own guess before the
-    first step; after it, DDP uses the order it saw, which for a chain of layers is
-    the same). Frozen parameters have no gradient and are left out; a parameter
-    shared by two layers counts once.
+    """Bytes of each gradient DDP will bucket, in the order backward produces them:
+    the reverse of ``model.parameters()`` (DDP's guess before the first step, and the
+    order it then sees for a chain of layers). Frozen parameters are left out; a shared
+    one counts once.
 
     Args:
-        model: any module (not yet wrapped, or wrapped: the parameters are the same).
+        model: any module, wrapped in DDP or not.
 
     Returns:
         One byte count per trainable parameter, last layer first.
@@ -94,21 +79,18 @@ def plan_buckets(
 ) -> list[int]:
     """Cut gradients into buckets the way DDP does, and return each bucket's bytes.
 
-    Walking ``sizes`` in order, each gradient joins the open bucket; once the bucket
-    holds at least its cap it closes and the next one opens. The first bucket's cap
-    is ``first_cap_mb``, every later one's ``bucket_cap_mb``. (DDP also keeps
-    gradients of different dtypes or devices in different buckets; give this
-    function one dtype's sizes.)
+    Each gradient joins the open bucket, which closes once it holds at least its cap.
+    The first bucket closes at ``first_cap_mb``, so that the last layers' gradients go
+    on the wire early; every later one at ``bucket_cap_mb``. (DDP also splits by dtype
+    and device; give one dtype's sizes.)
 
     Args:
         sizes: bytes of each gradient, in the order backward produces them
             (:func:`gradient_bytes`).
-        bucket_cap_mb: the cap of every bucket after the first, in MiB
-            (DDP's ``bucket_cap_mb``; 25 by default).
-        first_cap_mb: the first bucket's cap in MiB; None: :func:`first_bucket_mb`
-            (1 MiB), which DDP uses when ``bucket_cap_mb`` is left at its default.
-            Recent torch releases give the first bucket ``bucket_cap_mb`` too when
-            you set ``bucket_cap_mb`` yourself; pass the same value here to plan that.
+        bucket_cap_mb: the cap of every bucket after the first, in MiB (DDP's).
+        first_cap_mb: None: :func:`first_bucket_mb`, which DDP uses when
+            ``bucket_cap_mb`` is left at its default. Recent torch gives the first
+            bucket ``bucket_cap_mb`` too when you set it; pass it here to plan that.
 
     Returns:
         The bytes of each bucket, in the order DDP all-reduces them.

@@ -69,13 +69,7 @@ def ring_all_reduce_time(
     size_bytes: float, world_size: int, alpha: float, beta: float
 ) -> float:
     """Predicted seconds of a ring all-reduce of ``size_bytes`` on ``world_size``
-    ranks.
-
-    Args:
-        size_bytes: the tensor's size in bytes.
-        world_size: number of ranks (1 costs nothing: there is no one to talk to).
-        alpha: latency of one ring step, seconds.
-        beta: bandwidth of one link, bytes/s.
+    ranks (1 costs nothing), with ``alpha`` s per step and ``beta`` bytes/s per link.
 
     Example:
         >>> ring_all_reduce_time(4e6, 4, alpha=1e-5, beta=1e9)
@@ -93,8 +87,7 @@ def ring_all_reduce_time(
 @dataclass(frozen=True)
 class AlphaBeta:
     """A fitted ring model: ``alpha`` (s per step), ``beta`` (bytes/s per link), the
-    world size it was fitted for, and the worst relative error over the fitted
-    points."""
+    world size, and the worst relative error over the fitted points."""
 
     alpha: float
     beta: float
@@ -119,14 +112,12 @@ def fit_alpha_beta(
 ) -> AlphaBeta:
     """Fit the ring all-reduce model to measured (size, time) points.
 
-    The fit minimises *relative* error (each point weighted by 1/time), so the
-    microsecond latencies of small messages count as much as the long transfers of
-    large ones; alpha and beta are kept non-negative.
+    The fit minimises *relative* error, so the microseconds of small messages count as
+    much as the long transfers of large ones; alpha and beta are kept non-negative.
 
     Args:
-        sizes: message sizes in bytes.
-        seconds: measured time of each (a median, say).
-        world_size: ranks the measurement ran on; must be >= 2.
+        seconds: measured time of each size (a median, say).
+        world_size: ranks the measurement ran on; 2 or more.
 
     Returns:
         The :class:`AlphaBeta` fit with its worst relative error.
@@ -136,9 +127,8 @@ def fit_alpha_beta(
             not positive, or world_size < 2.
 
     Example:
-        >>> sizes = [1e3, 1e5, 1e7]
-        >>> times = [ring_all_reduce_time(s, 4, 2e-5, 5e8) for s in sizes]
-        >>> fit = fit_alpha_beta(sizes, times, 4)
+        >>> times = [ring_all_reduce_time(s, 4, 2e-5, 5e8) for s in (1e3, 1e7)]
+        >>> fit = fit_alpha_beta([1e3, 1e7], times, 4)
         >>> round(fit.alpha * 1e6, 3), round(fit.beta / 1e6, 3)
         (20.0, 500.0)
     """
@@ -184,8 +174,8 @@ def fit_alpha_beta(
 
 
 def _nonneg_lstsq(rows: list[tuple[float, float]]) -> tuple[float, float]:
-    """min sum (a·x + b·y - 1)^2 over x, y >= 0 for rows (a, b): the 2x2 normal
-    equations, and the two one-variable fits when the joint one is negative."""
+    """min sum (a·x + b·y - 1)^2 over x, y >= 0: the 2x2 normal equations, or
+    the better one-variable fit where the joint one is negative."""
     saa = sum(a * a for a, _ in rows)
     sbb = sum(b * b for _, b in rows)
     sab = sum(a * b for a, b in rows)

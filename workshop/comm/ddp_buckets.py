@@ -1,19 +1,13 @@
 """What DistributedDataParallel does inside a step, recorded from a real run.
 
-DDP groups the gradients into *buckets* (about ``bucket_cap_mb`` each, in the
-reverse order of the layers, because backward produces the last layer's gradients
-first) and starts one all-reduce per bucket as soon as every gradient in it is
-ready, while backward goes on computing the earlier layers. These all-reduces run
-inside DDP's C++ reducer, where ``launch(..., trace=True)`` cannot see them, so this
-module listens through DDP's public door for them: a *communication hook*, which DDP
-calls with each bucket when it is ready and which returns the future of its
-all-reduce. The hook here does the same all-reduce as DDP's default one, and notes
-when the bucket was handed over, when its all-reduce finished, and how many bytes it
-moved; optionally it compresses each bucket to bfloat16 or float16 first.
+DDP groups the gradients into *buckets* (about ``bucket_cap_mb`` each, last layer
+first, as backward produces them) and starts one all-reduce per bucket as soon as it is
+ready, while backward goes on. These run inside DDP's C++ reducer, where
+``launch(..., trace=True)`` cannot see them, so this module listens through DDP's
+public door: a *communication hook* that does DDP's default all-reduce and notes when
+each bucket was handed over, when it finished and its bytes (optionally compressing it
+to bfloat16 or float16 first). Notebook 02, section "Inside DDP"::
 
-Notebook 02, section "Inside DDP", uses it::
-
-    ddp = DistributedDataParallel(model, bucket_cap_mb=0.1)
     run = timed_ddp_steps(ddp, batches, optimizer)      # inside every rank
     draw_rank_timeline(*ddp_timeline(result.returns))   # in the notebook
 """
@@ -111,17 +105,15 @@ def watch_buckets(model: nn.Module, compress: str | None = None) -> list[BucketR
     """Record every bucket all-reduce of a DDP model from now on.
 
     Registers a communication hook (once per model; DDP allows one) that does DDP's
-    usual averaging all-reduce and appends a :class:`BucketRecord` per bucket per
-    step to the list returned, which fills as training runs.
+    averaging all-reduce and appends a :class:`BucketRecord` per bucket per step.
 
     Args:
         model: a ``DistributedDataParallel`` model, before its first step.
-        compress: None (send the gradients as they are, float32), "bf16" or "fp16":
-            cast each bucket to 2-byte floats for the all-reduce and back after, which
-            halves the bytes on the wire at the cost of gradient precision.
+        compress: None (float32, as they are), "bf16" or "fp16": 2-byte floats on the
+            wire, half the bytes at the cost of gradient precision.
 
     Returns:
-        The list that collects the records; ``records[i].step`` is the step number,
+        The list that fills with the records as training runs; ``records[i].step`` is
         advanced by :func:`timed_ddp_steps` (0 if you drive the steps yourself).
 
     Raises:
@@ -130,9 +122,6 @@ def watch_buckets(model: nn.Module, compress: str | None = None) -> list[BucketR
 
     Example:
         >>> records = watch_buckets(ddp_model)                      # doctest: +SKIP
-        >>> loss_fn(ddp_model(x), y).backward()                     # doctest: +SKIP
-        >>> [r.bytes for r in records]                              # doctest: +SKIP
-        [1507968]
     """
     from torch.nn.parallel import DistributedDataParallel
 
@@ -199,14 +188,14 @@ def timed_ddp_steps(
 ) -> DDPSteps:
     """Train a DDP model on ``batches`` and record each phase and bucket in time.
 
-    Each optimizer step runs forward, backward and the optimizer step with the
-    clock read between them (``time.time()``, the clock the hook uses, so the bars
-    line up). With ``accumulate`` > 1, the first micro-batches of a step run under
-    ``no_sync()``: their backward starts no all-reduce at all.
+    The clock (``time.time()``, as the hook's, so the bars line up) is read between
+    forward, backward and the optimizer step. With ``accumulate`` > 1, the first
+    micro-batches of a step run under ``no_sync()``: their backward starts no
+    all-reduce.
 
     Args:
-        model: a ``DistributedDataParallel`` model on this rank's device; its
-            buckets are watched (see :func:`watch_buckets`) unless they already are.
+        model: a ``DistributedDataParallel`` model on this rank's device; its buckets
+            are watched (:func:`watch_buckets`) unless they already are.
         batches: (inputs, targets) pairs; ``accumulate`` of them per step.
         optimizer: the optimizer over ``model.parameters()``.
         amp: None or "bf16": autocast the forward pass to bfloat16.
@@ -220,6 +209,9 @@ def timed_ddp_steps(
         TypeError: the model is not a ``DistributedDataParallel``.
         ValueError: an unknown ``amp`` or ``compress``, ``accumulate`` < 1, or fewer
             batches than one step needs.
+
+    Example:
+        >>> run = timed_ddp_steps(ddp, batches, optimizer)      # doctest: +SKIP
     """
     one_of("amp", amp, (None, "bf16"))
     whole("accumulate", accumulate)
@@ -277,19 +269,22 @@ def _synchronize(device: torch.device) -> None:
 def ddp_timeline(
     runs: Sequence[DDPSteps], steps: Sequence[int] | None = None
 ) -> tuple[list[list[dict[str, Any]]], list[tuple[int, str, float, float]]]:
-    """Turn every rank's :class:`DDPSteps` into what ``draw_rank_timeline`` takes.
+    """Every rank's :class:`DDPSteps` as what ``draw_rank_timeline`` takes.
 
     Args:
         runs: one :class:`DDPSteps` per rank, index = rank (``RunResult.returns``).
-        steps: which optimizer steps to show (1-based, as recorded); default the
-            last one, whose buckets are the ones DDP settled on after step 1.
+        steps: optimizer steps to show (1-based); default the last, whose buckets
+            are those DDP settled on after step 1.
 
     Returns:
         ``(events_by_rank, phases)``: bucket all-reduces labelled "bucket i" and the
-        compute phases, restricted to those steps.
+        compute phases of those steps.
 
     Raises:
         ValueError: no runs, or none of the chosen steps was recorded.
+
+    Example:
+        >>> draw_rank_timeline(*ddp_timeline(result.returns))   # doctest: +SKIP
     """
     if not runs:
         raise ValueError("no runs given; pass result.returns of a launch")
@@ -303,14 +298,8 @@ def ddp_timeline(
         )
     events = [
         [
-            {
-                "rank": b.rank,
-                "op": "all_reduce",
-                "label": f"bucket {b.bucket}",
-                "start": b.start,
-                "end": b.end,
-                "blocking": True,
-            }
+            {"rank": b.rank, "op": "all_reduce", "label": f"bucket {b.bucket}"}
+            | {"start": b.start, "end": b.end, "blocking": True}
             for b in r.buckets
             if b.step in wanted
         ]
@@ -345,17 +334,15 @@ def count_ddp_buckets(
 ) -> list[int]:
     """Wrap ``model`` in a real DDP on this rank and count the buckets it all-reduces.
 
-    Runs ``steps`` forward and backward passes (no optimizer step) with a hook that
-    records every bucket (see :func:`watch_buckets`).
-    Step 1 runs with one bucket of everything; DDP then rebuilds its buckets in
-    the order it saw the gradients arrive, so the last step shows the buckets DDP
-    keeps. Call it inside a rank (``launch``, ``torchrun``); one rank is enough.
+    Runs ``steps`` forward and backward passes with a recording hook: step 1 has one
+    bucket of everything, then DDP rebuilds its buckets in the order the gradients came,
+    so the last step shows those DDP keeps. Call it inside a rank; one is enough.
 
     Args:
         model: the model, on this rank's device; it is wrapped, not copied.
-        inputs: one batch for the model (moved to the model's device).
-        bucket_cap_mb: DDP's ``bucket_cap_mb``; None leaves DDP's default, which
-            is also when DDP caps the first bucket at 1 MiB.
+        inputs: one batch for the model.
+        bucket_cap_mb: DDP's ``bucket_cap_mb``; None leaves DDP's default (and its
+            1 MiB first bucket).
         steps: forward and backward passes, at least 2.
 
     Returns:

@@ -1,17 +1,9 @@
-"""The three kinds of collective communication, as S. Li's TACC course sorts them.
-
-Every ``torch.distributed`` call the tracer records does one of three jobs:
-
-- **synchronisation**: the ranks wait for each other, and no data moves
-  (``barrier``);
-- **data movement**: tensors travel unchanged (send and receive, broadcast,
-  scatter, gather, all_gather, all_to_all);
-- **collective computation**: the tensors are combined on the way, by a sum, a
-  product, a maximum... (reduce, all_reduce, reduce_scatter).
-
-Source: S. Li, "Machine Learning at TACC: Distributed Training" (TACC, 2024),
-document 003 of the workshop's sources. Notebook 02, section 4, names the kind of
-every call in a recorded trace with :func:`communication_kind`.
+"""The three kinds of collective communication, as S. Li's TACC course sorts them
+(document 003 of the workshop's sources, "Machine Learning at TACC: Distributed
+Training", 2024): **synchronisation** (the ranks wait for each other, no data moves),
+**data movement** (tensors travel unchanged) and **collective computation** (tensors
+are combined on the way: a sum, a maximum...). Notebook 02, section 4, names the kind
+of every call in a recorded trace with :func:`communication_kind`.
 """
 
 from __future__ import annotations
@@ -50,8 +42,7 @@ def communication_kind(op: str) -> str:
     """Which of the three kinds of communication a ``torch.distributed`` call is.
 
     Args:
-        op: the function's name, as in a trace event's ``op`` ("all_reduce",
-            "send", "barrier", ...).
+        op: the function's name, as in a trace event's ``op``.
 
     Returns:
         "synchronisation", "data movement" or "collective computation".
@@ -60,10 +51,8 @@ def communication_kind(op: str) -> str:
         ValueError: ``op`` is not a communication call the workshop knows.
 
     Example:
-        >>> communication_kind("all_reduce")
-        'collective computation'
-        >>> communication_kind("barrier")
-        'synchronisation'
+        >>> communication_kind("all_reduce"), communication_kind("barrier")
+        ('collective computation', 'synchronisation')
     """
     try:
         return _KIND_OF[op]

@@ -4,12 +4,8 @@ With N ranks, each holding a vector cut into N chunks, the ring takes 2(N-1) ste
 N-1 of reduce-scatter (each rank passes one chunk to the next, which adds it to its
 own) and N-1 of all-gather (the finished chunks travel round). Every rank sends
 2(N-1)/N of the data in all, whatever N is: why the ring suits bandwidth.
-:mod:`workshop.draw.ring_diagram` draws these steps.
-
-:func:`ring_all_reduce` is the same ring written with nothing but point-to-point sends
-and receives: the reference solution of notebook 02's ring exercise, and the code
-whose messages the notebook counts to check the ring's cost: each rank sends 2(N-1)
-chunks of 1/N of the tensor, 2(N-1)/N of it in all, whatever the number of ranks.
+:mod:`workshop.draw.ring_diagram` draws these steps; :func:`ring_all_reduce` is the
+same ring in point-to-point sends and receives (notebook 02's exercise solution).
 """
 
 from __future__ import annotations
@@ -25,14 +21,11 @@ class RingStep:
     """One step of a ring all-reduce, as :func:`ring_all_reduce_steps` computes it.
 
     Attributes:
-        step: 0, 1, ... 2(N-1)-1.
         phase: ``"reduce-scatter"`` (add what arrives) or ``"all-gather"`` (copy it).
-        sends: the chunk index each rank sends to rank+1 (index = rank).
-        sent: the values each rank sends (index = rank).
-        before: every rank's chunks before the step, ``before[rank][chunk]``.
-        after: every rank's chunks after it.
-        counts: how many ranks' values each chunk holds summed after the step,
-            ``counts[rank][chunk]``: N means fully reduced.
+        sends, sent: the chunk index and values each rank sends to rank+1.
+        before, after: every rank's chunks around the step, ``before[rank][chunk]``.
+        counts: how many ranks' values each chunk holds summed after the step
+            (N: fully reduced).
     """
 
     step: int
@@ -47,11 +40,9 @@ class RingStep:
 def ring_all_reduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[RingStep]:
     """Compute a ring all-reduce (sum) step by step, without torch.
 
-    Each of N ranks splits its vector into N chunks. In the N-1 reduce-scatter steps,
-    rank r sends chunk (r - s) mod N to rank r+1, which adds it to its own; after
-    them rank r holds the full sum of chunk (r + 1) mod N. In the N-1 all-gather
-    steps rank r passes its finished chunk (r + 1 - s) mod N on, and rank r+1 copies
-    it. Each rank sends 2(N-1)/N of its vector in all, whatever N is.
+    In reduce-scatter step s, rank r sends chunk (r - s) mod N to rank r+1, which adds
+    it to its own; rank r then holds the sum of chunk (r + 1) mod N, which it passes on
+    in the all-gather steps as chunk (r + 1 - s) mod N, and rank r+1 copies it.
 
     Args:
         values_by_rank: each rank's vector, index = rank; all of one length, at
@@ -117,13 +108,9 @@ def ring_all_reduce_steps(values_by_rank: Sequence[Sequence[float]]) -> list[Rin
 
 
 def ring_all_reduce(tensor):
-    """Sum ``tensor`` over all ranks in place, around a ring, and return it.
-
-    Rank r sends to r+1 and receives from r-1. The tensor is cut into world_size
-    chunks. In the reduce-scatter phase (world_size-1 steps) each rank passes one
-    chunk on and adds the chunk it receives to its own, so that after it every rank
-    holds one chunk summed over all ranks. In the all-gather phase (world_size-1
-    steps) the finished chunks travel round the ring, replacing the partial ones.
+    """Sum ``tensor`` over all ranks in place, around a ring (rank r sends to r+1
+    and receives from r-1), and return it; the phases are those of
+    :func:`ring_all_reduce_steps`.
 
     Args:
         tensor: a 1-D tensor, the same shape on every rank, with at least

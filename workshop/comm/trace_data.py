@@ -1,9 +1,6 @@
-"""Traces as plain data: save them as JSON, read them back, put the ranks' events in
-time order, and group each collective call across the ranks.
-
-Nothing here needs torch, so a trace recorded in a batch job (see
-:mod:`workshop.comm.tracing`) can be read and drawn anywhere.
-"""
+"""Traces as plain data: saved as JSON, read back, put in time order, and each
+collective grouped across the ranks; no torch, so a batch job's trace
+(:mod:`workshop.comm.tracing`) can be read and drawn anywhere."""
 
 from __future__ import annotations
 
@@ -23,13 +20,7 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(TraceEvent))
 
 
 def to_dicts(events: Sequence[TraceEvent]) -> list[dict[str, Any]]:
-    """Turn events into JSON-ready dicts (shapes become lists).
-
-    Args:
-        events: one rank's events, or any list of them.
-
-    Returns:
-        One dict per event, with the fields of :class:`TraceEvent`.
+    """Events as JSON-ready dicts (shapes become lists).
 
     Example:
         >>> json.dumps(to_dicts(events))                        # doctest: +SKIP
@@ -43,13 +34,7 @@ def to_dicts(events: Sequence[TraceEvent]) -> list[dict[str, Any]]:
 
 
 def from_dicts(dicts: Sequence[dict[str, Any]]) -> list[TraceEvent]:
-    """Read events back from the dicts :func:`to_dicts` made (e.g. after JSON).
-
-    Args:
-        dicts: one dict per event.
-
-    Returns:
-        The :class:`TraceEvent` list, shapes as tuples again.
+    """The :class:`TraceEvent` list from the dicts :func:`to_dicts` made.
 
     Raises:
         ValueError: a dict lacks fields of :class:`TraceEvent` or has others.
@@ -75,12 +60,8 @@ def from_dicts(dicts: Sequence[dict[str, Any]]) -> list[TraceEvent]:
 def save(
     path: str | os.PathLike, events_by_rank: Sequence[Sequence[TraceEvent]]
 ) -> None:
-    """Write every rank's events to a JSON file.
-
-    Args:
-        path: the file to write.
-        events_by_rank: rank 0's events, rank 1's, ... (``launch(...).returns``
-            when each rank returned its ``record()`` list).
+    """Write every rank's events (``launch(...).returns`` of ``record()`` lists) to
+    a JSON file at ``path``.
 
     Example:
         >>> save("trace.json", launch(step, world_size=4).returns)  # doctest: +SKIP
@@ -91,13 +72,7 @@ def save(
 
 
 def load(path: str | os.PathLike) -> list[list[TraceEvent]]:
-    """Read a file written by :func:`save`.
-
-    Args:
-        path: the JSON file.
-
-    Returns:
-        One list of :class:`TraceEvent` per rank.
+    """Read a file written by :func:`save`: one list of :class:`TraceEvent` per rank.
 
     Raises:
         ValueError: the file is not a workshop trace.
@@ -119,12 +94,6 @@ def load(path: str | os.PathLike) -> list[list[TraceEvent]]:
 def merge(events_by_rank: Sequence[Sequence[TraceEvent]]) -> list[TraceEvent]:
     """All ranks' events in one list, by start time (ties by rank, then seq).
 
-    Args:
-        events_by_rank: one list of events per rank.
-
-    Returns:
-        The events of every rank, sorted for a timeline.
-
     Example:
         >>> [(e.rank, e.op) for e in merge(result.returns)]      # doctest: +SKIP
     """
@@ -140,11 +109,8 @@ def collectives(
     events_by_rank: Sequence[Sequence[TraceEvent]],
 ) -> list[list[TraceEvent]]:
     """Group the same collective call across ranks: the k-th collective of every
-    rank belongs together (point-to-point calls are left out).
-
-    A collective only works when every rank of the group calls it, in the same
-    order as the others; this checks that from the recording, assuming every rank
-    took part in every collective (the default group).
+    rank belongs together (point-to-point calls are left out), as every rank of the
+    default group must call each collective in the same order.
 
     Args:
         events_by_rank: one list of events per rank, rank 0 first.
@@ -154,8 +120,7 @@ def collectives(
 
     Raises:
         ValueError: the ranks made different numbers of collective calls, or the
-            k-th call is not the same function on every rank; the message names the
-            call, the ranks and the functions.
+            k-th call is not the same function on every rank.
 
     Example:
         >>> for call in collectives(result.returns):            # doctest: +SKIP

@@ -2,21 +2,15 @@
 
 Inside a rank (a function run by ``workshop.launch``, or a script under ``torchrun``)::
 
-    import torch.distributed as dist
-    from workshop.comm.tracing import record
-
     with record() as events:            # torch.distributed's functions are wrapped here
-        t = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(t)
+        dist.all_reduce(torch.tensor([float(dist.get_rank())]))
     return events       # [TraceEvent(op="all_reduce", before=[0.0], ...)]
 
 Outside a ``record()`` block nothing is wrapped, so tracing costs nothing when off.
-Only calls made through the module's attributes (``dist.all_reduce(...)``) are seen: a
-name imported with ``from torch.distributed import all_reduce`` before the block, and
-what PyTorch does internally (DDP's gradient buckets), bypass the wrappers.
-
-The events are plain data: :mod:`workshop.comm.trace_data` saves them as JSON, reads
-them back and groups them, so a diagram can be drawn from a saved file without torch.
+Only calls through the module's attributes (``dist.all_reduce(...)``) are seen: a name
+imported with ``from torch.distributed import all_reduce`` before the block, and what
+PyTorch does internally (DDP's gradient buckets), bypass the wrappers.
+:mod:`workshop.comm.trace_data` saves, reads back and groups the events.
 """
 
 from __future__ import annotations
@@ -92,42 +86,30 @@ class TraceEvent:
     """One call to a ``torch.distributed`` function on one rank, as plain data.
 
     Attributes:
-        rank: global rank of the process that made the call.
         seq: position of the call in this rank's recording (0, 1, 2, ...).
         op: the function's name, e.g. "all_reduce", "send", "barrier".
-        peer: point-to-point calls: the other rank (global). For ``recv`` from any
-            source it is the rank the message came from; for ``irecv`` from any
-            source, None.
-        root: rooted collectives (broadcast, reduce, gather, scatter): the global
-            rank of ``src``/``dst``; otherwise None.
+        peer: point-to-point calls: the other rank (global); for ``recv`` from any
+            source the rank the message came from; for ``irecv`` from any, None.
+        root: rooted collectives: the global rank of ``src``/``dst``; else None.
         reduce_op: "sum", "max", "avg", ... for reducing calls; otherwise None.
         world_size: size of the group the call ran in.
         shapes: shape of every tensor passed in, in parameter order, tensor lists
-            expanded (``all_gather(out_list, t)`` gives the shapes of ``out_list``'s
-            tensors, then ``t``'s).
-        dtype: the first tensor's dtype without "torch." ("float32"); None for
-            ``barrier``.
-        nbytes: bytes of all the tensors passed in, each counted once (an in-place
-            tensor once, a list summed). It measures how much data the call touches
-            on this rank, not what the algorithm puts on the wire: a ring all-reduce
-            sends about 2(N-1)/N times the tensor.
-        blocking: False for ``isend``/``irecv`` and for calls with
-            ``async_op=True``.
-        start: ``time.time()`` just before the call.
-        end: ``time.time()`` when the call returned; for a non-blocking call that is
-            before the data has arrived.
-        before: what the call reads on this rank, captured before it, or None
-            when that holds more than ``max_values`` numbers. Functions with one
-            tensor (send, recv, broadcast, all_reduce, reduce and their i-/async
-            forms) give that tensor's ``tolist()``. Functions with an input and an
-            output give the input: ``scatter``'s ``scatter_list`` (None off the
-            root), ``gather``'s and ``all_gather``'s own tensor,
-            ``reduce_scatter``'s and ``all_to_all``'s input list (a list of
-            ``tolist()``).
-        after: what the call wrote on this rank, after it: the one tensor, or the
-            output (``gather``'s ``gather_list``, None off the root). For a
-            non-blocking call it is captured when the returned work's ``.wait()``
-            returns; if ``.wait()`` is never called, ``after`` stays None.
+            expanded.
+        dtype: the first tensor's dtype without "torch."; None for ``barrier``.
+        nbytes: bytes of all the tensors passed in, each counted once: the data the
+            call touches on this rank, not what goes on the wire (a ring all-reduce
+            sends about 2(N-1)/N times the tensor).
+        blocking: False for ``isend``/``irecv`` and calls with ``async_op=True``.
+        start, end: ``time.time()`` just before the call and when it returned (for a
+            non-blocking call, before the data has arrived).
+        before: what the call reads on this rank, captured before it (None above
+            ``max_values`` numbers): the one tensor's ``tolist()``, or for calls with an
+            input and an output, the input (``scatter_list``, None off the root; the
+            own tensor of ``gather``/``all_gather``; the input list of
+            ``reduce_scatter``/``all_to_all``).
+        after: what the call wrote on this rank: the one tensor, or the output
+            (``gather_list``, None off the root). A non-blocking call's is captured
+            when ``.wait()`` returns; without ``.wait()`` it stays None.
     """
 
     rank: int
@@ -223,28 +205,14 @@ class _Call:
         self.blocking = not (spec.nonblocking or bound.get("async_op", False))
 
     def event(self, seq: int, start: float, end: float, after: Any) -> TraceEvent:
-        return TraceEvent(
-            rank=self.rank,
-            seq=seq,
-            op=self.name,
-            peer=self.peer,
-            root=self.root,
-            reduce_op=self.reduce_op,
-            world_size=self.world_size,
-            shapes=list(self.shapes),
-            dtype=self.dtype,
-            nbytes=self.nbytes,
-            blocking=self.blocking,
-            start=start,
-            end=end,
-            before=self.before,
-            after=after,
-        )
+        fields = dataclasses.fields(TraceEvent)
+        known = {f.name: getattr(self, f.name) for f in fields if hasattr(self, f.name)}
+        given = dict(seq=seq, op=self.name, shapes=list(self.shapes), after=after)
+        return TraceEvent(**known | given | {"start": start, "end": end})
 
 
 class _TracedWork:
-    """The Work of a non-blocking call; ``.wait()`` also records the values that
-    arrived. Every other attribute is the real Work's."""
+    """A non-blocking call's Work, whose ``.wait()`` also records what arrived."""
 
     def __init__(self, work: Any, on_wait: Callable[[], None]):
         self._work = work
@@ -325,17 +293,15 @@ def _traced(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 def record(max_values: int = 64) -> Iterator[list[TraceEvent]]:
     """Record this rank's ``torch.distributed`` calls made inside the block.
 
-    On entry the functions named in :data:`OPS` are replaced on the
-    ``torch.distributed`` module by recording wrappers; on exit (also after an
-    exception) the originals are put back, the very same objects. A ``record()``
-    inside another does not wrap twice: both lists receive the calls made while
-    they are open. Results and exceptions of the wrapped calls are unchanged; a call
-    that raises is not recorded.
+    The functions of :data:`OPS` are replaced by recording wrappers on entry and the
+    very same originals put back on exit (also after an exception). Nested blocks do
+    not wrap twice: both lists receive the calls. Results and exceptions are
+    unchanged; a call that raises is not recorded. A non-blocking call returns its
+    Work wrapped so that ``.wait()`` also records ``after``.
 
     Args:
-        max_values: record the values of a call's tensors (``before``/``after``)
-            only when they hold at most this many numbers in total; above that
-            only shapes, dtype and sizes are kept.
+        max_values: record a call's values (``before``/``after``) only when they hold
+            at most this many numbers; above that only shapes, dtype and sizes.
 
     Yields:
         A list that fills with :class:`TraceEvent` in call order.
@@ -343,16 +309,10 @@ def record(max_values: int = 64) -> Iterator[list[TraceEvent]]:
     Raises:
         ValueError: ``max_values`` is not a whole number, 0 or more.
 
-    Note:
-        A non-blocking call (``isend``, ``irecv``, ``async_op=True``) returns the
-        real Work wrapped so that ``.wait()`` also records ``after``; every other
-        attribute of the Work is passed through.
-
     Example:
         >>> def step():                                        # doctest: +SKIP
         ...     with record() as events:
-        ...         t = torch.tensor([float(dist.get_rank())])
-        ...         dist.all_reduce(t)
+        ...         dist.all_reduce(torch.tensor([float(dist.get_rank())]))
         ...     return events
         >>> launch(step, world_size=2).returns[1][0].after      # doctest: +SKIP
         [1.0]

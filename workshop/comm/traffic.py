@@ -1,10 +1,9 @@
 """Bytes each rank sent and received, counted from the traces of a launch.
 
-A trace event (:class:`~workshop.comm.tracing.TraceEvent`) says how many bytes a call
-*touched* on its rank; this module turns that into what the call put *on the wire*.
-For ``send``/``recv`` the two are the same. For a collective it depends on the
-algorithm, and here it is always the ring's (NCCL's choice for large messages, and
-the textbook one), with S the tensor's bytes and N the group's size:
+A :class:`~workshop.comm.tracing.TraceEvent` says how many bytes a call *touched* on
+its rank; this module counts what it put *on the wire*: for a collective, always the
+ring's figures (NCCL's choice for large messages, and the textbook one), with S the
+tensor's bytes and N the group's size:
 
 call                      each rank sends                  each rank receives
 ------------------------  -------------------------------  --------------------------
@@ -25,15 +24,8 @@ root+1 -> ... -> root-1; reduce: the reverse, ending at the root): every link
 carries the whole tensor once, (N-1)·S in all. gather and scatter go straight to
 or from the root. Rooted calls assume the group is the default one (ranks 0..N-1).
 
-Nothing here needs torch: events may be :class:`~workshop.comm.tracing.TraceEvent`
-objects or their dicts (:func:`workshop.comm.trace_data.to_dicts`), so a saved trace can
-be counted anywhere.
-
-Example::
-
-    result = launch(train, world_size=4, trace=True)
-    for row in bytes_by_rank(result.traces):
-        print(row["rank"], row["sent"], row["received"])
+Nothing here needs torch: events may be TraceEvents or their dicts
+(:func:`workshop.comm.trace_data.to_dicts`), so a saved trace can be counted anywhere.
 """
 
 from __future__ import annotations
@@ -51,18 +43,11 @@ __all__ = ["bytes_by_rank", "bytes_per_step", "wire_bytes"]
 # Bytes of one element, by the dtype name a trace records ("float32", not
 # "torch.float32"); other dtypes are sized from nbytes and the shapes.
 _ELEMENT_BYTES = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "complex128": 16,
-    "complex64": 8,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
+    **dict.fromkeys(["complex128"], 16),
+    **dict.fromkeys(["float64", "complex64", "int64"], 8),
+    **dict.fromkeys(["float32", "int32"], 4),
+    **dict.fromkeys(["float16", "bfloat16", "int16"], 2),
+    **dict.fromkeys(["int8", "uint8", "bool"], 1),
 }
 
 
@@ -100,23 +85,20 @@ def _bytes_of(event: Any, which: int | slice) -> float:
 
 
 def wire_bytes(event: Any, rank: int | None = None) -> tuple[float, float]:
-    """(sent, received) bytes one traced call put on the wire on its rank.
-
-    The ring's figures for collectives (see the table in this module's docstring).
+    """(sent, received) bytes one traced call put on the wire on its rank, the
+    ring's figures for collectives (the table in this module's docstring).
 
     Args:
-        event: a :class:`~workshop.comm.tracing.TraceEvent` or its dict; needs
-            ``op``, ``nbytes`` and ``world_size``, and for the rooted calls
-            ``root``, for the gathering and scattering ones ``shapes`` and ``dtype``.
+        event: a :class:`~workshop.comm.tracing.TraceEvent` or its dict; needs ``op``,
+            ``nbytes`` and ``world_size``, rooted calls ``root``, gathering and
+            scattering ones ``shapes`` and ``dtype``.
         rank: the rank that made the call; read from the event when omitted.
 
     Returns:
-        (bytes sent, bytes received), as floats: a ring's share of a tensor need not
-        be a whole number of bytes.
+        Floats: a ring's share of a tensor need not be a whole number of bytes.
 
     Raises:
-        ValueError: an unknown operation, or an event that lacks what its
-            operation needs.
+        ValueError: an unknown operation, or an event that lacks what it needs.
 
     Example:
         >>> wire_bytes({"op": "all_reduce", "nbytes": 4000, "world_size": 4})
@@ -177,14 +159,12 @@ def bytes_by_rank(traces: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     """Bytes each rank sent and received, from the traces of one launch.
 
     Args:
-        traces: one list of events per rank, rank 0 first (``result.traces`` of
-            ``launch(..., trace=True)``, or lists of their dicts).
+        traces: one list of events (or their dicts) per rank, rank 0 first
+            (``result.traces`` of ``launch(..., trace=True)``).
 
     Returns:
-        One dict per rank, in rank order, with the keys ``rank``; ``sent`` and
-        ``received`` (bytes on the wire, floats, the ring's figures for
-        collectives); ``calls`` (the number of events); ``by_op``: for each
-        operation seen, ``{"calls": int, "sent": float, "received": float}``.
+        A dict per rank: ``rank``, ``sent`` and ``received`` (bytes on the wire),
+        ``calls``, and ``by_op``: ``{op: {"calls", "sent", "received"}}``.
 
     Raises:
         ValueError: ``traces`` is not a list of lists, or an event cannot be
@@ -206,18 +186,11 @@ def bytes_by_rank(traces: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
         )
     rows = []
     for rank, events in enumerate(traces):
-        row: dict[str, Any] = {
-            "rank": rank,
-            "sent": 0.0,
-            "received": 0.0,
-            "calls": 0,
-            "by_op": {},
-        }
+        row: dict[str, Any] = dict(rank=rank, sent=0.0, received=0.0, calls=0, by_op={})
         for event in events:
             sent, received = wire_bytes(event, _field(event, "rank", rank))
-            op = row["by_op"].setdefault(
-                _field(event, "op"), {"calls": 0, "sent": 0.0, "received": 0.0}
-            )
+            fresh = dict(calls=0, sent=0.0, received=0.0)
+            op = row["by_op"].setdefault(_field(event, "op"), fresh)
             for counts in (row, op):
                 counts["calls"] += 1
                 counts["sent"] += sent
@@ -227,14 +200,8 @@ def bytes_by_rank(traces: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def bytes_per_step(traces: Sequence[Sequence[Any]], steps: int) -> list[dict[str, Any]]:
-    """:func:`bytes_by_rank` divided by the number of training steps traced.
-
-    Args:
-        traces: one list of events per rank, as for :func:`bytes_by_rank`.
-        steps: how many steps the traced run made, 1 or more.
-
-    Returns:
-        One dict per rank with ``rank``, ``sent`` and ``received`` (bytes per step).
+    """:func:`bytes_by_rank`'s ``rank``, ``sent`` and ``received``, divided by
+    the ``steps`` the traced run made.
 
     Raises:
         ValueError: ``steps`` is not a whole number 1 or more.
@@ -245,10 +212,6 @@ def bytes_per_step(traces: Sequence[Sequence[Any]], steps: int) -> list[dict[str
     """
     whole("steps", steps, fix="pass the number of steps the traced run made")
     return [
-        {
-            "rank": r["rank"],
-            "sent": r["sent"] / steps,
-            "received": r["received"] / steps,
-        }
+        dict(rank=r["rank"], sent=r["sent"] / steps, received=r["received"] / steps)
         for r in bytes_by_rank(traces)
     ]

@@ -53,15 +53,9 @@ _MEANING = {
 
 
 def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
-    """Draw every rank's tensor before and after one collective call, side by side.
-
-    A row per rank: its tensor before the call, an arrow, its tensor after. Cells are
-    coloured by whose data they hold (a colour per rank); white cells hold a
-    reduction (a sum, say) over all ranks. Where values were not recorded (large
-    tensors), or are too many to print, a box gives the shapes instead.
-
-    The picture fits a projector (:mod:`workshop.draw.projector`) up to 8 ranks;
-    rows then keep a legible height, so more ranks make it taller than the screen.
+    """Draw every rank's tensor before and after one collective call, a row per rank,
+    cells coloured by whose data they hold (white: a reduction over all ranks), or
+    the shapes where values were not recorded. Fits a projector up to 8 ranks.
 
     Args:
         events_for_one_call: the same call's event on each rank, index = rank:
@@ -173,58 +167,26 @@ def draw_collective(events_for_one_call: Sequence[Any]) -> Figure:
                 one_line = side.replace("\n", "  ")
                 if text_px(one_line, LABEL_PT)[0] + 24 <= widths[col]:
                     side = one_line
-                ax.add_patch(
-                    FancyBboxPatch(
-                        (x0, y - cell_h / 2),
-                        widths[col],
-                        cell_h,
-                        facecolor="0.95",
-                        edgecolor="0.5",
-                        boxstyle="round,pad=0,rounding_size=4",
-                    )
-                )
-                ax.text(
-                    x0 + widths[col] / 2,
-                    y,
-                    side,
-                    **CENTRE,
-                    fontsize=LABEL_PT,
-                    color="0.2",
-                    linespacing=1.0,
-                )
+                box = ((x0, y - cell_h / 2), widths[col], cell_h)
+                rounded = "round,pad=0,rounding_size=4"
+                style = {"facecolor": "0.95", "edgecolor": "0.5", "boxstyle": rounded}
+                ax.add_patch(FancyBboxPatch(*box, **style))
+                style = {"fontsize": LABEL_PT, "color": "0.2", "linespacing": 1.0}
+                ax.text(x0 + widths[col] / 2, y, side, **CENTRE, **style)
                 continue
             x = x0
             for g, values in enumerate(side):
                 colour = _colour(_owner(flow, e["rank"], root, g, after=col == 1))
+                edge = {"edgecolor": "black", "linewidth": 1.2}
                 for v in values:
-                    ax.add_patch(
-                        Rectangle(
-                            (x, y - cell_h / 2),
-                            cell_w,
-                            cell_h,
-                            facecolor=colour,
-                            edgecolor="black",
-                            linewidth=1.2,
-                        )
-                    )
-                    ax.text(
-                        x + cell_w / 2,
-                        y,
-                        num(v),
-                        **CENTRE,
-                        fontsize=_TEXT_PT,
-                        color=_ink(colour),
-                    )
+                    cell = ((x, y - cell_h / 2), cell_w, cell_h)
+                    ax.add_patch(Rectangle(*cell, facecolor=colour, **edge))
+                    style = {"fontsize": _TEXT_PT, "color": _ink(colour)}
+                    ax.text(x + cell_w / 2, y, num(v), **CENTRE, **style)
                     x += cell_w
                 x += _GAP
-        ax.text(
-            label_w + widths[0] + _ARROW_W / 2,
-            y,
-            "→",
-            **CENTRE,
-            fontsize=20,
-            color="0.35",
-        )
+        arrow_x = label_w + widths[0] + _ARROW_W / 2
+        ax.text(arrow_x, y, "→", **CENTRE, fontsize=20, color="0.35")
     for x, head in (
         (label_w + widths[0] / 2, "before"),
         (x_after + widths[1] / 2, "after"),

@@ -1,29 +1,13 @@
 """Diagrams of communication between ranks, drawn from plain data.
 
-Each function takes what the tracer recorded inside the ranks (events with ``rank``,
-``op``, ``peer``, ``root``, ``reduce_op``, ``shapes``, ``dtype``, ``before``,
-``after``, ``start``, ``end``, ``blocking``, ``seq``: objects with those fields or
-dicts with those keys) or a layout given by two numbers, and returns a matplotlib
-Figure sized for a projector, in the look of :mod:`workshop.draw.diagrams`: large type,
-Okabe-Ito colours. Nothing here imports torch or touches a process group, so a
-picture can be redrawn from a saved file.
-
-* :func:`draw_rank_layout` (here): nodes, their GPUs, and each slot's rank, local and
-  node rank (notebook 02).
-* :func:`workshop.draw.p2p_diagram.draw_point_to_point`: an arrow per message sent.
-* :func:`workshop.draw.collective_diagram.draw_collective`: every rank's tensor before
-  and after one collective call.
-* The ring all-reduce is computed step by step in :mod:`workshop.comm.ring`, drawn,
-  and put behind a slider, in :mod:`workshop.draw.ring_diagram`.
-* :func:`workshop.draw.timeline_diagram.draw_rank_timeline`: a lane per rank, a bar per
-  call, with compute phases.
-
-This module also holds what they share: the colours of each op, how a recorded
-event is read, and a canvas laid out in the pixels of the PNG a notebook shows, so
-that a picture is sized for the projector (:mod:`workshop.draw.projector`) as it is
-drawn.
-
-Figures are closed in pyplot once drawn, so a cell that ends with one shows it once.
+The diagrams take what the tracer recorded inside the ranks (objects or dicts with
+the fields of ``_FIELDS``) and return a Figure sized for a projector, in the look of
+:mod:`workshop.draw.diagrams`; no torch here, so a saved trace redraws anywhere.
+This module draws :func:`draw_rank_layout` (notebook 02) and holds what the others
+(:mod:`~workshop.draw.p2p_diagram`, :mod:`~workshop.draw.collective_diagram`,
+:mod:`~workshop.draw.ring_diagram`, :mod:`~workshop.draw.timeline_diagram`) share:
+op colours, how an event is read, and a canvas laid out in the pixels of the PNG a
+notebook shows. Figures are closed in pyplot once drawn (a cell shows one once).
 """
 
 from __future__ import annotations
@@ -33,7 +17,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..checks import whole
-from .diagrams import DIAGRAM_FONT, _pyplot
+from .diagrams import DIAGRAM_FONT, _count, _pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -64,24 +48,9 @@ _DARK = {"#0072B2", "#D55E00", "#000000", "#666666"}
 CENTRE = {"ha": "center", "va": "center"}
 EDGE = {"edgecolor": "black", "linewidth": 1.5}
 REDUCED = "white"  # a cell that holds a reduction over ranks
-_FIELDS = (
-    "rank",
-    "op",
-    "label",
-    "peer",
-    "root",
-    "reduce_op",
-    "world_size",
-    "shapes",
-    "dtype",
-    "nbytes",
-    "before",
-    "after",
-    "start",
-    "end",
-    "blocking",
-    "seq",
-)
+_FIELDS = ("rank", "op", "label", "peer", "root", "reduce_op", "world_size")  # who
+_FIELDS += ("shapes", "dtype", "nbytes", "before", "after")  # what
+_FIELDS += ("start", "end", "blocking", "seq")  # when
 SENDS, RECVS = {"send", "isend"}, {"recv", "irecv"}
 
 
@@ -89,10 +58,8 @@ SENDS, RECVS = {"send", "isend"}, {"recv", "irecv"}
 
 
 def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figure:
-    """Draw nodes as boxes, a slot per GPU (or CPU process) in each, with its ranks.
-
-    Each slot shows its global ``rank``, its ``local_rank`` (its GPU on that node)
-    and its ``node_rank``: ``rank = node_rank * ranks_per_node + local_rank``.
+    """Draw nodes as boxes, a slot per GPU (or CPU process) in each, showing its
+    ``rank``, ``local_rank`` and ``node_rank``.
 
     Args:
         nodes: how many nodes (``--nnodes``), 1 to 16.
@@ -169,27 +136,17 @@ def draw_rank_layout(nodes: int, ranks_per_node: int, gpus: bool = True) -> Figu
                 ink, cx = _ink(colour), sx + slot / 2
                 device = f"GPU {local}" if gpus else f"CPU {local}"
                 small = max(9.5, 13 * shrink)  # 13 px at the least
+                rank = node * ranks_per_node + local
                 rows_of_text = (
-                    (
-                        0.82,
-                        f"rank {node * ranks_per_node + local}",
-                        17 * shrink,
-                        "bold",
-                    ),
+                    (0.82, f"rank {rank}", 17 * shrink, "bold"),
                     (0.57, device, small, "normal"),
                     (0.36, f"local_rank {local}", small, "normal"),
                     (0.16, f"node_rank {node}", small, "normal"),
                 )
                 for frac, text, size, weight in rows_of_text:
-                    ax.text(
-                        cx,
-                        sy + frac * slot,
-                        text,
-                        **CENTRE,
-                        fontsize=size,
-                        fontweight=weight,
-                        color=ink,
-                    )
+                    at = (cx, sy + frac * slot)
+                    style = {"fontsize": size, "fontweight": weight, "color": ink}
+                    ax.text(*at, text, **CENTRE, **style)
         ax.set_xlim(-0.1, width + 0.1)
         ax.set_ylim(-0.1, height + 0.1)
         ax.set_aspect("equal")
@@ -235,9 +192,8 @@ def text_px(label: str, size: float, bold: bool = False) -> tuple[float, float]:
 
 
 def bottom_legend(fig: Any, handles: list, across: int, size: float) -> None:
-    """The legend of ``handles`` centred under the picture, ``across`` entries a row,
-    with no frame (the picture's own boxes are framed; the legend must not look like
-    one of them)."""
+    """The legend centred under the picture, ``across`` entries a row, unframed (so
+    it does not look like one of the picture's boxes)."""
     fig.legend(
         handles=handles,
         loc="lower center",
@@ -249,11 +205,8 @@ def bottom_legend(fig: Any, handles: list, across: int, size: float) -> None:
 
 
 def canvas(width: float, height: float, top: float = 0, bottom: float = 0) -> Any:
-    """A figure ``width`` x ``top + height + bottom`` pixels, and its axes: the middle
-    ``height`` px, in pixels from its top left (x right, y down), axis off.
-
-    ``top`` leaves room for the axes' title, ``bottom`` for a figure legend.
-    """
+    """A figure ``width`` x ``top + height + bottom`` pixels (room for a title and a
+    legend), and its axes: the middle, in pixels from its top left (y down)."""
     plt = _pyplot()
     total = top + height + bottom
     fig = plt.figure(figsize=(width / DPI, total / DPI), dpi=DPI)
@@ -265,10 +218,6 @@ def canvas(width: float, height: float, top: float = 0, bottom: float = 0) -> An
 
 
 # --- private helpers -----------------------------------------------------------------
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _ink(colour: str) -> str:

@@ -1,18 +1,9 @@
 """Diagrams of work on one node's devices, drawn from plain data.
 
 Each function takes what :mod:`workshop.lessons.notebook01_devices` or
-:mod:`workshop.lessons.notebook01_pipeline` measured (or the same data read back from a
-file: objects with the fields below, or dicts with those keys) and returns a matplotlib
-Figure sized for a projector: large type, Okabe-Ito colours that stay distinct with
-every common colour-vision deficiency, legends outside the plot. Nothing here imports
-torch or touches a process group, so a picture can be redrawn anywhere.
-
-* :func:`draw_data_parallel_step`: the phases of one data-parallel step, a lane per
-  device.
-* :func:`draw_timeline`: measured forward/backward work per micro-batch, a lane per
-  device; blank where a device waited (the pipeline's bubbles).
-* :func:`draw_schedule`: the idealised pipeline schedule as a grid of time steps.
-
+:mod:`workshop.lessons.notebook01_pipeline` measured (objects, or dicts with the same
+keys) and returns a Figure sized for a projector, in Okabe-Ito colours (distinct with
+every common colour-vision deficiency). No torch here: a picture redraws anywhere.
 Figures are closed in pyplot once drawn, so a cell that ends with one shows it once.
 """
 
@@ -64,11 +55,8 @@ MAX_LANES = 10  #: lanes draw_timeline shows whole (8 under a two-line title)
 
 
 def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
-    """Draw one data-parallel step: a lane per device, a bar per phase.
-
-    Phases too short to see (a scatter of a few microseconds) are drawn at 0.4 % of
-    the step's length so each keeps its colour; the legend gives each phase's true
-    wall time, first start to last end across devices.
+    """Draw one data-parallel step: a lane per device, a bar per phase (at least
+    0.4 % of the step wide, so each keeps its colour; the legend gives true times).
 
     Args:
         record: a :class:`workshop.lessons.notebook01_devices.StepRecord`, or a dict
@@ -139,19 +127,15 @@ def draw_data_parallel_step(record: Any, title: str | None = None) -> Figure:
 def draw_timeline(
     events: Any, title: str, lanes: Sequence[str] | None = None
 ) -> Figure:
-    """Draw measured work per device over time; blank where a device waited.
-
-    Each bar is one piece of work, coloured by phase and labelled with its
-    micro-batch where the bar is wide enough for the number at 12 points or more.
-    Each lane says how much of the whole time it was idle. Lanes share the height a
-    1280x720 projector shows, up to :data:`MAX_LANES` (one-line labels past 6);
-    beyond that each keeps 0.3 inch and the figure grows taller than the screen.
+    """Draw measured work per device over time; blank where a device waited. A bar
+    is labelled with its micro-batch where the number fits at 12 points, a lane with
+    its idle share; whole on a projector up to :data:`MAX_LANES` lanes.
 
     Args:
         events: events with ``device``, ``phase``, ``start``, ``end`` (seconds) and
             ``micro_batch``; or a
-            :class:`workshop.lessons.notebook01_pipeline.Timeline`, whose ``devices``
-            then name the lanes.
+            :class:`workshop.lessons.notebook01_pipeline.Timeline` (its ``devices``
+            name the lanes).
         title: the figure's title.
         lanes: a name per lane (device), e.g. ``["cuda:0", "cuda:1"]``.
 
@@ -200,15 +184,9 @@ def draw_timeline(
             label = "" if e["micro_batch"] is None else str(e["micro_batch"])
             size = fitting_size(label, width * points_per_ms, bar_points)
             if size:
-                ax.text(
-                    left + width / 2,
-                    e["device"],
-                    label,
-                    ha="center",
-                    va="center",
-                    fontsize=size,
-                    color="white" if e["phase"] in _WHITE_TEXT else "black",
-                )
+                colour = "white" if e["phase"] in _WHITE_TEXT else "black"
+                x = left + width / 2
+                ax.text(x, e["device"], label, **_CENTRE, fontsize=size, color=colour)
         names = []
         for i, name in enumerate(lanes):
             busy = _busy_ms([e for e in events if e["device"] == i])
@@ -229,12 +207,8 @@ def draw_timeline(
 
 
 def draw_schedule(schedule: Sequence[Any], title: str | None = None) -> Figure:
-    """Draw an idealised pipeline schedule: a row per stage, a column per time step.
-
-    Cells hold ``F<m>`` (forward of micro-batch m) or ``B<m>`` (its backward) where
-    that fits at 12 points (up to about 20 time steps; longer schedules keep only the
-    colours); empty cells are bubbles, where a stage waits. The title gives their
-    share of all cells.
+    """Draw an idealised pipeline schedule: a row per stage, a column per time step,
+    cells ``F<m>``/``B<m>`` where that fits at 12 points; empty cells are bubbles.
 
     Args:
         schedule: ``(step, stage, micro_batch, phase)`` rows, e.g.

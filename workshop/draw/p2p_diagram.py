@@ -17,24 +17,20 @@ from .comm_diagrams import (
     PALETTE,
     RECVS,
     SENDS,
-    _count,
     _event,
     _ink,
     _shapes,
     _values,
 )
-from .diagrams import DIAGRAM_FONT, _pyplot
+from .diagrams import DIAGRAM_FONT, _count, _pyplot
 
 __all__ = ["draw_point_to_point"]
 
 
 def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
-    """Draw an arrow from sender to receiver for every message, numbered in order.
-
-    A send (or isend) is matched with its receiver's recv (or irecv) from that
-    sender, in the order each rank made them, as the library matches them. Each
-    arrow is labelled with the values sent, or their shape where values were not
-    recorded; dashed arrows were sent with isend.
+    """Draw an arrow from sender to receiver for every message, numbered in order
+    (sends matched with receives as the library matches them), labelled with the
+    values sent or their shape; dashed arrows were sent with isend.
 
     Args:
         events_by_rank: each rank's recorded events, index = rank; calls other than
@@ -88,16 +84,8 @@ def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
             circle = Circle((r * step, 0), radius, facecolor=colour, **EDGE, zorder=3)
             ax.add_patch(circle)
             circles.append(circle)
-            ax.text(
-                r * step,
-                0,
-                f"rank {r}",
-                **CENTRE,
-                fontsize=name_pt,
-                fontweight="bold",
-                color=_ink(colour),
-                zorder=4,
-            )
+            style = {"fontsize": name_pt, "fontweight": "bold", "color": _ink(colour)}
+            ax.text(r * step, 0, f"rank {r}", **CENTRE, **style, zorder=4)
         for number, m in enumerate(messages, start=1):
             src, dst, apex = m["src"], m["dst"], m["apex"]
             ax.add_patch(
@@ -139,15 +127,9 @@ def draw_point_to_point(events_by_rank: Sequence[Sequence[Any]]) -> Figure:
             Line2D([], [], color="black", linewidth=2.5, label="send / recv (blocking)")
         ]
         if any(m["async"] for m in messages):
+            dashed = {"color": "black", "linewidth": 2.5, "linestyle": "--"}
             handles.append(
-                Line2D(
-                    [],
-                    [],
-                    color="black",
-                    linewidth=2.5,
-                    linestyle="--",
-                    label="isend / irecv (non-blocking)",
-                )
+                Line2D([], [], **dashed, label="isend / irecv (non-blocking)")
             )
         fig.legend(handles=handles, loc="outside lower center", ncols=2, frameon=False)
     plt.close(fig)

@@ -1,10 +1,8 @@
 """Pictures of a layout plan: memory per GPU against the GPU's capacity, and the step
 time split into compute, communication on each mesh dimension, and the bubble.
 
-Drawn from the planner's estimate (``workshop.planner.estimator.Estimate``)
-read as plain data: its ``memory`` and ``time`` dicts, ``step``, ``gpu`` (``name``,
-``memory_bytes``) and ``layout`` (``dp``, ``tp``, ``pp``, ``zero``). Nothing here
-imports the planner, so a saved estimate draws the same.
+Drawn from the planner's ``Estimate`` read as plain data, without importing the
+planner, so a saved estimate draws the same.
 """
 
 from __future__ import annotations
@@ -34,19 +32,13 @@ MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "buffers"
 #: The time terms, bottom to top.
 TIME_TERMS = ("compute", "dp comm", "tp comm", "pp comm", "bubble")
 _MEMORY_COLOURS = dict(
-    zip(
-        MEMORY_TERMS,
-        (COLOURS[0], COLOURS[1], COLOURS[2], COLOURS[5], COLOURS[4]),
-        strict=True,
-    )
+    zip(MEMORY_TERMS, [COLOURS[i] for i in (0, 1, 2, 5, 4)], strict=True)
 )
 _TIME_COLOURS = dict(
-    zip(
-        TIME_TERMS,
-        (COLOURS[0], COLOURS[1], COLOURS[4], COLOURS[5], "0.72"),
-        strict=True,
-    )
+    zip(TIME_TERMS, [*(COLOURS[i] for i in (0, 1, 4, 5)), "0.72"], strict=True)
 )
+# The framework's bytes: a diamond, in the legend as on the bar.
+_DIAMOND = {"marker": "D", "ms": 9, "mec": "black", "mew": 1.2, "ls": "none"}
 _OVER, _FITS = COLOURS[3], "0.3"  # vermillion when over capacity, dark grey when not
 MAX_LAYOUTS = 6  #: layouts plot_layouts shows side by side on a projector
 GB = 1e9
@@ -168,14 +160,10 @@ def plot_plan(
 ) -> Figure:
     """One layout's plan: memory per GPU (left) and one step's time (right).
 
-    Left: a bar stacking the memory terms (parameters, gradients, optimizer state,
-    activations, buffers) of one GPU, against a line at the GPU's memory:
-    vermillion when the estimate is over it, grey when it fits. With ``fake``, the
-    bytes the framework really holds for each term are drawn as a diamond beside
-    the bar, at the bottom of that term's segment plus the framework's bytes: on
-    the segment's top edge when the two agree. Right: a bar stacking compute,
-    communication on each mesh dimension and the pipeline bubble, with the step
-    (which counts only what does not overlap) as a dashed line.
+    Left: the memory terms of one GPU stacked against its capacity (vermillion when
+    over); with ``fake``, the framework's bytes per term as a diamond beside the bar
+    (on the segment's top edge when the two agree). Right: the time terms stacked,
+    with the step (only what does not overlap) as a dashed line.
 
     Args:
         estimate: the planner's ``Estimate`` (memory and time by term, step, gpu).
@@ -212,16 +200,7 @@ def plot_plan(
         for term, bottom in zip(MEMORY_TERMS, bottoms, strict=True):
             if term in measured:
                 marks.append(bottom + measured[term] / GB)
-                left.plot(
-                    0.38,
-                    marks[-1],
-                    marker="D",
-                    ms=9,
-                    color=_MEMORY_COLOURS[term],
-                    mec="black",
-                    mew=1.2,
-                    ls="none",
-                )
+                left.plot(0.38, marks[-1], color=_MEMORY_COLOURS[term], **_DIAMOND)
         over = total > capacity
         colour = _OVER if over else _FITS
         left.axhline(capacity / GB, color=colour, lw=2.5, ls="-")
@@ -238,31 +217,15 @@ def plot_plan(
         handles.append(Line2D([], [], color=colour, lw=2.5))
         labels.append(f"{gpu}: {capacity / GB:g} GB")
         if measured:
-            handles.append(
-                Line2D(
-                    [],
-                    [],
-                    marker="D",
-                    ms=9,
-                    color="white",
-                    mec="black",
-                    mew=1.2,
-                    ls="none",
-                )
-            )
+            handles.append(Line2D([], [], color="white", **_DIAMOND))
             labels.append("framework (fake backend)")
         _beside_the_bar(left, handles, labels)
         left.set_ylim(0, 1.12 * max(total / GB, capacity / GB, *marks))
         left.set_ylabel("GB per GPU")
 
         _stack(right, 0, time, TIME_TERMS, _TIME_COLOURS, scale_t, 0.5, set())
-        right.axhline(
-            step * scale_t,
-            color="black",
-            lw=2,
-            ls="--",
-            label=f"step: {step * scale_t:.3g} {unit}",
-        )
+        step_label = f"step: {step * scale_t:.3g} {unit}"
+        right.axhline(step * scale_t, color="black", lw=2, ls="--", label=step_label)
         handles, labels = right.get_legend_handles_labels()
         _beside_the_bar(right, handles, labels)
         right.set_ylim(0, 1.12 * max(step, sum(time.values())) * scale_t)
@@ -281,10 +244,8 @@ def plot_plan(
 def plot_layouts(
     estimates: Sequence[Any], labels: Sequence[str] | None = None, title: str = ""
 ) -> Figure:
-    """Several layouts side by side: memory per GPU (left) and step time (right).
-
-    Each layout gets a stacked memory bar with a short line at its GPU's capacity
-    (vermillion when over), and a stacked time bar with its step as a black tick.
+    """Several layouts side by side: memory per GPU against capacity (left) and step
+    time with the step as a black tick (right).
 
     Args:
         estimates: 1 to :data:`MAX_LAYOUTS` planner estimates.

@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+# The plots' type is the lane diagrams' (12 points and up: the projector's 12 px).
+from .diagrams import FIT_FONT as FONT
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -14,14 +17,6 @@ __all__ = ["plot_speedup", "plot_throughput"]
 
 # Okabe-Ito: told apart with every common colour-vision deficiency.
 COLOURS = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442"]
-FONT = {
-    "font.size": 13,
-    "axes.titlesize": 14,
-    "axes.labelsize": 13,
-    "xtick.labelsize": 12,
-    "ytick.labelsize": 12,
-    "legend.fontsize": 12,
-}
 # Whole on a 1280x720 projector (1100 x 456 px of notebook, workshop.draw.projector)
 # at the inline backend's 100 dpi: one panel, its legend beside it.
 FIGSIZE = (8.6, 4.2)

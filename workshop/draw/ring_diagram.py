@@ -1,18 +1,8 @@
 """The ring all-reduce drawn from its steps (:mod:`workshop.comm.ring`): one step at a
 time, or all steps side by side, or behind an ipywidgets slider (:func:`ring_widget`).
 
-With N ranks, each holding a vector cut into N chunks, the ring takes 2(N-1) steps:
-N-1 of reduce-scatter (each rank passes one chunk to the next, which adds it to its
-own) and N-1 of all-gather (the finished chunks travel round). Every rank sends
-2(N-1)/N of the data in all, whatever N is: why the ring suits bandwidth.
-
 Every picture fits a projector (:mod:`workshop.draw.projector`) for 2 to 4 ranks; a
 step stays under 400 px tall so that the widget's slider fits on screen with it.
-
-What :func:`ring_widget` returns shows as the live widget where Jupyter can run it,
-and stores two stand-ins beside it in the notebook: the first step's picture (what
-JupyterLab shows in a notebook it does not trust, where it may not run widgets) and
-a line of text (what text-only viewers, and nbval, read).
 """
 
 from __future__ import annotations
@@ -50,12 +40,9 @@ _BOLD = "summed over all ranks"
 
 
 def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
-    """Draw step ``k`` of a ring all-reduce: ranks in a ring, chunks as strips.
-
-    Each arrow goes from a rank to the next and names the chunk it carries; each
-    rank's strip shows its chunks after the step (a colour per chunk), the one it
-    just received framed, fully reduced chunks in bold. It fits the projector up to
-    6 ranks (under 400 px tall up to 4); from 7 it is wider, and shrunk.
+    """Draw step ``k`` of a ring all-reduce: ranks in a ring, each with its chunks
+    after the step (the one just received framed, fully reduced ones bold), and an
+    arrow to the next rank naming the chunk it carries. Fits the projector up to 6.
 
     Args:
         steps: what :func:`ring_all_reduce_steps` returned.
@@ -106,26 +93,13 @@ def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
         for c, values in enumerate(step.after[r]):
             colour = PALETTE[c % len(PALETTE)]
             start = x
+            weight = "bold" if step.counts[r][c] == n else "normal"
             for v in values:
-                ax.add_patch(
-                    Rectangle(
-                        (x, cy + 2),
-                        cell_w,
-                        cell_h,
-                        facecolor=colour,
-                        ec="black",
-                        lw=0.8,
-                    )
-                )
-                ax.text(
-                    x + cell_w / 2,
-                    cy + 2 + cell_h / 2,
-                    num(v),
-                    **CENTRE,
-                    fontsize=_TEXT_PT,
-                    color=_ink(colour),
-                    weight="bold" if step.counts[r][c] == n else "normal",
-                )
+                cell = ((x, cy + 2), cell_w, cell_h)
+                ax.add_patch(Rectangle(*cell, facecolor=colour, ec="black", lw=0.8))
+                at = (x + cell_w / 2, cy + 2 + cell_h / 2)
+                style = {"fontsize": _TEXT_PT, "color": _ink(colour), "weight": weight}
+                ax.text(*at, num(v), **CENTRE, **style)
                 x += cell_w
             if c == received:
                 ax.add_patch(
@@ -175,11 +149,8 @@ def draw_ring_step(steps: Sequence[RingStep], k: int) -> Figure:
 
 def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
     """Draw the steps of a ring all-reduce side by side, for where there are no
-    widgets: after each step, a table of every rank's chunks (ranks as rows).
-
-    Each arrow goes down a column, from a rank to the next, with the chunk it sends
-    (the last rank's leaves at the bottom and comes round to rank 0 at the top); the
-    chunk each rank just received is framed, fully reduced chunks are bold.
+    widgets: after each step, a table of every rank's chunks (ranks as rows), with
+    arrows down the columns as in :func:`draw_ring_step`.
 
     Args:
         steps: what :func:`ring_all_reduce_steps` returned.
@@ -249,26 +220,15 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
             for r in range(n):
                 y = y0 + r * pitch + cell_h / 2
                 ax.text(
-                    x0 - 8,
-                    y,
-                    f"rank {r}",
-                    ha="right",
-                    va="center",
-                    fontsize=_TEXT_PT,
+                    x0 - 8, y, f"rank {r}", ha="right", va="center", fontsize=_TEXT_PT
                 )
         if col == 0 or steps[shown[i - 1]].phase != step.phase:
             run = [
                 j for j in shown[i : i + per_row - col] if steps[j].phase == step.phase
             ]
             span = len(run) * slot - gap
-            ax.text(
-                x_slot + span / 2,
-                y0 - 46,
-                _heading(step),
-                **CENTRE,
-                fontsize=_TEXT_PT,
-                weight="bold",
-            )
+            at = (x_slot + span / 2, y0 - 46)
+            ax.text(*at, _heading(step), **CENTRE, fontsize=_TEXT_PT, weight="bold")
             ax.plot([x_slot, x_slot + span], [y0 - 34, y0 - 34], color="0.3", lw=1.5)
         ax.text(x0 + table_w / 2, y0 - 22, f"step {k + 1}", **CENTRE, fontsize=_TEXT_PT)
         for r in range(n):
@@ -280,15 +240,10 @@ def draw_ring_grid(steps: Sequence[RingStep], phase: str = "both") -> Figure:
                 ax.add_patch(
                     Rectangle((x, y), w, cell_h, facecolor=colour, ec="black", lw=0.8)
                 )
-                ax.text(
-                    x + w / 2,
-                    y + cell_h / 2,
-                    " ".join(num(v) for v in values),
-                    **CENTRE,
-                    fontsize=_TEXT_PT,
-                    color=_ink(colour),
-                    weight="bold" if step.counts[r][c] == n else "normal",
-                )
+                weight = "bold" if step.counts[r][c] == n else "normal"
+                style = {"fontsize": _TEXT_PT, "color": _ink(colour), "weight": weight}
+                text = " ".join(num(v) for v in values)
+                ax.text(x + w / 2, y + cell_h / 2, text, **CENTRE, **style)
                 if c == received:
                     ax.add_patch(Rectangle((x, y), w, cell_h, fill=False, lw=3))
                 x += w
@@ -359,9 +314,8 @@ def _on_ring(r: int, n: int, rx: float, ry: float) -> tuple[float, float]:
 
 
 def _ring_layout(n: int, strip: float, unit_h: float, rad: float) -> tuple:
-    """Where each rank's strip and each arc's label go, and the bounds of it all
-    ((left, top, right, bottom), in pixels, y down): on an ellipse as flat as keeps
-    a step under 400 px tall, and as wide as keeps the ranks apart."""
+    """Rank strips' and arc labels' places and their bounds (pixels, y down), on an
+    ellipse as flat as keeps a step under 400 px and as wide as keeps ranks apart."""
     label_w, label_h = text_px("chunk 00", _SMALL_PT)[0] + 12, 26
     best: tuple = ()
     for ry in range(300, 40, -5):  # the roundest ring that fits, else the least over
@@ -427,17 +381,11 @@ def _chunk_legend(fig: Figure, n: int, across: int) -> None:
     bottom_legend(fig, handles, across, _TEXT_PT)
 
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-
 class RingWidget:
     """What :func:`ring_widget` returns: a slider over the steps of a ring
-    all-reduce, with the picture of the chosen step under it.
-
-    Shown by Jupyter as the widget, with two stand-ins stored beside it in the
-    notebook: the first step's PNG (what JupyterLab shows where it may not run the
-    widget, as in a notebook it does not trust) and a line of text.
+    all-reduce, with the picture of the chosen step under it. Beside the widget a
+    notebook stores the first step's PNG (shown where widgets may not run, as in an
+    untrusted notebook) and a line of text (what nbval reads).
 
     Attributes:
         view: the ipywidgets ``VBox`` (a play button and the slider, over the
@@ -466,9 +414,8 @@ class RingWidget:
 
 
 def ring_widget(steps: Sequence[RingStep]) -> RingWidget | Figure:
-    """An interactive view of a ring all-reduce: a slider (and play button) per step.
-
-    Falls back to :func:`draw_ring_grid` where ipywidgets cannot be imported.
+    """An interactive view of a ring all-reduce: a slider (and play button) per
+    step; :func:`draw_ring_grid` where ipywidgets cannot be imported.
 
     Args:
         steps: what :func:`ring_all_reduce_steps` returned.

@@ -1,17 +1,11 @@
 """Tensor parallelism of an MLP block, drawn: its two weight matrices cut into per-rank
 slices, and where the all-reduce happens forward and backward.
 
-The maths' view of ``Y = GELU(X W1) W2`` (``W1 = fc1.weight.T``, ``d_model x
-d_hidden``; ``W2 = fc2.weight.T``, ``d_hidden x d_model``): W1 is cut by columns
-and W2 by rows, a colour per rank, so each rank's hidden slice goes from its piece of
-W1 through GELU to its piece of W2 without leaving the rank. Two all-reduces remain:
-the partial outputs forward (at g,
-:func:`~workshop.parallel.tensor.reduce_from_ranks`) and the input's gradient
-backward (at f, :func:`~workshop.parallel.tensor.copy_to_ranks`). Given a trace of
-``check_tensor_parallel`` (``launch(..., trace=True).traces``), each is labelled
-with the bytes that were recorded.
-
-Drawn from plain data: nothing here imports torch or touches a process group.
+In the maths' view ``Y = GELU(X W1) W2``, W1 is cut by columns and W2 by rows, a
+colour per rank; the all-reduces sit at g
+(:func:`~workshop.parallel.tensor.reduce_from_ranks`, forward) and f
+(:func:`~workshop.parallel.tensor.copy_to_ranks`, backward), labelled with the bytes
+a trace recorded when one is given. No torch here.
 """
 
 from __future__ import annotations
@@ -54,10 +48,8 @@ def draw_tensor_parallel(
         d_model: the block's input and output features.
         d_hidden: its hidden features, a multiple of ``world_size``.
         events: optional, what ``launch(check_tensor_parallel, ..., trace=True)``
-            recorded: ``.traces`` (a list per rank) or one flat list of events
-            (objects or dicts with ``rank``, ``op``, ``seq``, ``nbytes``,
-            ``shapes``). The first two all_reduce calls of the lowest rank are the
-            forward and the backward one; their bytes label the picture.
+            recorded (``.traces``, or one flat list of events); the lowest rank's
+            first two all_reduce calls label the picture with their bytes.
         batch: optional, the input's rows, shown in the shapes when given.
 
     Returns:
@@ -89,13 +81,8 @@ def draw_tensor_parallel(
         _box(ax, w1 + 0.3, 1.7, "GELU", "each rank,\nits slice:\nno talking")
         w2 = _matrix(ax, w1 + 2.3, d_hidden, d_model, world_size, "rows")
         _node(ax, w2 + 0.7, "g")
-        _box(
-            ax,
-            w2 + 1.45,
-            2.1,
-            "Y",
-            f"{rows} {_TIMES} {d_model}\nsum of the\nranks' parts\n+ b2",
-        )
+        y_text = f"{rows} {_TIMES} {d_model}\nsum of the\nranks' parts\n+ b2"
+        _box(ax, w2 + 1.45, 2.1, "Y", y_text)
         for x0, x1 in ((1.6, 2.0), (2.6, 3.0), (w2 + 0.05, w2 + 0.4)):
             _arrow(ax, x0, x1)
         _arrow(ax, w2 + 1.0, w2 + 1.45)

@@ -10,13 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-from .comm_diagrams import (
-    CENTRE,
-    OP_COLOURS,
-    UNKNOWN,
-    _event,
-    _ink,
-)
+from .comm_diagrams import CENTRE, OP_COLOURS, UNKNOWN, _event, _ink
 from .diagrams import (
     _MARGIN_IN,
     FIT_FONT,
@@ -43,19 +37,14 @@ def draw_rank_timeline(
     phases: Sequence[Any] | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Draw a lane per rank: a bar per recorded call, and compute phases if given.
-
-    Times are in ms from the earliest start. With phases, each lane has two rows:
-    compute (greys) above, communication (a colour per op) below, so an all-reduce
-    that overlaps the backward pass shows as overlap. Hatched bars are non-blocking
-    calls, which end when the call returned, not when the data arrived.
+    """Draw a lane per rank: a bar per recorded call (hatched: non-blocking, ended
+    when the call returned), and above it compute phases if given, so overlap shows.
 
     Args:
         events_by_rank: each rank's recorded events, index = rank.
         phases: ``(rank, name, start, end)`` tuples (or dicts with those keys),
             seconds as ``time.time()`` gives, e.g. forward/backward/optimizer.
-        title: the figure's title; by default it says what the lanes show. An
-            event's ``label`` (if it has one) is written on its bar instead of its op.
+        title: the figure's title; by default it says what the lanes show.
 
     Returns:
         The matplotlib Figure.
@@ -100,12 +89,9 @@ def draw_rank_timeline(
     bar_points = height * 72 * lane_height(*shape)
     with plt.rc_context(FIT_FONT):
         fig, ax = plt.subplots(figsize=lane_figsize(*shape), layout="constrained")
-        # The bar that ends last in each row may put a label that does not fit in
-        # it just to its right, where nothing else is drawn. Any other label too
-        # wide for its bar goes in the strip between its row and the lane's edge
-        # (below communication, above compute), pushed right past the previous
-        # such label so none is lost and none overlaps: a short all-reduce bucket
-        # must still say which bucket it is.
+        # A label too wide for its bar goes right of it on a row's last bar, else
+        # in the strip between its row and the lane's edge, pushed right past the
+        # previous one: a short all-reduce bucket must still say which it is.
         last_in_row: dict[tuple[int, float], float] = {}
         strip_end: dict[tuple[int, float], float] = {}
         for x, _, _, offset in rows:
@@ -182,14 +168,8 @@ def draw_rank_timeline(
         if any(e["blocking"] is False for e in calls):
             from matplotlib.patches import Patch
 
-            handles.append(
-                Patch(
-                    facecolor="white",
-                    edgecolor="black",
-                    hatch="//",
-                    label="non-blocking call",
-                )
-            )
+            hatched = {"facecolor": "white", "edgecolor": "black", "hatch": "//"}
+            handles.append(Patch(**hatched, label="non-blocking call"))
         fig.legend(
             handles=handles,
             loc="outside lower center",

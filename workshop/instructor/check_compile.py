@@ -1,14 +1,9 @@
 """The node check's ``compile`` step, its probe and its reading of a failure: does
 ``torch.compile`` work here, and how long is its warm-up?
 
-The probe (run in a process of its own by ``check_steps.py``) compiles a tiny model
-with inductor on the device a class will use and times its first call (tracing and
-code generation) against its second. Inductor writes C++ on a CPU, so it needs a
-C++ compiler (``$CXX``, else ``g++`` on the PATH); on a GPU it writes Triton kernels,
-which Triton builds with a C compiler and the CUDA toolchain's ``ptxas``. A missing
-one is the common failure on a fresh node, or one that runs but cannot compile (a
-g++ without its back end, cc1plus), and inductor's own error is long: this module
-turns it into one line naming the program, its own first error, and what to do.
+Inductor needs a C++ compiler on a CPU, and a C compiler and ``ptxas`` on a GPU
+(Triton); a missing or broken one is the common failure on a fresh node, and its
+error is long: this module turns it into one line naming the program and the fix.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ def explain_compile_error(error: str, cxx: str | None = None) -> tuple[str, str]
         cxx: the C++ compiler inductor was told to use (``$CXX``), if any.
 
     Returns:
-        One line naming the missing program, and one concrete fix; for an error
-        not recognised, its first line and how to see the whole of it.
+        One line naming the missing program, and one concrete fix.
 
     Example:
         >>> explain_compile_error("InvalidCxxCompiler: No working C++ compiler")[0]
@@ -73,9 +67,8 @@ def probe_compile() -> dict[str, Any]:
     """Compile a tiny model with inductor on this process's device and time it.
 
     Returns:
-        {"device", "first_seconds" (tracing, code generation and the call),
-        "second_seconds", "ok": True}; or {"ok": False, "error": its type and
-        first line, "missing", "fix"} from :func:`explain_compile_error`.
+        {"ok": True, "device", "first_seconds", "second_seconds"}, or {"ok": False,
+        "device", "error", "missing", "fix"} (:func:`explain_compile_error`).
     """
     import torch
 
@@ -97,16 +90,5 @@ def probe_compile() -> dict[str, Any]:
         error = f"{type(exc).__name__}: {exc}"
         missing, fix = explain_compile_error(error, os.environ.get("CXX"))
         first = error.strip().splitlines()[0][:300]
-        return {
-            "ok": False,
-            "device": device,
-            "error": first,
-            "missing": missing,
-            "fix": fix,
-        }
-    return {
-        "ok": True,
-        "device": device,
-        "first_seconds": times[0],
-        "second_seconds": times[1],
-    }
+        return dict(ok=False, device=device, error=first, missing=missing, fix=fix)
+    return dict(ok=True, device=device, first_seconds=times[0], second_seconds=times[1])

@@ -4,30 +4,10 @@
     python -m workshop check-node --quick      # without the notebooks and ResNet-50
     make check-node CHECK_ARGS=--quick    # the same, with .venv's python if any
 
-Run it in the environment the class will use (on a cluster: the site's torch module
-plus ``pip install -e ".[lab,test]"``). Seven steps, each timed, each PASS, FAILED, or
-SKIPPED with the reason:
-
-1. ``doctor``: the doctor's table (:mod:`workshop.machine.doctor`).
-2. ``gpu-tests``: ``python -m pytest -q -m gpu tests/``.
-3. ``launch``: two ranks from each start path (fork, fork server, spawn), each launch
-   from a fresh process, so that whatever this process did to CUDA cannot spoil the
-   fork path; the path each took and its seconds.
-4. ``nccl``: an all-reduce of a CUDA tensor on every visible GPU, its sum checked,
-   and the bus bandwidth of a 256 MiB all-reduce.
-5. ``compile``: ``torch.compile`` of a tiny model with inductor, in a fresh process:
-   whether it works, its warm-up (the first call against the second), or the
-   compiler that is missing or cannot compile named, with its own first error
-   (``check_compile.py``).
-6. ``train``: ResNet-50 samples/s (bf16, channels_last) with the workshop's
-   ``train_step`` and with a plain PyTorch loop (``python -m workshop.bench train
-   [--bare]``).
-7. ``notebooks``: every notebook executed into a temporary folder.
-
-Then a verdict that fits one screen: READY, or each problem with its fix. This
-module holds the verdict and the command line; the steps and their probes are in
-``check_steps.py``, what a check finds (each step's result, the report) in
-``check_results.py``.
+Run it in the environment the class will use. Seven steps (doctor, gpu-tests,
+launch, nccl, compile, train, notebooks: ``check_steps.py``), each timed, each PASS,
+FAILED or SKIPPED with the reason; then a one-screen verdict: READY, or each problem
+with its fix.
 """
 
 from __future__ import annotations
@@ -88,8 +68,7 @@ def steps_to_run(skip: Iterable[str] = (), quick: bool = False) -> dict[str, str
 
 
 def _clip(text: str, width: int, lines: int = 1) -> list[str]:
-    """``text`` wrapped to ``width`` (never inside a --option), at most ``lines``
-    lines, the last cut short with " ..." if there was more."""
+    """``text`` wrapped to ``width``, at most ``lines`` lines (" ..." if cut)."""
     wrapped = textwrap.wrap(text, width, break_on_hyphens=False) or [""]
     if len(wrapped) > lines:
         wrapped = wrapped[:lines]
@@ -100,15 +79,12 @@ def _clip(text: str, width: int, lines: int = 1) -> list[str]:
 def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
     """The one-screen verdict: a line per step, then READY or what to fix.
 
-    It only reads ``report``, so it can be tried on made-up results.
-
     Args:
         report: the steps' results.
         width: longest line.
 
     Returns:
-        The verdict, lines joined by newlines: at most ``width`` columns and, with
-        seven steps, at most 27 lines even when every step failed.
+        The verdict: at most ``width`` columns and 27 lines.
 
     Example:
         >>> steps = [CheckStep("doctor", "PASS", 1.0, "torch 2.6")]
@@ -141,8 +117,8 @@ def format_verdict(report: CheckReport, width: int = WIDTH) -> str:
 
 
 def allocation_line() -> str | None:
-    """Inside a Slurm job, one line saying what of the node the check measures: the
-    job's cores and memory, which its launches and threads follow. None outside.
+    """Inside a Slurm job, the job's cores and memory that the check measures; None
+    outside.
 
     Example:
         >>> allocation_line()                                   # doctest: +SKIP
@@ -176,8 +152,7 @@ def check_node(
     Args:
         skip: steps to leave out, from :data:`STEPS`.
         quick: leave out the notebooks and the training benchmark.
-        timeout: seconds each step may run (each notebook gets this much); a
-            command still running then is stopped with its whole process tree.
+        timeout: seconds each step (each notebook) may run.
         cpu_train: run the training benchmark where no GPU is visible too.
         train: what the training step runs (ResNet-50, bf16, channels_last).
         launch_repeats: timed launches after the first on the two fork paths.
@@ -189,8 +164,7 @@ def check_node(
 
     Raises:
         ValueError: an unknown step in ``skip``, or a timeout not above 0.
-        KeyboardInterrupt: Ctrl-C or the stop button, after every process of the
-            check was stopped; a notebook shows one line naming the step.
+        KeyboardInterrupt: interrupted, after every process was stopped.
 
     Example:
         >>> report = check_node(quick=True)                     # doctest: +SKIP

@@ -1,10 +1,7 @@
-"""The steps of the node check (:mod:`workshop.instructor.check_node`), each a
-function of the check's settings that returns a
-:class:`~workshop.instructor.check_results.CheckStep`, and the probes they run.
-
-A step that needs a process of its own (a launch, the NCCL run, a notebook) runs a
-probe of this module in one, so that this check's state (CUDA, a fork server) can
-spoil nothing. Each probe prints one line, ``workshop-check-answer: {JSON}``::
+"""The steps of the node check (:mod:`workshop.instructor.check_node`), each
+returning a :class:`~workshop.instructor.check_results.CheckStep`, and their probes,
+each run in a fresh process (this one's CUDA state cannot spoil them) that prints
+``workshop-check-answer: {JSON}``::
 
     python -m workshop.instructor.check_steps launch fork 2 3  # path, size, repeats
     python -m workshop.instructor.check_steps after-backward 2  # world size
@@ -12,10 +9,8 @@ spoil nothing. Each probe prints one line, ``workshop-check-answer: {JSON}``::
     python -m workshop.instructor.check_steps notebook IN.ipynb OUT.ipynb 900
     python -m workshop.instructor.check_steps compile  # a tiny model, inductor
 
-An answer with "error" says what went wrong in one line; the whole error is on stderr.
-Every command runs under the keeper of :func:`workshop.cluster.commands.run_command`:
-at its timeout, on Ctrl-C, or when this process dies, its whole process tree is
-stopped.
+An answer with "error" says what went wrong in one line (the whole error on stderr).
+Every command runs under :func:`workshop.cluster.commands.run_command`'s keeper.
 """
 
 from __future__ import annotations
@@ -76,8 +71,7 @@ class _Ran:
 
 
 def _run(command: Sequence[str], timeout: float, cwd: Path | None = None) -> _Ran:
-    """Run ``command``, with this clone importable if it is one; never raises on
-    the command's failure."""
+    """Run ``command`` with this clone importable; never raises on its failure."""
     from ..cluster.commands import CommandError, run_command
 
     env = {}
@@ -102,9 +96,8 @@ def _run(command: Sequence[str], timeout: float, cwd: Path | None = None) -> _Ra
 
 
 def _probe(timeout: float, *args: object) -> dict[str, Any]:
-    """Run one probe of this module. Its answer, or ``{"error": ...}`` saying why
-    there is none (a timeout, a crash); after an error, "log" holds the end of
-    what the probe printed on stderr (a rank's traceback, say)."""
+    """Run one probe of this module: its answer, or ``{"error": ...}`` with "log",
+    the end of its stderr."""
     probes = [sys.executable, "-m", "workshop.instructor.check_steps"]
     ran = _run([*probes, *map(str, args)], timeout)
     log = "\n".join(ran.stderr.strip().splitlines()[-15:])
@@ -122,8 +115,7 @@ def _probe(timeout: float, *args: object) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the steps
 def step_doctor(ctx: Context) -> CheckStep:
-    """The doctor's table, shown; FAILED where a probe broke or torch sees no GPU
-    that nvidia-smi lists."""
+    """The doctor's table; FAILED where a probe broke or torch misses a GPU."""
     from ..machine.doctor import doctor
 
     table = io.StringIO()
@@ -164,8 +156,7 @@ def parse_pytest_counts(output: str) -> dict[str, int]:
 
 
 def step_gpu_tests(ctx: Context) -> CheckStep:
-    """``python -m pytest -q -m gpu tests/``; SKIPPED, without running them, where
-    no GPU is visible."""
+    """``python -m pytest -q -m gpu tests/``; SKIPPED where no GPU is visible."""
     name = "gpu-tests"
     if find_spec("pytest") is None:
         fix = f"pip install pytest pytest-timeout (or {_PIP_ALL})"
@@ -235,10 +226,8 @@ def step_launch(ctx: Context) -> CheckStep:
 def _after_backward(
     ctx: Context, deadline: float, problems: list[str]
 ) -> dict[str, Any]:
-    """The launch a learner makes after training in the kernel: a backward pass in a
-    fresh process, then ranks (one per GPU, else 2) from start_method="auto". On a
-    GPU machine that backward pass leaves the process unable to fork (fork_hazard):
-    the ranks must come from the fork server and run their own backward."""
+    """A launch after a backward pass in the kernel, as a learner's: on a GPU
+    machine it must not fork (fork_hazard), and the ranks' sums must be right."""
     world_size = ctx.gpus or 2
     answer = _probe(deadline - time.monotonic(), "after-backward", world_size)
     if "error" in answer:
@@ -282,9 +271,7 @@ def step_nccl(ctx: Context) -> CheckStep:
 
 
 def step_compile(ctx: Context) -> CheckStep:
-    """torch.compile of a tiny model with inductor in a fresh process: whether it
-    works here, its warm-up, or the compiler that is missing or cannot compile
-    named (``check_compile.py``)."""
+    """torch.compile of a tiny model in a fresh process (``check_compile.py``)."""
     answer = _probe(ctx.timeout, "compile")
     if "error" in answer and "ok" not in answer:  # the probe itself died
         ctx.say(f"FAILED: {answer['error']}\n{answer['log']}")
@@ -439,8 +426,7 @@ def _probe_launch(method: str, world_size: str, repeats: str) -> dict[str, Any]:
 
 
 def _rank_backward() -> float:
-    """What each rank of the after-backward probe runs: a backward pass on its
-    device (its GPU under NCCL), then an all-reduce of the gradient's sum."""
+    """Each rank of the after-backward probe: a backward pass, its sum all-reduced."""
     import torch
     import torch.distributed as dist
 
@@ -454,8 +440,8 @@ def _rank_backward() -> float:
 
 
 def _probe_after_backward(world_size: str) -> dict[str, Any]:
-    """A kernel that trained before it launches, as notebook 02's does: one backward
-    pass here, then ranks started with start_method="auto" that each run one."""
+    """A kernel that trained before it launches (notebook 02's): one backward pass,
+    then ranks from start_method="auto"."""
     import torch
 
     from ..ranks.forkable import HAZARDS, fork_hazard
@@ -493,8 +479,8 @@ def _probe_nccl(size_bytes: str, timeout: str) -> dict[str, Any]:
 
 
 def _probe_notebook(source: str, copy: str, timeout: str) -> dict[str, Any]:
-    """Execute a notebook with this interpreter's kernel, going on past errors;
-    write the executed copy and count the cells that raised."""
+    """Execute a notebook with this interpreter's kernel, past errors; write the
+    copy and count the cells that raised."""
     import ipykernel.kernelspec
     import nbformat
     from jupyter_client.kernelspec import KernelSpec, KernelSpecManager

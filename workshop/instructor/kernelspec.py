@@ -7,10 +7,8 @@ not the Python that has torch and the workshop (docs/portal.md)::
     python -m workshop kernel-spec --module pytorch/2.4 --python python3 \\
         --env OMP_NUM_THREADS=4 --prefix /shared/course/jupyter --check
 
-What the spec holds is decided in :mod:`.kernelspec_plan` (``kernel.json``, the
-wrapper that loads modules, the workshop on ``PYTHONPATH`` when that Python lacks
-it); ``--check`` starts a kernel from it, as a Jupyter server would
-(:func:`check_kernel`), and shuts it down again, also after a failure or an interrupt.
+What the spec holds is decided in :mod:`.kernelspec_plan`; ``--check`` starts a
+kernel from it as a Jupyter server would (:func:`check_kernel`), then shuts it down.
 """
 
 from __future__ import annotations
@@ -98,22 +96,19 @@ def _by_hand(folder: Path, spec: dict) -> str:
 
 
 def check_kernel(folder: str | Path, timeout: float = KERNEL_TIMEOUT_S) -> KernelCheck:
-    """Start the kernel whose spec is in ``folder`` through ``jupyter_client``, run
-    ``import workshop, torch`` in it and return what it reported; shut it down. It
-    runs in an empty folder (the current one could make the workshop importable),
-    its connection file in a temporary one.
+    """Start the kernel whose spec is in ``folder`` (in an empty folder), run
+    ``import workshop, torch`` in it, shut it down, and return what it reported.
 
     Args:
         folder: a kernel spec's folder (``kernels/NAME``, holding ``kernel.json``).
         timeout: seconds for the kernel to start, and again for the imports.
 
     Returns:
-        What the kernel saw: its Python, torch, the workshop's file, GPUs, modules,
-        the Slurm job and the spec's variables.
+        What the kernel saw.
 
     Raises:
-        KernelSpecError: jupyter_client is missing here, the kernel did not start
-            (with the end of its output), or the imports failed in it.
+        KernelSpecError: no jupyter_client here, the kernel did not start, or the
+            imports failed in it.
 
     Example:
         >>> check_kernel(kernels_dir() / "scaling-pytorch-hpc").torch_version

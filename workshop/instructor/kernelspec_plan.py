@@ -3,23 +3,11 @@ environment modules, the wrapper that loads them (``python -m workshop kernel-sp
 :mod:`workshop.instructor.kernelspec`, is the command), after asking the kernel's
 Python what it has (:func:`probe`).
 
-A kernel spec is a folder holding ``kernel.json``: the command that starts the
-kernel (``argv``), the name shown in Jupyter's menus and the variables added to its
-environment (``env``). ``module load`` is a shell function, not a program, so with
-``--module`` the ``argv`` runs ``kernel-wrapper.sh`` beside it: bash defines
-``module`` (from the site's init script), loads the modules, then ``exec`` puts the
-kernel's Python in its place: the process Jupyter started is the kernel, so
-interrupts and shutdowns reach it.
-
-The workshop on the kernel's ``PYTHONPATH``: where that Python cannot import the
-workshop (a site's module, shared by a class, in which nobody may ``pip install``),
-the spec puts this checkout first on ``PYTHONPATH``, ahead of whatever the server's
-environment holds there (``${PYTHONPATH}``, which Jupyter fills in at start), so the
-folders a site's module puts there still count. Where the workshop is installed in
-that Python, nothing is added: the installed copy is the one to use. Where that
-Python finds ipykernel and torch only through this shell's ``PYTHONPATH`` (a ``pip
-install --target``), the spec carries that ``PYTHONPATH``
-(:func:`probe_with_shell_path`).
+``module load`` is a shell function, so with ``--module`` the spec's ``argv`` runs
+``kernel-wrapper.sh``, which loads the modules and then ``exec``s the kernel's Python
+(so Jupyter's interrupts reach it). Where that Python cannot import the workshop (a
+site's shared module), the spec puts this checkout first on ``PYTHONPATH``, ahead of
+the server's ``${PYTHONPATH}``.
 """
 
 from __future__ import annotations
@@ -87,14 +75,12 @@ _MODULE_INITS = (
 
 
 class KernelSpecError(ValueError):
-    """A kernel spec that cannot be written as asked, or a kernel that fails its
-    check."""
+    """A kernel spec that cannot be written as asked, or fails its check."""
 
 
 @dataclass(frozen=True)
 class KernelSpecPlan:
-    """What :func:`write_kernel_spec` writes: the folder, ``kernel.json`` and, with
-    modules, the wrapper's text; and what the kernel's Python was found to have."""
+    """What :func:`write_kernel_spec` writes, and what the kernel's Python has."""
 
     name: str
     folder: Path
@@ -109,13 +95,12 @@ class KernelSpecPlan:
 def kernels_dir(
     user: bool = False, prefix: str | Path | None = None, sys_prefix: bool = False
 ) -> Path:
-    """The folder of kernel specs to write into, as ``jupyter kernelspec install``
-    chooses it; ``--user`` when nothing is given.
+    """The kernel specs' folder, as ``jupyter kernelspec install`` chooses it
+    (``--user`` by default).
 
     Args:
         user: this user's Jupyter data folder (``~/.local/share/jupyter/kernels``).
-        prefix: ``PREFIX/share/jupyter/kernels``; a Jupyter server sees it when
-            ``PREFIX/share/jupyter`` is on its ``JUPYTER_PATH``.
+        prefix: ``PREFIX/share/jupyter/kernels``.
         sys_prefix: the same under this Python's ``sys.prefix``.
 
     Raises:
@@ -146,8 +131,7 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
     """``["OMP_NUM_THREADS=4", ...]`` as a dict, each name checked.
 
     Raises:
-        KernelSpecError: an item without ``=``, a name that is not a variable name,
-            or a name given twice.
+        KernelSpecError: no ``=``, a bad variable name, or a name given twice.
 
     Example:
         >>> parse_env(["OMP_NUM_THREADS=4", "NCCL_DEBUG="])
@@ -186,9 +170,8 @@ def _check_name(name: str) -> str:
 
 
 def _python(python: str | None, venv: str | Path | None, modules: Sequence[str]) -> str:
-    """The kernel's Python as the spec names it: an absolute path (not resolved: a
-    venv's python is a link to its base, and must stay the venv's), or, with
-    modules, a bare name that the wrapper finds on PATH after loading them."""
+    """The kernel's Python: an absolute path (unresolved: a venv's python links to
+    its base), or with modules a bare name found after loading them."""
     if python is not None and venv is not None:
         raise KernelSpecError("give --python or --venv, not both")
     if venv is not None:
@@ -223,14 +206,12 @@ def _python(python: str | None, venv: str | Path | None, modules: Sequence[str])
 
 # ------------------------------------------------------------------ the probe
 def _substituted(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with ``${VAR}`` filled in from this environment, as Jupyter fills a
-    kernel's ``env`` in from the server's (an unset name stays as written)."""
+    """``env`` with ``${VAR}`` filled in from this environment, as Jupyter does."""
     return {k: string.Template(v).safe_substitute(os.environ) for k, v in env.items()}
 
 
 def _shell_pythonpath() -> str:
-    """This shell's ``PYTHONPATH`` with each folder made absolute (a kernel starts
-    in another folder), empty entries and folders that do not exist left out."""
+    """This shell's existing ``PYTHONPATH`` folders, absolute."""
     folders = [
         os.path.abspath(folder)
         for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -240,9 +221,8 @@ def _shell_pythonpath() -> str:
 
 
 def probe(argv: list[str], env: Mapping[str, str], timeout: float, shown: str) -> dict:
-    """Run the probe with ``argv`` (the Python, or the wrapper), in an empty folder
-    and without this shell's ``PYTHONPATH`` (the server's may not hold it), so that
-    only that Python, its modules and ``env`` can make the workshop importable."""
+    """Run the probe with ``argv`` (the Python, or the wrapper) in an empty folder,
+    without this shell's ``PYTHONPATH`` (the server's may not hold it)."""
     with tempfile.TemporaryDirectory(prefix="kernel-spec-") as tmp:
         try:
             done = subprocess.run(
@@ -286,13 +266,9 @@ def probe(argv: list[str], env: Mapping[str, str], timeout: float, shown: str) -
 def probe_with_shell_path(
     argv: list[str], env: dict[str, str], timeout: float, shown: str, notes: list[str]
 ) -> dict:
-    """What the probe found; or, where ipykernel or torch was missing and this
-    shell's ``PYTHONPATH`` supplies both, what it found with that, after putting it
-    into ``env`` and saying so in ``notes``.
-
-    That is a ``pip install --target`` (docs/install.md, "Offline install on a
-    compute node"): its packages are found through the shell's ``PYTHONPATH`` only,
-    which the server that starts the kernel may not have, so the spec carries it."""
+    """What the probe found; where ipykernel or torch is found only through this
+    shell's ``PYTHONPATH`` (a ``pip install --target``), that goes into ``env``,
+    said in ``notes``."""
     found = probe(argv, env, timeout, shown)
     shell_path = _shell_pythonpath()
     if None not in (found["ipykernel"], found["torch"]) or not shell_path:
@@ -315,11 +291,7 @@ def wrapper_script(
     name: str, python: str, modules: Sequence[str], modules_init: str | None = None
 ) -> str:
     """The text of ``kernel-wrapper.sh``: define ``module``, load ``modules``, then
-    ``exec python "$@"``.
-
-    It exits with status 1 after one line on stderr (the server's log, and
-    :func:`~workshop.instructor.kernelspec.check_kernel`'s error) when ``module``
-    is not defined, a module does not load, or ``python`` is not there after loading.
+    ``exec python "$@"``; a failure exits 1 after one line on stderr.
 
     Example:
         >>> print(wrapper_script("k", "python3", ["pytorch/2.4"]))  # doctest: +SKIP
@@ -389,10 +361,9 @@ def plan_kernel_spec(
 
     Args:
         name: the kernel's name, ``[A-Za-z0-9._-]``; Jupyter lower-cases it.
-        display_name: its name in Jupyter's menus; the workshop's title by default,
-            with the modules after it.
+        display_name: its name in Jupyter's menus (the title and modules).
         python: the Python that has torch: a path, or with ``modules`` a name on the
-            PATH they set; this Python when neither it nor ``venv`` is given.
+            PATH they set (default: this Python).
         venv: a virtual environment, instead of ``python``.
         modules: environment modules to ``module load``, in order, before the kernel.
         env: variables for the kernel; ``${VAR}`` takes the server's value.
@@ -404,9 +375,8 @@ def plan_kernel_spec(
         The plan, for :func:`write_kernel_spec` or to print.
 
     Raises:
-        KernelSpecError: a bad name, module or variable; a Python that is not there,
-            or lacks ipykernel or torch, or cannot reach the workshop; a wrapper that
-            cannot load the modules. Each message says what to change.
+        KernelSpecError: a bad argument, or a Python that lacks ipykernel, torch
+            or the workshop; each message says what to change.
 
     Example:
         >>> plan = plan_kernel_spec(modules=["pytorch/2.4"], python="python3")
@@ -493,8 +463,7 @@ def plan_kernel_spec(
 
 
 def write_kernel_spec(plan: KernelSpecPlan) -> Path:
-    """Write ``kernel.json`` (and the executable wrapper) into ``plan.folder``,
-    replacing an earlier spec of that name; return the folder.
+    """Write ``kernel.json`` (and the wrapper) into ``plan.folder``; the folder.
 
     Raises:
         KernelSpecError: the folder cannot be written.

@@ -7,31 +7,12 @@ SlurmSpawner on the private two-node Slurm cluster, as a site's portal works.
     python -m workshop portal stop [--folder DIR] [--keep-homes ARCHIVE]
     python -m workshop portal classroom [--folder DIR]   # every learner at once
 
-``start`` starts, in ``DIR`` (default ``.portal`` in the project):
-
-- the private Slurm cluster (``scripts/local_slurm.sh``: nodes 127.0.0.2 and
-  127.0.0.3);
-- learners ``learner01``... and an ``instructor`` (an admin of the hub) as real local
-  users whose homes are in ``DIR/home``, each with a password made now, written to
-  ``DIR/secrets/passwords.txt`` (mode 0600) for the instructor to hand out;
-- JupyterHub and its proxy (configurable-http-proxy, installed by ``make setup``
-  into ``.venv/proxy``), both on 127.0.0.1 only.
-
-A learner logs in, the hub submits a Slurm job as that learner, and JupyterLab runs
-inside the job on a node, on a copy of the notebooks in the learner's home.
-
-The class outlives its hub: the learners' servers are Slurm jobs, and the hub's
-database remembers them. ``start`` on a folder whose hub died starts the hub again
-with the same users, passwords, ports and jobs (``restart`` does it on purpose), and
-only ``stop`` ends the class: it stops every learner's server through the hub, then
-the hub, the cluster and whatever any learner still runs, removes (or archives)
-every file the learners owned, and removes the users it made.
-
-Everything needs root (slurmd starts jobs as their users; users are made with
-``useradd``). The learners' accounts and Python are in ``portal_learners.py``, what
-runs inside the hub in ``portal_hub.py``, the classroom in ``portal_classroom.py``,
-what a class leaves in ``portal_handover.py``, the status table in
-``portal_status.py``.
+``start`` starts, in ``DIR`` (default ``.portal``), the private Slurm cluster, local
+users ``learner01``... and an ``instructor`` (passwords in
+``DIR/secrets/passwords.txt``), and JupyterHub with its proxy on 127.0.0.1. The class
+outlives its hub (the servers are Slurm jobs): ``start`` on a folder whose hub died
+starts it again with the same users, ports and jobs; only ``stop`` ends the class.
+It needs root (slurmd starts jobs as their users; ``useradd``).
 """
 
 from __future__ import annotations
@@ -113,8 +94,7 @@ def _private_file(path: Path, text: str) -> None:
 
 
 def proxy_command() -> Path:
-    """configurable-http-proxy as ``make setup`` installs it (``.venv/proxy``), else
-    one on PATH.
+    """configurable-http-proxy from ``make setup`` (``.venv/proxy``), else PATH.
 
     Raises:
         PortalError: none is installed, with how to get it.
@@ -169,12 +149,7 @@ def _check_can_start(folder: Path) -> None:
 
 def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if hub.poll() is not None:
-            raise PortalError(
-                f"JupyterHub exited with status {hub.returncode} while starting; the "
-                f"end of its log ({log}):\n" + _tail(log)
-            )
+    while time.monotonic() < deadline and hub.poll() is None:
         try:
             with urllib.request.urlopen(url + "hub/health", timeout=2) as answer:
                 if answer.status == 200:
@@ -182,10 +157,11 @@ def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float) ->
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
-    raise PortalError(
-        f"JupyterHub did not answer at {url}hub/health within {timeout:.0f} s; the end "
-        f"of its log ({log}):\n" + _tail(log)
-    )
+    if hub.poll() is not None:
+        why = f"JupyterHub exited with status {hub.returncode} while starting"
+    else:
+        why = f"JupyterHub did not answer at {url}hub/health within {timeout:.0f} s"
+    raise PortalError(f"{why}; the end of its log ({log}):\n" + _tail(log))
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -204,39 +180,30 @@ def start(
     start_timeout: float = 300,
     slurm_conf: str | os.PathLike[str] | None = None,
 ) -> Portal:
-    """Start the private portal in ``folder`` (see the module's docstring), or
-    reattach to the class that is there.
-
-    Where ``folder`` holds a portal whose hub runs, nothing changes. Where its hub
-    died, the hub starts again with the class's own settings (the other arguments
-    are not used): the same users, passwords, ports and URL; the learners'
-    servers that still run (their Slurm jobs) are kept, with their kernels.
+    """Start the private portal in ``folder``, or reattach to the class there: a
+    running hub is left as it is; a dead one starts again with the class's own
+    settings (the other arguments unused), keeping the servers that still run.
 
     Args:
         folder: where everything lives.
-        learners: how many learner accounts to make (1 to 99; 6 by default). Given
-            for a folder whose class has another number, it is refused.
-        prefix: the learners' names are PREFIX01, PREFIX02, ... ("learner" by
-            default). Given for a folder whose class has others, it is refused.
+        learners: learner accounts to make (1 to 99; 6 by default); refused where
+            the folder's class has another number.
+        prefix: the learners' names are PREFIX01, ... ("learner"); refused where
+            the folder's class has others.
         cpus_per_server: CPUs of each learner's Slurm job (``--cpus-per-task``).
         time_limit: each server job's ``--time``.
-        start_timeout: seconds a learner's server may take to start (each of
-            the hub's two waits; at least portal_hub.START_WAIT, 300).
-        slurm_conf: the ``slurm.conf`` of a running private cluster (its folder
-            readable by the learners) to use instead of one in ``folder/slurm``, as
-            the tests do; ``stop`` then cancels only the portal's jobs.
+        start_timeout: seconds for each of the hub's two waits on a server.
+        slurm_conf: a running private cluster's ``slurm.conf`` to use instead of
+            one in ``folder/slurm`` (the tests'); ``stop`` cancels only its jobs.
 
     Returns:
-        The running :class:`Portal`; its ``outcome`` says which of the three
-        happened.
+        The running :class:`Portal`; its ``outcome`` says what happened.
 
     Raises:
-        ValueError: a bad argument, or a ``folder`` where no portal may live (empty,
-            in the project: :func:`check_folder`); nothing was made.
-        PortalError: it cannot start here (not root, no Slurm, no proxy, a folder
-            above ``folder`` that the learners cannot enter), or a part
-            of it failed; what a new portal started is stopped again, and a class
-            whose hub would not start again is left as it was.
+        ValueError: a bad argument or ``folder`` (:func:`check_folder`); nothing
+            was made.
+        PortalError: it cannot start here, or a part failed; a new portal is
+            stopped again, a class whose hub would not restart is left as it was.
 
     Example:
         >>> portal = start("/tmp/portal", learners=2)   # doctest: +SKIP
@@ -333,12 +300,7 @@ def _url(settings: dict) -> str:
 
 
 def _start_hub(folder: Path, settings: dict) -> int:
-    """Start JupyterHub on ``folder/jupyterhub_config.py`` and wait until it answers;
-    its pid.
-
-    Raises:
-        PortalError: it exited or did not answer within 60 s, with its log's end.
-    """
+    """Start JupyterHub and wait until it answers (60 s at most); its pid."""
     config = folder / "jupyterhub_config.py"  # hub_pid knows the hub by it
     env = _hub_env(folder, Path(settings["slurm_conf"]))
     log = folder / "log" / "hub.log"
@@ -415,12 +377,8 @@ def _reattach(folder: Path, learners: int | None, prefix: str | None) -> Portal:
             f"the class in {folder} cannot be started again: {'; '.join(problems)}. "
             f"HINT: end it ({portal_command('stop', folder)}) and start a new one"
         )
-    # The proxy outlives a killed hub, still serving the learners' pages. The hub
-    # that starts now finds it by its pid file, stops it (TERM twice, then KILL, a
-    # second apart: jupyterhub 6.1's proxy.py) and starts its own; once it has
-    # checked each server in its database (batchspawner asks squeue whether the job
-    # runs, then the hub asks the server itself), it adds a route for each that
-    # answers (the proxy's check_routes).
+    # The proxy outlives a killed hub; the new hub stops it by its pid file, starts
+    # its own, and routes each server of its database that still answers.
     try:
         portal.hub_pid = _start_hub(folder, settings)
     except PortalError as error:
@@ -436,10 +394,8 @@ def _reattach(folder: Path, learners: int | None, prefix: str | None) -> Portal:
 
 
 def restart(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Portal:
-    """Stop the hub of the portal in ``folder`` and start it again as ``start``
-    does after a crash: the learners' servers, their jobs and kernels keep running
-    (the hub leaves them, ``portal_hub.configure``), and the new hub takes them
-    back. For a change of the hub's code or a hub that misbehaves.
+    """Stop the portal's hub and start it again as ``start`` does after a crash;
+    the learners' servers keep running and the new hub takes them back.
 
     Returns:
         The :class:`Portal`, ``outcome`` "restarted".
@@ -455,15 +411,12 @@ def restart(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Portal:
 
 
 def stop_command(folder: str | os.PathLike[str]) -> str:
-    """The shell command that stops the portal in ``folder``, from any shell: this
-    Python, run from the project root (where the package is found, whatever folder
-    the shell is in and whether or not the package is installed)."""
+    """The shell command that stops the portal in ``folder``, from any folder."""
     return portal_command("stop", folder)
 
 
 def _hub_env(folder: Path, conf: Path) -> dict[str, str]:
-    """The hub's environment: this one, with the proxy's token (the hub hands it to
-    the proxy through the environment too) and the cluster's SLURM_CONF."""
+    """This environment, with the proxy's token and the cluster's SLURM_CONF."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["CONFIGPROXY_AUTH_TOKEN"] = (folder / "secrets" / "proxy_token").read_text()
     env["SLURM_CONF"] = str(conf)

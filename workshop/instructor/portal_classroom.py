@@ -3,10 +3,6 @@ server started through the hub's REST API, a kernel in each, notebook cells run 
 it, and the servers stopped again::
 
     python -m workshop portal classroom     # on a running portal
-
-The client is what a learner's browser tab is: the hub's REST API and a kernel's
-websocket, through the hub's proxy, with the token of the hub's ``classroom``
-service (which may reach every learner's server).
 """
 
 from __future__ import annotations
@@ -99,8 +95,7 @@ class Hub:
         return cls(f"http://127.0.0.1:{settings['port']}/", token)
 
     def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
-        """One request to ``url + path``; (status, decoded JSON, or the text of
-        what is not JSON, or None when empty)."""
+        """One request; (status, decoded JSON, else its text, or None if empty)."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path.lstrip("/"),
@@ -121,8 +116,7 @@ class Hub:
             return code, text
 
     def active(self) -> dict[str, dict[str, Any]]:
-        """The users whose server runs, starts, stops or is being checked (after a
-        restart of the hub): name -> the hub's model of the user.
+        """The users whose server is active or pending: name -> the hub's model.
 
         Raises:
             HubError: the hub answered with an error.
@@ -136,10 +130,8 @@ class Hub:
         return {user["name"]: user for user in answer}
 
     def servers_answering(self, names: list[str], timeout: float) -> list[str]:
-        """Those of ``names`` whose server answers through the proxy, once the hub
-        has checked every server it knows (after a restart it asks each job and
-        server whether it still runs, then routes the proxy to those that do), or
-        once ``timeout`` seconds have passed."""
+        """Those of ``names`` whose server answers through the proxy once the hub
+        has checked every server it knows (or ``timeout`` passed)."""
         deadline = time.monotonic() + timeout
         ready: list[str] = []
         while time.monotonic() < deadline:
@@ -169,8 +161,7 @@ class Hub:
         return answering
 
     def start_server(self, user: str, timeout: float = 180) -> float:
-        """Start ``user``'s server (a Slurm job) and wait until it answers; the
-        seconds it took.
+        """Start ``user``'s server (a Slurm job), wait until it answers; seconds.
 
         Raises:
             HubError: the hub refused, or the server was not ready in ``timeout``.
@@ -221,10 +212,8 @@ class Output:
 
 
 class Kernel:
-    """A kernel in ``user``'s server, and a websocket to it (use ``async with``):
-    a new one, shut down at the end of the block, or with ``kernel_id`` one that
-    runs already (as a browser tab opened again finds it), left running. ``keep``
-    chooses otherwise."""
+    """A websocket to a kernel in ``user``'s server (``async with``): a new one, shut
+    down at the end, or ``kernel_id``'s, left running (``keep`` overrides)."""
 
     def __init__(
         self,
@@ -345,8 +334,7 @@ def notebook_cells(path: str | Path, indexes: list[int]) -> list[str]:
 # ------------------------------------------------------------------ the classroom
 @dataclass
 class Learner:
-    """One learner's run: how long their server and kernel took, each cell's time,
-    and what went wrong."""
+    """One learner's run: seconds for server, kernel and each cell; failures."""
 
     name: str
     server_s: float = 0.0
@@ -437,8 +425,7 @@ def _queue(slurm_conf: str, user: str | None = None) -> list[str]:
 def _wait_until_gone(
     users: list[str], slurm_conf: str, within: float
 ) -> tuple[int, int]:
-    """Wait until ``users`` have no process and the queue has no job of theirs;
-    (processes, jobs) left after ``within`` seconds, or (0, 0) sooner."""
+    """(processes, jobs) of ``users`` left after ``within`` s, or (0, 0) sooner."""
     deadline = time.monotonic() + within
     while True:
         processes = processes_of(users)
@@ -477,11 +464,9 @@ def classroom(
     keep_servers: bool = False,
 ) -> Classroom:
     """Run a class on the portal in ``folder``: every learner (or the first
-    ``learners``) at once starts a server, opens a kernel and runs ``cells`` of
-    notebook 02 (default: its first launch cells); then one learner probes another's
-    ranks, one learner's job is cancelled in the middle of a launch, and every
-    server is stopped (unless ``keep_servers``: then the others stay, for what
-    comes next, as the portal's tests do). Failures are collected, not raised.
+    ``learners``) at once runs ``cells`` of notebook 02 in a kernel of a new server;
+    then one probes another's ranks, one's job is cancelled mid-launch, and every
+    server is stopped (unless ``keep_servers``). Failures are collected, not raised.
 
     Returns:
         A :class:`Classroom`; ``failures`` is empty when every launch worked,

@@ -1,14 +1,9 @@
 """Why a learner's server job ended, in the words the hub's pages show the learner:
 "Your server's Slurm job 17 ended at 14:05: it reached its time limit of 02:00:00."
 
-The portal's hub (``portal_hub.PortalSpawner.poll``) calls :func:`ending_of` when
-batchspawner finds the server's job gone from the queue. ``scontrol show job ID`` still
-describes a finished job for MinJobAge seconds (300 by default, slurm.conf(5)), which
-is far longer than the hub's poll interval. Who cancelled a job is not in that text:
-``sacct`` has it where the site keeps accounting (State ``CANCELLED by 1001``), and the
-controller's log line ``REQUEST_KILL_JOB JobId=17 uid 1001`` where it does not (the
-private cluster of ``scripts/local_slurm.sh`` runs without accounting).
-
+``scontrol show job`` still describes a finished job for MinJobAge (300 s), far
+longer than the hub's poll interval. Who cancelled it is in ``sacct`` where the site
+keeps accounting, else in the controller's log (``REQUEST_KILL_JOB ... uid 1001``).
 Only the standard library: the words are tested without JupyterHub.
 """
 
@@ -29,10 +24,8 @@ LOG_TAIL = 1 << 20
 
 @dataclass
 class Ending:
-    """How one server job ended: its id, the time it ended (``HH:MM``, with the day
-    when it is not today; "" when Slurm had forgotten the job), Slurm's state
-    (``CANCELLED``, ``TIMEOUT``... or "" when forgotten), why in words, and the job's
-    output file."""
+    """How one server job ended; ``at`` and ``state`` are "" when Slurm had
+    forgotten the job."""
 
     job_id: str
     at: str
@@ -52,9 +45,8 @@ class Ending:
 
 
 def parse_job(text: str) -> dict[str, str]:
-    """The ``Key=Value`` fields of ``scontrol show job`` output. A value runs to the
-    next space, except the last field of a line (``Command=``, ``WorkDir=``...),
-    which may hold spaces."""
+    """The ``Key=Value`` fields of ``scontrol show job`` output (a line's last value
+    may hold spaces)."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -117,8 +109,7 @@ def describe(
 
     Args:
         fields: :func:`parse_job`'s answer; empty when Slurm no longer knew the job.
-        owner: the learner who owns the job (the sentence says "by you" when they
-            cancelled it themselves).
+        owner: the learner who owns the job ("by you" when they cancelled it).
         cancelled_by: the uid that cancelled it, when known.
         admin: the portal's instructor account.
         today: the day to compare the end with (today by default).
@@ -169,8 +160,7 @@ def _run(cmd: list[str], timeout: float = 15) -> tuple[int, str]:
 
 
 def _controller_log() -> str:
-    """The controller's log file (``SlurmctldLogFile``), as ``scontrol show config``
-    names it, or "" where it does not."""
+    """``SlurmctldLogFile`` from ``scontrol show config``, or ""."""
     code, text = _run(["scontrol", "show", "config"])
     found = (
         re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", text, re.M) if not code else None
@@ -179,9 +169,8 @@ def _controller_log() -> str:
 
 
 def cancelled_by(job_id: str, log: str | None = None) -> int | None:
-    """The uid that cancelled job ``job_id``: from sacct where the site keeps
-    accounting, else from the end of the controller's log where this process may
-    read it (the private cluster's); None where neither says."""
+    """The uid that cancelled job ``job_id`` (sacct, else the controller's log), or
+    None."""
     code, text = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     found = re.search(r"CANCELLED by (\d+)", text) if code == 0 else None
     if found:
@@ -198,9 +187,7 @@ def cancelled_by(job_id: str, log: str | None = None) -> int | None:
 
 
 def ending_of(job_id: str, owner: str, admin: str = "") -> Ending:
-    """Ask Slurm how job ``job_id`` of ``owner`` ended (``scontrol show job``; for a
-    cancelled one, who cancelled it). Slurm's commands find the cluster as this
-    process does (``SLURM_CONF``).
+    """Ask Slurm how job ``job_id`` of ``owner`` ended, and who cancelled it.
 
     Example:
         >>> ending_of("17", "learner01").sentence()   # doctest: +SKIP

@@ -1,23 +1,11 @@
 """The end of a class (``portal stop``), and what it hands to the next one: nothing.
 
-``stop`` stops every learner's server through the hub, then the hub, the jobs left
-and the cluster, and whatever a learner still runs; then it clears what the class
-leaves on the machine, and removes the users.
-
-Why the learners' files must go: ``userdel`` frees a learner's uid, and the next
-``useradd`` hands it to the next new user (the next portal's ``learner01``, or
-anyone). A file still owned by the old uid would be theirs: the old learner's
-notebooks, their compiled kernels in ``/tmp/torchinductor_NAME``, a stack-dump
-folder, a lock file, a shared-memory segment, a message queue. So before the
-users go, everything they own is found by uid (and by their own group), not by
-name: a file in ``/tmp`` need not carry its owner's name. Files are looked for in
-the portal's folder (the homes are there) and in every place where a Linux machine
-lets any user write (:data:`SHARED`, and any other file system mounted open to
-all), and removed, or, asked to keep them, moved to ``DIR/NAME/`` and given to
-root. Their System V IPC objects (shared memory segments, message queues,
-semaphore sets), which live in the kernel and outlive their processes, are
-removed. Locks held with ``flock`` or ``fcntl`` end with the processes that hold
-them, which are killed before::
+``userdel`` frees a learner's uid and the next ``useradd`` hands it on, so a file
+still owned by it would become the next user's. Before the users go, everything
+they own is found by uid and group (a file in ``/tmp`` need not carry its owner's
+name), in the portal's folder and every place open to all users (:data:`SHARED`,
+world-writable mounts), and removed or archived to ``DIR/NAME/`` as root's; their
+System V IPC objects, which outlive their processes, are removed too::
 
     python -m workshop portal stop                        # removes it all
     python -m workshop portal stop --keep-homes /root/class-2025-03   # archives it
@@ -50,12 +38,9 @@ from .portal_classroom import Hub, HubError
 from .portal_learners import PortalError, _end, _pid, processes_of
 from .portal_status import hub_pid
 
-# Where a learner's processes may write outside their home on a Linux machine (the
-# FHS and systemd's places; those missing here are skipped, links such as /var/lock
-# and /var/spool/mail are followed once): the temporary folders; POSIX shared
-# memory (torch's tensors shared between processes); lock files; the user's runtime
-# folder /run/user/UID; POSIX message queues, where mounted; and the spools that
-# setgid programs write as the user (mail, crontab and at, crash reports).
+# Where a learner's processes may write outside their home on Linux (the FHS and
+# systemd's places): temporary folders, POSIX shared memory and message queues, lock
+# files, /run/user/UID, and the spools setgid programs write as the user.
 SHARED = tuple(
     Path(place)
     for place in (
@@ -64,9 +49,8 @@ SHARED = tuple(
         "/var/crash",
     )
 )  # fmt: skip
-# The kinds of System V IPC object, as /proc/sysvipc names them, with the column of
-# their id; the C library's calls remove them (IPC_RMID, 0 in Linux's ipc.h), with
-# no program needed.
+# System V IPC kinds (/proc/sysvipc) and their id column; libc removes them
+# (IPC_RMID, 0 in Linux's ipc.h).
 IPC_KINDS = {"shm": "shmid", "msg": "msqid", "sem": "semid"}
 _IPC_RMID = 0
 
@@ -82,9 +66,7 @@ def _rmid(kind: str, number: int) -> bool:
 
 def shared_places(shared: tuple[Path, ...] = SHARED) -> tuple[Path, ...]:
     """The folders of ``shared`` that exist, each once (links resolved), and the
-    mount points that every user may write (mode o+w: a site's tmpfs scratch). A
-    walk of the whole disk would find any other folder open to all, but takes
-    seconds to minutes; a Linux system keeps them at these places."""
+    mount points every user may write (a whole-disk walk would take minutes)."""
     places: dict[Path, None] = {}
     mounted = []
     with contextlib.suppress(OSError):
@@ -105,9 +87,8 @@ def shared_places(shared: tuple[Path, ...] = SHARED) -> tuple[Path, ...]:
 
 @dataclass
 class HandedOver:
-    """What :func:`hand_over` did: how many files and folders (each counted once,
-    with all it holds) it removed or archived, where each learner's archive is, and
-    how many System V IPC objects it removed."""
+    """What :func:`hand_over` did: the files and folders removed or archived (each
+    counted once), each learner's archive, the System V IPC objects removed."""
 
     removed: int = 0
     archived: dict[str, Path] = field(default_factory=dict)
@@ -117,9 +98,8 @@ class HandedOver:
 def ipc_objects(
     uids: dict[int, str], gids: dict[int, str]
 ) -> list[tuple[str, int, str]]:
-    """Every System V IPC object (``/proc/sysvipc``: shared memory segments, message
-    queues, semaphore sets) that one of ``uids`` owns or created, or whose group is
-    one of ``gids``: (kind, id, the owner's name)."""
+    """Every System V IPC object that one of ``uids`` owns or created, or whose
+    group is one of ``gids``: (kind, id, the owner's name)."""
     found = []
     for kind, id_column in IPC_KINDS.items():
         try:
@@ -139,16 +119,13 @@ def ipc_objects(
 
 def remove_ipc(objects: list[tuple[str, int, str]]) -> int:
     """Remove each of ``objects`` (:func:`ipc_objects`), as ``ipcrm`` does; how many
-    went. A segment still attached would be freed once its last process detaches:
-    the learners' processes have been killed before."""
+    went."""
     return sum(_rmid(kind, number) for kind, number, _ in objects)
 
 
 def owners(names: list[str], homes: Path) -> dict[str, tuple[int, int | None]]:
-    """The uid of each of ``names`` whose home is in ``homes`` (a portal's users: a
-    user of that name living elsewhere is not the portal's), and the gid of their
-    own group (``useradd --user-group``'s, which ``userdel`` frees too), or None
-    where their group is a shared one."""
+    """The uid of each of ``names`` whose home is in ``homes`` (a namesake living
+    elsewhere is not the portal's), and the gid of their own group, or None."""
     found: dict[str, tuple[int, int | None]] = {}
     for name in names:
         try:
@@ -171,12 +148,9 @@ def owned_files(
     tops: list[Path],
     skip: set[Path] = frozenset(),  # type: ignore[assignment]
 ) -> list[tuple[Path, str]]:
-    """Every file or folder under ``tops`` owned by one of ``uids`` (or of group one
-    of ``gids``), with the name of its owner: the topmost only, since a learner's
-    folder goes with all it holds. Each top is searched on its own file system
-    (another one mounted inside is not entered), symbolic links are not followed,
-    and the folders in ``skip`` are left out. A top inside another (a portal in
-    /tmp) is searched once, on its own."""
+    """Every topmost file or folder under ``tops`` owned by one of ``uids`` (or
+    group one of ``gids``), with its owner's name; each top on its own file system,
+    links not followed, ``skip`` left out."""
     found: list[tuple[Path, str]] = []
     skip = set(skip) | set(tops)
     for top in tops:
@@ -220,9 +194,8 @@ def _remove(path: Path) -> None:
 
 
 def _archive_place(path: Path, name: str, archive: Path, portal: Path) -> Path:
-    """Where ``path`` goes in the learner's archive ``archive``: their home as
-    ``home``, another file of the portal's folder under ``portal/``, the rest under
-    its own absolute path (``tmp/torchinductor_NAME``, ``dev/shm/...``)."""
+    """Where ``path`` goes in ``archive``: ``home``, ``portal/...``, or its own
+    absolute path (``tmp/torchinductor_NAME``)."""
     if path == portal / "home" / name:
         return archive / "home"
     if path.is_relative_to(portal):
@@ -231,8 +204,7 @@ def _archive_place(path: Path, name: str, archive: Path, portal: Path) -> Path:
 
 
 def _special(folder: str, names: list[str]) -> list[str]:
-    """The sockets, pipes and devices among ``names``: nothing to keep, and a copy
-    of a pipe would wait for a writer forever."""
+    """The sockets, pipes and devices among ``names`` (a pipe's copy would hang)."""
     keep = (stat.S_ISDIR, stat.S_ISREG, stat.S_ISLNK)
     left_out = []
     for name in names:
@@ -244,9 +216,8 @@ def _special(folder: str, names: list[str]) -> list[str]:
 
 
 def _move(path: Path, target: Path) -> None:
-    """Move ``path`` to ``target``: a rename on the same file system; elsewhere a
-    copy that keeps links as links and leaves sockets and pipes out, then the
-    original removed."""
+    """Rename ``path`` to ``target``, or across file systems copy (links as links,
+    no sockets or pipes) and remove."""
     try:
         os.rename(path, target)
         return
@@ -264,8 +235,7 @@ def _move(path: Path, target: Path) -> None:
 
 
 def _free_folder(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``... where a learner of the same name was
-    archived there by an earlier class."""
+    """``base``, or ``base-2``, ``base-3``... where an earlier class used it."""
     candidate, number = base, 1
     while candidate.exists():
         number += 1
@@ -274,9 +244,8 @@ def _free_folder(base: Path) -> Path:
 
 
 def _give_to_root(folder: Path) -> None:
-    """Make everything in ``folder`` root's, links included (``lchown``: a link is
-    never followed out of the archive). Changing the owner also clears set-user-ID
-    bits, so no program in the archive runs as anyone but root."""
+    """Make everything in ``folder`` root's (``lchown``: links not followed); this
+    also clears set-user-ID bits."""
     os.lchown(folder, 0, 0)
     for parent, dirs, files in os.walk(folder):
         for item in dirs + files:
@@ -289,17 +258,15 @@ def hand_over(
     keep: Path | None = None,
     scratch: tuple[Path, ...] | None = None,
 ) -> HandedOver:
-    """Remove every file the portal's users ``names`` own (see the module's
-    docstring), or with ``keep``, move it to ``keep/NAME/`` owned by root; and
-    remove their System V IPC objects. Run it once their processes have ended and
-    before ``userdel``: the owners are found by uid.
+    """Remove every file the portal's users ``names`` own, or move it to
+    ``keep/NAME/`` owned by root, and their System V IPC objects. Run it after
+    their processes ended and before ``userdel`` (owners are found by uid).
 
     Args:
         names: the portal's users; only those whose home is in ``portal/home``.
         portal: the portal's folder.
         keep: the archive folder (made, mode 0700, where missing), or None.
-        scratch: the shared folders searched besides ``portal``; by default
-            :func:`shared_places`.
+        scratch: shared folders searched besides ``portal`` (:func:`shared_places`).
 
     Returns:
         A :class:`HandedOver`.
@@ -362,10 +329,8 @@ def sweep(
 # ------------------------------------------------------------------ the end of a class
 @dataclass
 class Stopped:
-    """What ``stop`` found and did: the learners whose server it stopped through the
-    hub; jobs it had to cancel and processes it had to kill (both should be empty
-    after a clean stop); the users it removed; what it did with their files; and
-    what went wrong on the way."""
+    """What ``stop`` did; ``jobs_left`` and ``killed`` are empty after a clean
+    stop."""
 
     jobs_left: list[str]
     killed: list[tuple[int, str, str]]
@@ -379,22 +344,15 @@ def stop(
     folder: str | os.PathLike[str],
     keep_homes: str | os.PathLike[str] | None = None,
 ) -> Stopped:
-    """End the class in ``folder``: stop every learner's server through the hub's
-    REST API (the hub cancels its job), then the hub and its proxy, cancel the
-    jobs left and stop the cluster (one the portal started), kill whatever a
-    learner still runs, remove every file the learners owned (their homes, their
-    files in /tmp, /dev/shm, /run/lock and the other shared places:
-    :func:`hand_over`) or move it to ``keep_homes``, and their System V IPC
-    objects, remove the users ``start`` made, and the class's secrets (the
-    passwords, the hashes, the tokens) and the hub's database (it holds the
-    learners' tokens, which the next class's users of the same names would get).
-    What is not there is skipped: a folder without a portal stops nothing.
+    """End the class in ``folder``: its servers (through the hub), the hub and
+    proxy, the jobs left and the cluster it started, every learner process; then
+    the learners' files (:func:`hand_over`, or archived to ``keep_homes``), the
+    users ``start`` made, the secrets and the hub's database (its tokens would pass
+    to the next class's namesakes). What is not there is skipped.
 
     Args:
         folder: the portal's folder.
-        keep_homes: a folder to archive the learners' files in, as
-            ``KEEP/NAME/home`` and ``KEEP/NAME/tmp/...``, owned by root; made
-            where missing.
+        keep_homes: where to archive the learners' files (``KEEP/NAME/home``...).
 
     Returns:
         A :class:`Stopped` saying what was stopped and what had to be forced.
@@ -430,13 +388,7 @@ def stop(
         # A cluster the portal did not start (start's slurm_conf): it keeps
         # running; only the jobs of the portal's users are cancelled.
         if users["names"]:
-            queue = ["squeue", "-h", "-o", "%A", "-u", ",".join(users["names"])]
-            stopped.jobs_left = _quiet(queue, env, 15).split()
-        if stopped.jobs_left:
-            _quiet(["scancel", *stopped.jobs_left], env, 15)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and _quiet(queue, env, 15):
-                time.sleep(0.3)
+            stopped.jobs_left = slurm_watchdog.cancel_jobs(env, users["names"])
     else:
         if (folder / "slurm" / "run" / "slurmctld.pid").exists():
             stopped.jobs_left = _jobs_not_ending(env, stopped.servers_stopped)
@@ -469,9 +421,8 @@ def stop(
 def check_archive(
     keep_homes: str | os.PathLike[str], folder: str | os.PathLike[str]
 ) -> Path:
-    """``keep_homes`` made absolute, where it can hold the learners' archive: a
-    folder, or a path to make one at, that root can write, outside the learners'
-    homes (a home cannot be moved into itself).
+    """``keep_homes`` made absolute, where it can hold the learners' archive:
+    writable, and outside the homes (a home cannot move into itself).
 
     Raises:
         ValueError: it cannot, naming the path and what is in the way.
@@ -491,16 +442,11 @@ def check_archive(
 
 
 def _jobs_not_ending(
-    env: dict[str, str], stopped: list[str], within: float = 60
+    env: dict[str, str], stopped: list[str], within: float = 180
 ) -> list[str]:
-    """The jobs still in the queue once those already ending have ended.
-
-    The hub cancelled the job of each server in ``stopped`` (named
-    ``jupyter-NAME`` by the batch script). Such a job then shows as COMPLETING,
-    or even still RUNNING, while slurmd ends its processes: under a second on a
-    quiet machine, and long enough on a loaded one (a CI run) that squeue still
-    listed it. It is ending as it should, so it is waited for (``within`` seconds
-    at most), not counted as left behind and its processes killed."""
+    """The jobs still queued once those ending have ended: a cancelled server's
+    job (``jupyter-NAME``) may stay COMPLETING or RUNNING for over 60 s on a loaded
+    machine, so it is waited for rather than counted as left behind."""
     listing = ["squeue", "-h", "-o", "%A %t %j"]
     ending = {f"jupyter-{name}" for name in stopped}
     deadline = time.monotonic() + within
@@ -515,8 +461,7 @@ def _jobs_not_ending(
 
 
 def _stop_servers(hub: Hub) -> tuple[list[str], list[str]]:
-    """Stop every server the hub has, all at once; the users whose server stopped,
-    and what went wrong (the jobs left are cancelled after)."""
+    """Stop every server the hub has, at once; whose stopped, and the problems."""
     try:
         names = sorted(hub.active())
     except (HubError, OSError) as error:
@@ -540,10 +485,8 @@ def _stop_servers(hub: Hub) -> tuple[list[str], list[str]]:
 
 
 def end_hub(folder: Path, grace: float = 60) -> None:
-    """SIGTERM the hub of the portal in ``folder`` and wait until its clean-up is
-    done, then SIGKILL what is left of it. The hub ends its clean-up by removing
-    its pid file, after it has written its database; the interpreter then takes
-    3 to 5 s more to wind down on the 2-core machine, with nothing left to save."""
+    """SIGTERM the hub and wait until it removes its pid file (its database is
+    written by then), then SIGKILL the interpreter's slow wind-down."""
     pid = hub_pid(folder)
     if pid is None:
         return
@@ -562,9 +505,8 @@ def end_hub(folder: Path, grace: float = 60) -> None:
 
 
 def _kill_all_of(names: list[str]) -> list[tuple[int, str, str]]:
-    """SIGKILL every process of ``names`` and wait (10 s at most) until they are
-    gone: ``userdel`` refuses a user who still runs something, and their files
-    are removed next."""
+    """SIGKILL every process of ``names`` and wait (10 s at most): ``userdel``
+    refuses a user who still runs something."""
     killed = processes_of(names)
     for pid, _, _ in killed:
         with contextlib.suppress(OSError):

@@ -1,19 +1,10 @@
 """What runs inside the private portal's JupyterHub: its configuration, the learners'
-authenticator and the Slurm spawner. The hub imports this module from the
-``jupyterhub_config.py`` that :mod:`workshop.instructor.portal` writes; nothing else
-does, so JupyterHub and batchspawner are imported here only.
+authenticator and the Slurm spawner. Only the hub's ``jupyterhub_config.py`` imports
+it, so JupyterHub and batchspawner are imported here only.
 
-The layout on one machine, all on loopback::
-
-    browser -> proxy (127.0.0.1:PORT) -> hub (127.0.0.1:HUB_PORT)
-                                      -> a learner's server (NODE:PORT, in a Slurm job)
-
-A learner's server is a Slurm job that the hub submits as that learner (``runuser``),
-on node 127.0.0.2 or 127.0.0.3 of the private cluster. Its script runs the server in
-a job step (``srun``), as a site's portal does, so the kernel runs inside the job with
-its ``SLURM_*`` variables. When a job ends without the hub stopping it (cancelled, out
-of time, its node down), the spawner asks Slurm how (``portal_endings.py``), and the
-hub's pages that the learner meets next say so (``portal/templates``).
+A learner's server is a Slurm job the hub submits as that learner, its server in a
+job step (``srun``) as on a site's portal; when a job ends without the hub stopping
+it, the learner's next page says how (``portal_endings.py``, ``portal/templates``).
 """
 
 from __future__ import annotations
@@ -34,17 +25,11 @@ from traitlets import Dict, Unicode
 from .portal_endings import Ending, ending_of
 from .portal_learners import hash_password
 
-# The batch job of one learner's server. {{...}} are batchspawner's fields.
-# --export: only the variables the hub hands the server (PATH, the hub's tokens,
-# SLURM_CONF, HOME...), not the hub's own environment. The server is told to listen
-# on this node's own address (SLURMD_NODENAME): the hub looks for it there, as
-# squeue reports it, and on this machine each node's address is on loopback.
-# --no-requeue: after a node failure Slurm would otherwise queue the job again
-# (JobRequeue=1 by default), and batchspawner, seeing it PENDING, would keep the
-# learner's server as running at the dead node's address; ended, the hub's pages say
-# why. No trap of SIGTERM here: when Slurm ends a job, slurmstepd already writes
-# "*** JOB 17 ON NODE CANCELLED AT ... DUE TO TIME LIMIT ***" (or NODE FAILURE) into
-# the log.
+# The batch job of one learner's server ({{...}}: batchspawner's fields). --export:
+# only what the hub hands the server. It listens on its node's address, where the
+# hub looks for it (squeue's). --no-requeue: a job requeued after a node failure
+# would look PENDING, and batchspawner would keep a server at the dead node. No
+# SIGTERM trap: slurmstepd already writes "*** JOB 17 ... CANCELLED ..." to the log.
 BATCH_SCRIPT = """#!/bin/bash
 #SBATCH --job-name=jupyter-{{username}}
 #SBATCH --output={{homedir}}/jupyter-%j.log
@@ -67,10 +52,8 @@ echo "jupyter server of {{username}}: job $SLURM_JOB_ID on $SLURMD_NODENAME"
 
 
 class LearnerAuthenticator(Authenticator):
-    """A fixed set of learners, each with a password made when the portal started.
-
-    ``learners`` maps a name to ``{"salt": hex, "hash": hex}``; the passwords
-    themselves are only in the instructor's file (mode 0600)."""
+    """A fixed set of learners, each with a password made when the portal started
+    (only its salted hash is here)."""
 
     learners = Dict(help="name -> {'salt': hex, 'hash': hex}").tag(config=True)
 
@@ -84,10 +67,8 @@ class LearnerAuthenticator(Authenticator):
 
 
 class PortalSpawner(SlurmSpawner):
-    """batchspawner's SlurmSpawner, as the private portal needs it: jobs submitted
-    as the learner with ``runuser`` (the hub runs as root; there is no sudo), the
-    script above, the workshop's notebooks copied into a new learner's home, and,
-    when a job ends without the hub stopping it, how it ended (``ending``)."""
+    """batchspawner's SlurmSpawner submitting as the learner with ``runuser`` (no
+    sudo), copying the notebooks into a new home, and keeping how a job ended."""
 
     # batchspawner's default is 0.0.0.0, every interface; start() resets the
     # address to this default, so it is set here, not only in the config.
@@ -104,10 +85,8 @@ class PortalSpawner(SlurmSpawner):
         super().__init__(**kwargs)
         self.exec_prefix = "runuser -u {username} --"
         self.batch_script = BATCH_SCRIPT
-        # How the last server job ended (portal_endings.Ending.as_state()), or None.
-        # Part of the spawner's state, so the hub's database keeps it (mode 0600)
-        # through a restart of the hub, and for this class only; clear_state leaves
-        # it, as the learner reads it after the job is gone, and start() clears it.
+        # How the last server job ended, or None: in the spawner's state, so it
+        # survives a hub restart; clear_state keeps it (read after the job is gone).
         self.ending: dict[str, str] | None = None
         # The same while a new server starts, for the page that shows its progress.
         self.previous_ending: dict[str, str] | None = None
@@ -135,9 +114,7 @@ class PortalSpawner(SlurmSpawner):
         return await super().start()
 
     async def poll(self) -> int | None:
-        """batchspawner's poll (None while the job is queued or running); when it
-        finds the job gone, Slurm is asked how it ended, for the learner's pages.
-        A stop through the hub does not come here with a job: it is no surprise."""
+        """batchspawner's poll; a job found gone is asked of Slurm how it ended."""
         job_id = self.job_id  # batchspawner's poll clears it when the job is gone
         status = await super().poll()
         if status is not None and job_id:
@@ -152,19 +129,16 @@ class PortalSpawner(SlurmSpawner):
         return status
 
 
-# What a learner gets: the notebooks and what they open by relative path, in
-# ~/scaling-pytorch-hpc. Not ~/workshop: a folder of that name in a kernel's working
-# folder would be imported in place of the workshop package (as a namespace package,
-# found before pip's editable-install finder is asked).
+# What a learner gets, in ~/scaling-pytorch-hpc: not ~/workshop, which a kernel
+# would import in place of the workshop package (as a namespace package).
 COPY = "scaling-pytorch-hpc"
 COPIED = ("notebooks", "slurm", "docs")
 
 
 def copy_workshop(root: Path, user: str, venv: Path | None = None) -> Path:
-    """Copy the notebooks (and the folders they refer to) into ``user``'s home as
-    ``~/scaling-pytorch-hpc``, owned by them, unless it is there already: a
-    learner's own work survives a restart of their server. ``venv`` becomes the
-    copy's ``.venv``, which the batch scripts in slurm/ activate, as in a clone."""
+    """Copy the notebooks and what they open into ``~user/scaling-pytorch-hpc``,
+    unless there already (a learner's work survives a restart); ``venv`` becomes
+    its ``.venv``, as in a clone."""
     entry = pwd.getpwnam(user)
     target = Path(entry.pw_dir) / COPY
     if target.exists():
@@ -195,10 +169,8 @@ START_WAIT = 300.0
 
 
 def configure(c: Any, folder: str | os.PathLike[str]) -> None:
-    """Fill JupyterHub's config object ``c`` from ``folder/portal.json``, which
-    :func:`workshop.instructor.portal.start` wrote. Secrets stay in files of mode 0600
-    (the cookie secret, the learners' hashes) or in the environment (the proxy's
-    token, CONFIGPROXY_AUTH_TOKEN): never on a command line."""
+    """Fill JupyterHub's config ``c`` from ``folder/portal.json``; secrets stay in
+    files of mode 0600 or the environment, never on a command line."""
     folder = Path(folder)
     settings = json.loads((folder / "portal.json").read_text())
     learners = json.loads((folder / "secrets" / "learners.json").read_text())
@@ -261,28 +233,19 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
         **settings["python_env"],
     }
-    # Two waits, one after the other: JupyterHub's start_timeout, from sbatch until
-    # the job's server has told the hub its port (the queue, then Python starting in
-    # the job), and http_timeout, from then until JupyterLab answers (its extensions
-    # loading). Measured on the 2-core machine, six learners starting at once while
-    # other tests ran (load average 6 to 19): 15-19 s and 17-27 s, 30-47 s in all;
-    # the issue's run saw 53-60 s in all. Each wait gets START_WAIT, 5 times the
-    # longest start seen, so that a machine five times as busy, or a class five times
-    # as large on the same cores, still starts; portal.start's start_timeout may
-    # lengthen it, not shorten it.
+    # Two waits in turn: start_timeout (sbatch until the server reports its port)
+    # and http_timeout (until JupyterLab answers). Six learners at once on the
+    # 2-core machine took 30-60 s in all; START_WAIT, 5 times the longest, leaves
+    # room for a machine or class five times as busy.
     wait = max(float(settings["start_timeout"]), START_WAIT)
     c.PortalSpawner.start_timeout = int(wait)
     c.PortalSpawner.http_timeout = int(wait)
     c.PortalSpawner.startup_poll_interval = 0.5
-    # The hub asks Slurm (one squeue per running server) whether each job still
-    # runs every 10 s (JupyterHub's default: 30 s), so that a learner whose job was
-    # cancelled or ran out of time is told why within about 10 s: the pages below.
+    # Every 10 s (JupyterHub's default: 30 s), so that a learner whose job ended is
+    # told why within about 10 s.
     c.PortalSpawner.poll_interval = 10
 
-    # The hub's pages a learner meets once their job has ended: JupyterHub's own
-    # (not_running.html, home.html, spawn_pending.html, the proxy's 503.html),
-    # extended in portal/templates with why it ended, what is kept, and the button
-    # that starts a new job.
+    # JupyterHub's pages, extended with why the job ended and what is kept.
     c.JupyterHub.template_paths = [str(Path(settings["root"]) / "portal" / "templates")]
     c.JupyterHub.template_vars = {
         "job_ended": job_ended,
@@ -292,11 +255,8 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
 
 
 def job_ended(user: Any) -> dict[str, str] | None:
-    """For the hub's templates (JupyterHub calls a callable of template_vars with the
-    page's user, None before login): how the user's last server job ended, with the
-    sentence to show, while no server runs or a new one starts (*Start My Server*,
-    or JupyterLab's *Restart* once the hub has seen the job end: before, the hub
-    still counts the server as running and sends the learner to it); else None."""
+    """For the hub's templates: how ``user``'s last server job ended, with its
+    sentence, while no server runs or a new one starts; else None."""
     spawner = getattr(user, "spawner", None)
     if spawner is None:
         return None
@@ -310,8 +270,7 @@ def job_ended(user: Any) -> dict[str, str] | None:
 
 
 def autosave_seconds(settings_dir: Path) -> int:
-    """How often JupyterLab saves an open notebook, as the lab settings of
-    ``settings_dir`` (overrides.json) say; JupyterLab's default, 120 s, otherwise."""
+    """JupyterLab's autosave interval in ``settings_dir``'s overrides.json (120)."""
     try:
         overrides = json.loads((settings_dir / "overrides.json").read_text())
     except (OSError, ValueError):

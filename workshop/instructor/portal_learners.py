@@ -1,15 +1,8 @@
-"""The private portal's learners: their local accounts and passwords, what each of
-them runs, how a process is stopped (TERM, a grace period, KILL), the Python they
-run (this environment's, when they may), the folders they must reach, and the
-commands the portal prints for the instructor.
+"""The private portal's learners: their accounts, processes, Python and folders.
 
 A learner's server runs as that learner. Where this environment's interpreter is
-private (pyenv's Python under /root, mode 0700, as on the machines the workshop is
-developed on), a learner cannot start it; a site's shared module never has that
-problem. Then the portal gives the learners a venv of their own in its folder that
-sees the same packages: the base interpreter hard-linked (or copied) out of the
-private folder, a ``pyvenv.cfg`` naming it, this environment's site-packages linked,
-and its scripts with their first line pointing at the new interpreter.
+private (pyenv's under /root, mode 0700), the learners get a venv in the portal's
+folder on a hard-linked copy of the base interpreter, seeing the same packages.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from .._house import ROOT  # the notebooks a learner gets, the hub's configuration
@@ -39,11 +33,9 @@ class PortalError(RuntimeError):
 
 
 def portal_command(action: str, folder: str | os.PathLike[str]) -> str:
-    """The shell command of ``python -m workshop portal ACTION --folder FOLDER`` that
-    works when pasted into a new login shell, in any folder: this interpreter by its
-    full path (a bare ``python`` there is the system's, or none, without the
-    workshop's packages), run from the project root, where the package is found
-    whether or not it is installed. Every hint the portal prints is one of these."""
+    """``python -m workshop portal ACTION --folder FOLDER`` as a line that works in
+    a new login shell, in any folder: this interpreter's full path (a bare
+    ``python`` there lacks the workshop), run from the project root."""
     return (
         f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m workshop "
         f"portal {action} --folder {shlex.quote(str(Path(folder).resolve()))}"
@@ -51,38 +43,24 @@ def portal_command(action: str, folder: str | os.PathLike[str]) -> str:
 
 
 def unreachable(folder: Path) -> list[str]:
-    """Why the learners (other users than root, each in a group of their own) could
-    not reach their homes in ``folder/home``: each folder above ``folder`` that other
-    users cannot enter (no o+x), with its mode; one problem or none. ``folder``
-    itself is made (or set) mode 0755 by ``start``; folders above it that are missing
-    are made so too."""
-    closed = [
-        (parent, parent.stat().st_mode & 0o7777)
-        for parent in reversed(folder.parents)
-        if parent.is_dir() and not parent.stat().st_mode & 0o001
-    ]
+    """Why the learners could not reach their homes in ``folder/home``: the folders
+    above ``folder`` that other users cannot enter; one problem or none."""
+    closed = _closed(folder.parents)
     if not closed:
         return []
-    where = ", ".join(f"{path} (mode {mode:04o})" for path, mode in closed)
+    where = ", ".join(f"{path} (mode {mode:04o})" for path, mode in closed.items())
     return [
         f"the learners' homes would be in {folder / 'home'}, but {where} cannot be "
         "entered by other users, so no learner could reach their home: chmod o+x "
-        + " ".join(shlex.quote(str(path)) for path, _ in closed)
+        + " ".join(shlex.quote(str(path)) for path in closed)
         + ", or give a --folder that every user can enter (e.g. /tmp/wp-class)"
     ]
 
 
 def check_folder(folder: str | os.PathLike[str], name: str = "folder") -> Path:
-    """``folder`` made absolute, where a new portal may live: a path that is not
-    empty, outside the project (its default, ``.portal``, apart), not a folder
-    that holds the project, and not a folder that every user may write (``/tmp``
-    itself).
-
-    A portal's folder becomes mode 0755 and holds the Slurm state, the munge key and
-    the learners' homes, and ``stop`` removes every learner's file under it. In the
-    project, ``start`` would put the cluster's state in the workshop's own
-    ``slurm/`` folder and the learners' homes beside the notebooks they copy; a
-    shared folder would lose its mode 1777.
+    """``folder`` made absolute, where a new portal may live: not empty, outside the
+    project (``.portal`` apart), not holding it, and not open to every user
+    (``/tmp`` itself would lose its mode 1777).
 
     Raises:
         ValueError: in the one sentence of workshop.checks (``name`` is the option
@@ -129,8 +107,8 @@ def check_folder(folder: str | os.PathLike[str], name: str = "folder") -> Path:
 
 
 def _make_user(name: str, home: Path) -> bool:
-    """Make the local user ``name`` with its home ``home`` (mode 0700); True when it
-    was made now, False when it existed (its home is moved here)."""
+    """Make the user ``name`` with home ``home``; False where it existed (its home
+    is moved here)."""
     try:
         old_home = Path(pwd.getpwnam(name).pw_dir)
         existed = True
@@ -232,9 +210,8 @@ def runs_as(user: str, python: str | os.PathLike[str]) -> bool:
 
 
 def _link_tree(source: Path, target: Path, skip: tuple[str, ...] = ()) -> None:
-    """Hard-link ``source`` into ``target`` (no space, no time); copy where the two
-    are on different file systems. Links reach a file through its inode, so a
-    private folder above ``source`` no longer stands in the way."""
+    """Hard-link ``source`` into ``target`` (copy across file systems): a link
+    reaches the inode, past a private folder above ``source``."""
     shutil.copytree(
         source,
         target,
@@ -262,23 +239,9 @@ def _environment_folders() -> list[Path]:
 
 
 def closed_to_others() -> list[str]:
-    """What stops the learners from reading the workshop's packages: one problem
-    or none.
-
-    A copied interpreter gets around a private Python (:func:`learner_python`), but
-    not around a private folder above the packages or the checkout: a clone made in
-    ``mktemp -d`` (mode 0700) is one. Each folder on the way that other users
-    cannot enter (no o+x) is named, with its mode.
-    """
-    closed: dict[Path, int] = {}
-    for path in _environment_folders():
-        for folder in reversed([path, *path.parents]):
-            try:
-                mode = folder.stat().st_mode & 0o7777
-            except OSError:
-                continue
-            if folder.is_dir() and not mode & 0o001:
-                closed.setdefault(folder, mode)
+    """What stops the learners from reading the workshop's packages (a private
+    folder above them, such as a clone in ``mktemp -d``): one problem or none."""
+    closed = _closed(f for p in _environment_folders() for f in [p, *p.parents])
     if not closed:
         return []
     where = [f"{path} (mode {mode:04o})" for path, mode in sorted(closed.items())]
@@ -290,12 +253,24 @@ def closed_to_others() -> list[str]:
     ]
 
 
+def _closed(folders: Iterable[Path]) -> dict[Path, int]:
+    """The ``folders`` other users cannot enter (no o+x), top first, with modes."""
+    closed: dict[Path, int] = {}
+    for folder in sorted(set(folders)):
+        try:
+            mode = folder.stat().st_mode & 0o7777
+        except OSError:
+            continue
+        if folder.is_dir() and not mode & 0o001:
+            closed[folder] = mode
+    return closed
+
+
 def learner_python(folder: Path, user: str) -> tuple[Path, dict[str, str]]:
     """The interpreter ``user`` runs the workshop with, and the variables it needs.
 
-    This one (``sys.executable``) where ``user`` can run it; otherwise a venv made in
-    ``folder/venv`` on a linked copy of the base interpreter in ``folder/python``
-    (see the module's docstring); ``LD_LIBRARY_PATH`` then finds its libpython.
+    This one where ``user`` can run it; otherwise a venv in ``folder/venv`` on a
+    linked copy of the base interpreter in ``folder/python``.
 
     Raises:
         RuntimeError: even the venv does not run for ``user``, with what it said.
@@ -364,8 +339,7 @@ def learner_python(folder: Path, user: str) -> tuple[Path, dict[str, str]]:
 
 
 def _rewrite_scripts(source: Path, target: Path, interpreter: Path) -> None:
-    """Copy the console scripts of ``source`` (``jupyterhub-singleuser``,
-    ``torchrun``...) into ``target`` with their first line naming ``interpreter``."""
+    """Copy ``source``'s console scripts into ``target``, run by ``interpreter``."""
     for script in source.iterdir():
         copy = target / script.name
         if not script.is_file() or script.is_symlink() or copy.exists():
@@ -381,9 +355,8 @@ def _rewrite_scripts(source: Path, target: Path, interpreter: Path) -> None:
 
 
 def _write_activate(venv: Path, library: Path) -> None:
-    """``venv/bin/activate`` for bash, as the batch scripts in slurm/ source one
-    (``source .venv/bin/activate``): this environment's, naming the new venv, and
-    the library path its interpreter needs."""
+    """``venv/bin/activate`` (slurm/'s scripts source one): this environment's,
+    naming the new venv, with the library path its interpreter needs."""
     own = Path(sys.prefix) / "bin" / "activate"
     text = own.read_text() if own.exists() else ""
     text = text.replace(sys.prefix, str(venv))

@@ -47,9 +47,8 @@ def read_settings(folder: Path) -> dict:
 
 
 def hub_pid(folder: Path) -> int | None:
-    """The pid of the portal's hub where it runs, else None. A pid file left by a
-    killed hub may name a process that now is something else: the process must be
-    a JupyterHub started with this portal's configuration."""
+    """The pid of the portal's hub where it runs, else None (a stale pid file may
+    name another process: it must run this portal's configuration)."""
     pid = _pid(folder / "run" / "hub.pid")
     if pid is None or not is_alive(pid):
         return None
@@ -62,9 +61,8 @@ def hub_pid(folder: Path) -> int | None:
 
 
 def gone_from_the_class(settings: dict, names: list[str]) -> list[str]:
-    """What a class needs to start its hub again and has lost: its users (``names``)
-    and its Slurm cluster, with the learners' servers that were jobs on it. Empty
-    when nothing is lost."""
+    """What a class lost that its hub needs to start again: its users, its Slurm
+    cluster (and with it the servers); empty when nothing is lost."""
     problems = []
     missing = []
     for name in names:
@@ -93,9 +91,8 @@ def gone_from_the_class(settings: dict, names: list[str]) -> list[str]:
 def _jobs(
     names: list[str], slurm_conf: str
 ) -> tuple[dict[str, list[list[str]]], str | None]:
-    """Each user's jobs as [job id, state, time left, node, job name] (a pending
-    job's node is the reason it waits), and what went wrong asking Slurm, if it
-    did."""
+    """Each user's jobs as [job id, state, time left, node or pending reason, job
+    name], and what went wrong asking Slurm, if it did."""
     command = ["squeue", "-h", "-u", ",".join(names), "-o", "%u|%A|%T|%L|%N|%r|%j"]
     env = dict(os.environ, SLURM_CONF=slurm_conf)
     try:
@@ -115,8 +112,7 @@ def _jobs(
 
 
 def _table(rows: list[list[str]]) -> list[str]:
-    """Rows as columns (the first left-aligned, the job id and time left right-
-    aligned), the last column cut so that each line fits :data:`WIDTH`."""
+    """Rows as aligned columns, each line cut to fit :data:`WIDTH`."""
     widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(6)]
     right = {1, 3}
     lines = []
@@ -133,10 +129,8 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _command_lines(command: str, indent: int) -> list[str]:
-    """``command`` (a :func:`portal_command`) on as few lines as fit :data:`WIDTH`
-    at ``indent``, broken with a shell's continuation before " --" and after
-    " && " only, never inside a quoted path: pasted whole, the lines are the one
-    command."""
+    """``command`` on as few lines as fit :data:`WIDTH` at ``indent``, continued
+    (``\\``) before " --" and after " && " only, so that it pastes whole."""
     pieces = []
     parts = command.split(" && ")
     for number, part in enumerate(parts):
@@ -156,9 +150,8 @@ def _command_lines(command: str, indent: int) -> list[str]:
 
 
 def status(folder: str | os.PathLike[str]) -> str:
-    """The portal in ``folder``: its hub (alive or not, where), the passwords file,
-    and every learner's jobs (user, job id, state, time left as ``squeue %L``
-    gives it, node), one line each, at most 88 columns.
+    """The portal in ``folder``: its hub, the passwords file, and every learner's
+    jobs, one line each, at most 88 columns.
 
     Raises:
         PortalError: there is no portal in ``folder``.

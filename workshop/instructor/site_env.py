@@ -1,12 +1,9 @@
 """Make the workshop's ``.venv`` on top of a site's Python that already has torch.
 
-A site's PyTorch module is a plain Python, a conda environment or often a venv. A
-venv is made from the *base* interpreter, so ``python -m venv --system-site-packages``
-on top of a venv sees the base's packages, not the venv's: on a GPU node whose
-``python3`` was a venv holding torch 2.11, pip then wanted to download torch. This
-module finds the site's packages and prints the lines that make ``.venv`` see them
-(for a venv, a ``.pth`` file that adds its site-packages: Python and pip see torch).
-Run it with the site's Python; it needs only the standard library::
+A venv made with ``--system-site-packages`` on top of a site's venv sees the *base*
+interpreter's packages, not the venv's torch (pip then wanted to download torch), so
+this prints the lines that make ``.venv`` see them (a ``.pth`` file). Run it with the
+site's Python; it needs only the standard library::
 
     module load pytorch
     python workshop/instructor/site_env.py          # the site's Python; the lines
@@ -14,11 +11,9 @@ Run it with the site's Python; it needs only the standard library::
 
 ``python -m workshop site-env`` is the same, where the package already imports.
 
-pip resolves the requirements of an installed torch too: one that this Python does
-not meet (a GPU node's torch 2.11 asked for setuptools<82) sends pip to an index,
-and with none it fails. So this reads them without ``packaging`` (which that Python
-often lacks): the markers and version operators Requires-Dist uses, versions by their
-release numbers only (2.11.0+cu130 is 2.11.0); what it cannot read, it leaves out.
+Torch's requirements that this Python does not meet would send pip to an index, so
+they are read here without ``packaging`` (often missing): release numbers only, and
+what cannot be read is left out.
 """
 
 from __future__ import annotations
@@ -89,7 +84,7 @@ class SitePython:
 
 def kind_of(prefix: str | Path, base_prefix: str | Path) -> str:
     """``"venv"`` if ``prefix`` is a virtual environment on ``base_prefix``, else
-    ``"conda"`` for a conda environment (it has ``conda-meta/``), else ``"plain"``.
+    ``"conda"`` (it has ``conda-meta/``) or ``"plain"``.
 
     Example:
         >>> kind_of(sys.prefix, sys.base_prefix)  # in a venv  # doctest: +SKIP
@@ -123,9 +118,8 @@ def find_package(name: str) -> tuple[str | None, Path | None, bool]:
         name: the import name of the package.
 
     Returns:
-        Its version (``"unknown"`` for a build with no dist-info, copied or from
-        source: pip cannot see it), the sys.path folder it is in, and whether its
-        metadata is in that folder; ``(None, None, False)`` where there is none.
+        Its version (``"unknown"`` without dist-info), its sys.path folder, and
+        whether its metadata is there; ``(None, None, False)`` where there is none.
 
     Example:
         >>> find_package("torch")  # doctest: +SKIP
@@ -178,14 +172,11 @@ def _version_holds(version: str, op: str, wanted: str) -> bool:
 
 def _marker_environment() -> dict[str, str]:
     """PEP 508's marker variables for this Python, with no extra asked for."""
+    names = ("system", "machine", "release", "version", "python_implementation")
     return {
         "python_version": "{}.{}".format(*sys.version_info),
         "python_full_version": platform.python_version(),
-        "platform_system": platform.system(),
-        "platform_machine": platform.machine(),
-        "platform_release": platform.release(),
-        "platform_version": platform.version(),
-        "platform_python_implementation": platform.python_implementation(),
+        **{f"platform_{name}": getattr(platform, name)() for name in names},
         "implementation_name": sys.implementation.name,
         "sys_platform": sys.platform,
         "os_name": os.name,
@@ -194,12 +185,8 @@ def _marker_environment() -> dict[str, str]:
 
 
 def _marker_holds(marker: str) -> bool:
-    """Whether a Requires-Dist marker (``python_version >= "3.12"``) holds here:
-    comparisons joined by ``and`` and ``or``.
-
-    Raises:
-        ValueError: a marker it cannot read (brackets, an unknown variable).
-    """
+    """Whether a Requires-Dist marker (comparisons joined by ``and``, ``or``) holds
+    here; ValueError for one it cannot read."""
     env = _marker_environment()
 
     def value(token: str) -> str:
@@ -232,7 +219,7 @@ def unmet_requirements(
     name: str = "torch", path: list[str] | None = None
 ) -> tuple[str, ...]:
     """The requirements of the installed distribution ``name`` that this Python does
-    not meet: those that pip, resolving them, would look for on an index.
+    not meet (pip would look for them on an index).
 
     Args:
         name: the installed distribution whose Requires-Dist is read.
@@ -240,9 +227,7 @@ def unmet_requirements(
 
     Returns:
         Each unmet requirement with what is there, such as
-        ``"setuptools<82 (found 82.0)"`` or ``"triton~=3.5 (not installed)"``;
-        none where all are met or ``name`` is not installed. A requirement it
-        cannot read (a marker or a version it does not know) is left out.
+        ``"setuptools<82 (found 82.0)"``; one it cannot read is left out.
 
     Example:
         >>> unmet_requirements("torch")  # the GPU node's torch 2.11  # doctest: +SKIP
@@ -355,8 +340,7 @@ def check_site_python(python: SitePython, venv: Path) -> None:
 
 
 def _shown(path: Path, tail: str = "") -> str:
-    """``path`` (relative to the current folder when inside it) and ``tail``,
-    quoted for a shell."""
+    """``path`` (relative when inside the current folder) and ``tail``, quoted."""
     try:
         text = str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -365,11 +349,9 @@ def _shown(path: Path, tail: str = "") -> str:
 
 
 def _make_lines(python: SitePython, venv: Path) -> list[str]:
-    """The shell lines that make ``venv`` on top of ``python`` (``--apply`` runs them):
-    ``python -m venv`` (``--system-site-packages`` where the site's packages are its
-    base's), a ``.pth`` file that adds a site venv's own folders as Python adds a
-    site folder (their ``.pth`` files too), and the removal of a setuptools that
-    would hide the site's."""
+    """The shell lines that make ``venv`` on top of ``python`` (``--apply`` runs
+    them): ``python -m venv``, a ``.pth`` for a site venv's own folders, and the
+    removal of a setuptools that would hide the site's."""
     flag = " --system-site-packages" if python.sees_base else ""
     lines = [f"{shlex.quote(python.executable)} -m venv{flag} {_shown(venv)}"]
     if python.own_site_dirs:
@@ -504,8 +486,7 @@ def apply(python: SitePython, venv: Path) -> SitePython:
         What ``venv``'s Python is, as :func:`describe_python` sees it from there.
 
     Raises:
-        SiteEnvError: ``venv`` exists, making it failed, or its Python sees another
-            torch (or none).
+        SiteEnvError: ``venv`` exists, making it failed, or it sees another torch.
 
     Example:
         >>> apply(describe_python(), Path(".venv")).torch_dir  # doctest: +SKIP
@@ -539,8 +520,8 @@ def apply(python: SitePython, venv: Path) -> SitePython:
 
 
 def _venv_arg(text: str) -> Path:
-    """--venv: a folder that is, or can be made, where it is (this file runs before
-    the package imports, so it does not use workshop._cli's types)."""
+    """--venv: a folder that is, or can be made (not workshop._cli's: this file runs
+    without the package)."""
     path = Path(os.path.abspath(text or "."))
     above = next(p for p in (path, *path.parents) if p.exists())
     if not text:
@@ -581,8 +562,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Print the lines (or, with ``--apply``, run them) for ``args.venv``.
 
     Returns:
-        0, or 1 after saying why (the site's Python cannot carry the workshop, or
-        ``--apply`` failed).
+        0, or 1 after saying why.
 
     Example:
         >>> run_from_args(argparse.Namespace(venv=Path(".venv"), apply=False,

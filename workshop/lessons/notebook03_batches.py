@@ -7,11 +7,9 @@ learning rate grows with the batch: the *linear scaling rule* (lr x N), usually 
 short *warm-up* that ramps the learning rate up from the 1-rank value over the first
 steps (Goyal et al., 2017, arXiv:1706.02677).
 
-:func:`compare_global_batch` measures it for real: notebook 02's SmallCNN on the
-digits, trained by ranks started with :func:`workshop.launch` (1 rank, then N ranks
-at the same batch per rank, once with the same learning rate and once with it
-scaled), then tested on the held-out digits. Runs this short vary from seed to seed,
-so each setting is trained with a few seeds and the table gives their mean::
+:func:`compare_global_batch` measures it for real, with notebook 02's SmallCNN on the
+digits and ranks started by :func:`workshop.launch`. Runs this short vary from seed
+to seed, so each setting is trained with a few seeds and the table gives their mean::
 
     result = compare_global_batch(world_size=4)
     print(result.table())

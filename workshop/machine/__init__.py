@@ -1,13 +1,8 @@
-"""What a learner asks of the machine in front of them (notebook 05); the doctor is
-``workshop.doctor``.
-
-- Monitoring: Monitor, load_samples, plot_monitor, admin_commands.
-- The network: job_interface, infiniband_ports, watch_allreduce.
-- File systems: write_aged_files, purge_dry_run, quota_commands.
-
-Imports ``sources``, ``comm``, ``draw``, ``ranks``, ``training``, ``bench`` and the
-base modules.
-"""
+"""What a learner asks of the machine in front of them (notebook 05): monitoring
+(Monitor, load_samples, plot_monitor, admin_commands), the network (job_interface,
+infiniband_ports, watch_allreduce) and file systems (write_aged_files, purge_dry_run,
+quota_commands); the doctor is ``workshop.doctor``. Imports ``sources``, ``comm``,
+``draw``, ``ranks``, ``training``, ``bench`` and the base modules."""
 
 from .._exports import offer
 

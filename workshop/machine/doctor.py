@@ -1,18 +1,9 @@
-"""Doctor: what this machine and allocation have, and what the workshop will use.
+"""Doctor: what this machine and allocation have, and what the workshop will use:
+``python -m workshop doctor`` (or under ``srun``), or ``workshop.doctor();`` in a cell.
 
-Run it before the first lesson, in a terminal (or inside an allocation with ``srun``)::
-
-    python -m workshop doctor
-
-or as the first cell of a notebook::
-
-    import workshop
-    workshop.doctor();
-
-It only reports: anything missing is a row saying so, never an error, and the command
-always exits with status 0. It never initialises CUDA in the calling process, so a
-notebook kernel can still fork ranks afterwards: the GPU count comes from NVML
-(``torch.cuda.device_count()``), names and memory from ``nvidia-smi`` in a subprocess.
+It only reports: anything missing is a row saying so, and the command always exits
+0. It never initialises CUDA in the calling process, so a kernel can still fork ranks
+afterwards: the GPU count comes from NVML, names and memory from ``nvidia-smi``.
 """
 
 from __future__ import annotations
@@ -62,11 +53,9 @@ class Row(NamedTuple):
 
 
 def _python_items() -> Items:
+    version = f"{platform.python_version()} ({platform.python_implementation()})"
     return [
-        (
-            "version",
-            f"{platform.python_version()} ({platform.python_implementation()})",
-        ),
+        ("version", version),
         ("executable", display_path(sys.executable)),
         ("platform", f"{platform.system()} {platform.machine()}"),
     ]
@@ -83,8 +72,7 @@ def _pytorch_items() -> Items:
 
 
 def _job_gpus() -> int | None:
-    """GPUs the Slurm job has on this node ("4", or ids "0,1"); None outside a job
-    or where it asked for none."""
+    """GPUs the Slurm job has on this node ("4", or ids "0,1"); None if none asked."""
     given = slurm_allocation().gpus_on_node
     if not given:
         return None
@@ -98,14 +86,12 @@ def _gpu_items() -> Items:
     if job is not None and job != visible:
         # Without Slurm's device cgroup a job sees the node's GPUs, those of other
         # jobs too; CUDA_VISIBLE_DEVICES, which Slurm sets, is what torch obeys.
-        items.append(
-            (
-                "Slurm job",
-                f"has {job} GPU{'s' if job != 1 else ''} on this node, but torch sees "
-                f"{visible}: check CUDA_VISIBLE_DEVICES "
-                f"({os.environ.get('CUDA_VISIBLE_DEVICES', 'not set')})",
-            )
+        mismatch = (
+            f"has {job} GPU{'s' if job != 1 else ''} on this node, but torch sees "
+            f"{visible}: check CUDA_VISIBLE_DEVICES "
+            f"({os.environ.get('CUDA_VISIBLE_DEVICES', 'not set')})"
         )
+        items.append(("Slurm job", mismatch))
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return [*items, ("nvidia-smi", "not found")]
@@ -161,11 +147,8 @@ def _backend_items() -> Items:
     else:
         nccl = "not available (a CPU build of torch)"
     gloo = "available" if dist.is_gloo_available() else "not available"
-    mpi = (
-        "available"
-        if dist.is_mpi_available()
-        else "not available (pip wheels are built without MPI)"
-    )
+    mpi = "not available (pip wheels are built without MPI)"
+    mpi = "available" if dist.is_mpi_available() else mpi
     return [("nccl", nccl), ("gloo", gloo), ("mpi", mpi)]
 
 
@@ -205,34 +188,29 @@ def _slurm_items() -> Items:
     nodes = "not set" if allocation.nodes is None else str(allocation.nodes)
     if allocation.nodelist:
         nodes += f" ({allocation.nodelist})"
-    cpus = allocation.cpus_on_node
-    memory = allocation.memory_on_node
+    cpus, memory = allocation.cpus_on_node, allocation.memory_on_node
+    memory = (
+        "not set (the whole node's)" if memory is None else f"{memory / 2**30:.1f} GiB"
+    )
     items = [
         ("job id", str(allocation.job_id)),
         ("partition", allocation.partition or "not set"),
         ("nodes", nodes),
         ("tasks", "not set" if allocation.tasks is None else str(allocation.tasks)),
         ("CPUs on node", "not set" if cpus is None else str(cpus)),
-        (
-            "memory on node",
-            "not set (the whole node's)"
-            if memory is None
-            else f"{memory / 2**30:.1f} GiB",
-        ),
+        ("memory on node", memory),
         ("GPUs on node", allocation.gpus_on_node or "none requested"),
     ]
     if allocation.in_step:
         # A portal's notebook kernel runs as a job step: what it starts from a cell
         # is not that step's task (see rank_env and cluster/run.environment).
-        items.append(
-            (
-                "job step",
-                "this process is a task of a job step (a notebook kernel that a "
-                "portal started with srun): ranks and commands it starts get the "
-                "job's variables but not the step's, and srun from a cell needs "
-                "--overlap (workshop.cluster.srun_command adds it)",
-            )
+        step = (
+            "this process is a task of a job step (a notebook kernel that a "
+            "portal started with srun): ranks and commands it starts get the "
+            "job's variables but not the step's, and srun from a cell needs "
+            "--overlap (workshop.cluster.srun_command adds it)"
         )
+        items.append(("job step", step))
     return items
 
 
@@ -269,14 +247,11 @@ def _default_items() -> Items:
     # The kernel's own state decides (a CUDA call, or a backward pass with a GPU
     # visible, leaves it unable to fork ranks), as it does for launch().
     method, reason = choose_start_method("auto", fork_hazard())
+    ranks = (
+        f"{world_size} (CPU ranks, for {cores} usable core{'s' if cores != 1 else ''})"
+    )
     return [
-        (
-            "world_size",
-            f"{world_size} (one per GPU)"
-            if gpus
-            else f"{world_size} (CPU ranks, for {cores} usable "
-            f"core{'s' if cores != 1 else ''})",
-        ),
+        ("world_size", f"{world_size} (one per GPU)" if gpus else ranks),
         ("backend", backend),
         ("start method", f"{method} ({reason})"),
     ]
@@ -297,15 +272,11 @@ _SECTIONS: tuple[tuple[str, Callable[[], Items]], ...] = (
 
 
 def collect_rows() -> list[Row]:
-    """Look at this machine and return what the report shows, as plain data.
-
-    Returns:
-        Rows in the printed order. A probe that fails gives a row with item "error"
-        and the exception, instead of raising.
+    """This machine's report as plain data, in the printed order; a probe that fails
+    gives a row with item "error" and the exception instead of raising.
 
     Example:
-        >>> rows = collect_rows()
-        >>> {(r.section, r.item): r.value for r in rows}[("Backends", "gloo")]
+        >>> {(r.section, r.item): r.value for r in collect_rows()}[("Backends", "gloo")]
         'available'
     """
     rows = []
@@ -320,14 +291,8 @@ def collect_rows() -> list[Row]:
 
 
 def format_rows(rows: Iterable[Row], width: int = WIDTH) -> str:
-    """Lay rows out as a plain-text table: a heading per section, aligned values.
-
-    Args:
-        rows: what :func:`collect_rows` returns (or rows read back from a file).
-        width: longest line; values longer than the space left are wrapped.
-
-    Returns:
-        The table, lines joined by newlines, without a trailing newline.
+    """Lay rows out as a plain-text table: a heading per section, aligned values
+    wrapped to ``width``; no trailing newline.
 
     Example:
         >>> print(format_rows([Row("CPU", "cores", "8")]))
@@ -358,29 +323,20 @@ def format_rows(rows: Iterable[Row], width: int = WIDTH) -> str:
 
 
 def doctor(file: TextIO | None = None) -> list[Row]:
-    """Print what this machine and allocation have and what the workshop will use.
-
-    Python, torch and its build, GPUs (without initialising CUDA here), CPU cores,
-    the process-group backends, ``mpirun``/``srun``, the Slurm allocation, and the
-    world size, backend and start method that ``workshop.launch`` picks by default.
-    Paths are shown from the current folder (``../.venv/bin/python`` from
-    ``notebooks/``), with ``~`` for the home folder; system ones as they are.
+    """Print what this machine and allocation have and what the workshop will use:
+    Python, torch, GPUs, CPU cores, backends, launchers, the Slurm allocation, and the
+    world size, backend and start method ``workshop.launch`` picks by default. Paths
+    are shown from the current folder, with ``~`` for the home folder.
 
     Args:
         file: where to print; ``sys.stdout`` when omitted.
 
     Returns:
-        The printed rows, as :class:`Row` tuples (section, item, value).
+        The printed rows, as :class:`Row` tuples (section, item, value); in a
+        notebook end the line with ``;`` so the cell shows only the table.
 
     Example:
-        >>> import workshop
         >>> rows = workshop.doctor()  # doctest: +SKIP
-        workshop 0.1.0 doctor: what this machine has and what the workshop will use
-        ...
-
-    Note:
-        In a notebook, end the line with ``;`` (``workshop.doctor();``) so the cell
-        shows the table only, not the returned list as well.
     """
     from .._version import __version__
 

@@ -1,9 +1,6 @@
-"""Probes for :mod:`workshop.machine.doctor`: outside commands run safely, and the small
-parsers that turn their output (and torch's build details) into report values.
-
-Every outside command runs in its own session with a time limit; on timeout its whole
-process group is killed, so the report never leaves a process behind.
-"""
+"""Probes for :mod:`workshop.machine.doctor`: outside commands, each in its own
+session with a time limit (on timeout its process group is killed, so none is left
+behind), and the parsers that turn their output into report values."""
 
 from __future__ import annotations
 
@@ -72,11 +69,7 @@ def _first_line(text: str) -> str:
 
 
 def version_line(output: str) -> str:
-    """The line of ``--version`` output that carries the version.
-
-    Open MPI and Slurm print it first ("mpirun (Open MPI) 4.1.5", "slurm 23.02.7");
-    MPICH starts with a heading, so take the first line holding a digit.
-    """
+    """The first line of ``--version`` output with a digit (MPICH's has a heading)."""
     lines = [" ".join(line.split()) for line in output.splitlines() if line.strip()]
     with_digit = [line for line in lines if any(c.isdigit() for c in line)]
     if with_digit:
@@ -90,8 +83,8 @@ _NO_SLURM_CONF = ("resolve_ctls_from_dns_srv", "Could not establish a configurat
 
 
 def slurm_unconfigured(output: str) -> str | None:
-    """A plain sentence if ``output`` of a Slurm command says that Slurm is installed
-    but no cluster is configured here; else None.
+    """A plain sentence if a Slurm command's ``output`` says Slurm is installed but
+    no cluster is configured here; else None.
 
     Example:
         >>> slurm_unconfigured("srun: error: resolve_ctls_from_dns_srv: ...")[:40]
@@ -107,11 +100,8 @@ def slurm_unconfigured(output: str) -> str | None:
 
 
 def torchvision_version() -> str:
-    """torchvision's version with its build tag ("0.20.1+cu124"), without importing it.
-
-    The wheel's metadata drops the tag ("+cu124", "+cpu") that tells whether it was
-    built for the same CUDA as torch; ``torchvision/version.py`` keeps it.
-    """
+    """torchvision's version with its build tag ("0.20.1+cu124"), without importing
+    it: the wheel's metadata drops the tag, ``torchvision/version.py`` keeps it."""
     try:
         dist = importlib.metadata.distribution("torchvision")
     except importlib.metadata.PackageNotFoundError:
@@ -157,11 +147,7 @@ def nvidia_smi_gpus(output: str) -> Items:
 
 
 def nccl_version() -> str | None:
-    """NCCL's version, e.g. "2.21.5"; None where it cannot be read.
-
-    ``torch.cuda.nccl.version()`` returns the version NCCL was built with
-    (``ncclGetVersion``); it does not touch the GPU or initialise CUDA.
-    """
+    """The NCCL torch was built with ("2.21.5"; no GPU touched); None if unknown."""
     try:
         import torch.cuda.nccl
 

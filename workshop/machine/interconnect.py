@@ -1,17 +1,9 @@
-"""Watching the interconnect: the byte counters of a network interface, read around
-an all-reduce and compared with the ring model, and InfiniBand's port counters.
-
-Used by notebook 05, section 5::
-
-    watch = watch_allreduce(size_bytes=16e6, world_size=2)
-    print(watch.describe())
-
-``iftop -i ib0`` and ``sar -n DEV`` read the kernel's per-interface counters
-(``/sys/class/net/<if>/statistics``, ``/proc/net/dev``). Traffic that goes through the
-kernel's network stack is counted there: gloo's TCP, NCCL's sockets. RDMA (NCCL over
-InfiniBand or RoCE) moves data from the adapter straight to memory, past the kernel,
-so it is counted only by the adapter's port counters
-(``/sys/class/infiniband/<device>/ports/<n>/counters``, ``perfquery``).
+"""Watching the interconnect: a network interface's byte counters read around an
+all-reduce and set against the ring model (notebook 05, section 5), and InfiniBand's
+port counters. The kernel's per-interface counters (what ``iftop`` and ``sar -n DEV``
+read) count traffic through its network stack: gloo's TCP, NCCL's sockets. RDMA
+(NCCL over InfiniBand or RoCE) bypasses the kernel, so only the adapter's port
+counters (``/sys/class/infiniband/<device>/ports/<n>/counters``) see it.
 """
 
 from __future__ import annotations
@@ -43,15 +35,13 @@ _INFINIBAND = Path("/sys/class/infiniband")
 def interface_bytes(interface: str, net: Path = _NET) -> tuple[int, int]:
     """(bytes received, bytes sent) so far by a network interface, as the kernel counts.
 
-    This process's network namespace's counts (``/proc/self/net/dev``) where it
-    lists the interface: ``/sys/class/net`` shows the namespace of whoever mounted
-    ``/sys``, which in a container or a job in a namespace of its own is another
-    one, whose ``lo`` never sees this one's traffic. Else ``net``'s counters.
+    This process's namespace's counts (``/proc/self/net/dev``) where it lists the
+    interface: ``/sys/class/net`` shows the namespace of whoever mounted ``/sys``, which
+    in a container may be another one, whose ``lo`` never sees this one's traffic.
 
     Args:
         interface: its name, e.g. "lo", "eth0", "ib0".
-        net: where the kernel lists interfaces (``/sys/class/net``); another
-            folder is read instead of ``/proc/self/net/dev``.
+        net: another folder than ``/sys/class/net`` to read instead of ``/proc``.
 
     Raises:
         ValueError: no such interface here; the message lists those there are.
@@ -95,11 +85,9 @@ def _proc_net_dev(path: Path = _PROC_NET_DEV) -> dict[str, tuple[int, int]]:
 
 
 def job_interface(env: dict[str, str] | None = None) -> tuple[str | None, str]:
-    """The interface a job's ranks would talk over, and why: a variable that names it
-    (``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``), else the default route's.
-
-    A value that starts with "^" (exclude) or "=" (exact) or lists several names is
-    returned as written (the first name without its prefix is what to watch).
+    """The interface a job's ranks would talk over, and why: ``NCCL_SOCKET_IFNAME``
+    or ``GLOO_SOCKET_IFNAME``, else the default route's. A value with "^", "=" or
+    several names is returned as written.
 
     Example:
         >>> job_interface({"NCCL_SOCKET_IFNAME": "ib0"})
@@ -131,11 +119,7 @@ def _default_route_interface(route: Path = Path("/proc/net/route")) -> str | Non
 
 @dataclass(frozen=True)
 class PortCounters:
-    """An InfiniBand (or RoCE) port's data counters, in bytes.
-
-    The kernel's ``port_xmit_data`` and ``port_rcv_data`` count octets divided by 4
-    (the lanes); these are multiplied back.
-    """
+    """An InfiniBand (or RoCE) port's data counters, in bytes (the kernel's / 4)."""
 
     device: str
     port: str
@@ -144,8 +128,7 @@ class PortCounters:
 
 
 def infiniband_ports(root: Path = _INFINIBAND) -> list[PortCounters]:
-    """Every InfiniBand port's byte counters (``/sys/class/infiniband``); empty where
-    there is none. Ports without readable data counters are left out."""
+    """Every InfiniBand port's readable byte counters; empty where there is none."""
     ports = []
     for counters in sorted(Path(root).glob("*/ports/*/counters")):
         try:
@@ -161,23 +144,18 @@ def infiniband_ports(root: Path = _INFINIBAND) -> list[PortCounters]:
 
 @dataclass(frozen=True)
 class AllreduceBytes:
-    """What :func:`watch_allreduce` measured.
+    """What :func:`watch_allreduce` measured: two counts of the same all-reduces.
 
-    Two counts of the same all-reduces. The ranks' own TCP connections count the
-    bytes gloo handed them (the kernel's per-socket ``tcpi_bytes_sent``): nothing
-    else on the machine can add to that. The interface's counter is what ``iftop``
-    and ``sar -n DEV`` see: the same bytes plus TCP/IP headers, acknowledgements, and
-    whatever other programs sent over that interface at the time.
+    The ranks' own TCP connections (``tcpi_bytes_sent``) count only what gloo handed
+    them; the interface counts the same plus headers, acknowledgements and other
+    programs' traffic.
 
     Attributes:
-        interface: the interface watched.
-        world_size: ranks that took part, all on this machine.
-        size_bytes: the tensor's bytes.
         repeats: all-reduces per trial.
         sent: the fewest bytes the interface sent in one trial (all ranks together).
         trials: the bytes the interface sent in each trial.
-        own_trials: the bytes the ranks' own connections sent in each trial (all
-            ranks together); empty where the kernel gives no per-socket counts.
+        own_trials: the bytes the ranks' own connections sent in each trial; empty
+            where the kernel gives no per-socket counts.
     """
 
     interface: str
@@ -198,8 +176,7 @@ class AllreduceBytes:
 
     @property
     def interface_per_rank(self) -> float:
-        """Bytes per rank per all-reduce as the interface counted them (on one
-        machine the interface carries every rank's traffic)."""
+        """Bytes per rank per all-reduce as the interface counted them."""
         return self.sent / self.world_size / self.repeats
 
     @property
@@ -209,10 +186,8 @@ class AllreduceBytes:
 
     def describe(self) -> str:
         """Two lines of at most 88 characters, in MB (10^6 bytes): what each rank's
-        connections sent against the ring model, e.g. ``2 ranks: 16.00 MB sent per
-        rank, ring model 2(N-1)/N x 16 MB = 16.00 MB (1.00x)``; then what the
-        interface counted, and whether that is within :data:`INTERFACE_MARGIN` above
-        it (headers, acknowledgements and other programs' traffic only add)."""
+        connections sent against the ring model; then what the interface counted, and
+        whether that is within :data:`INTERFACE_MARGIN` above it."""
         first = (
             f"{self.world_size} ranks: {self.per_rank / 1e6:.2f} MB sent per rank, "
             f"ring model 2(N-1)/N x {self.size_bytes / 1e6:g} MB = "
@@ -222,11 +197,8 @@ class AllreduceBytes:
             return (
                 first + f"\n  (as {self.interface} counted them: no per-socket counts)"
             )
-        within = (
-            self.per_rank
-            <= self.interface_per_rank
-            <= self.per_rank * (1 + INTERFACE_MARGIN)
-        )
+        own, counted = self.per_rank, self.interface_per_rank
+        within = own <= counted <= own * (1 + INTERFACE_MARGIN)
         return first + (
             f"\n  {self.interface} counted {self.interface_per_rank / 1e6:.2f} MB per "
             f"rank, headers and acks included; within {INTERFACE_MARGIN:.0%} above: "
@@ -256,10 +228,8 @@ def _own_tcp_bytes() -> int | None:
         except (OSError, ValueError):
             continue  # closed meanwhile (the listing's own descriptor), or no socket
         try:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (
-                socket.AF_INET,
-                socket.AF_INET6,
-            ):
+            inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+            if sock.type != socket.SOCK_STREAM or not inet:
                 continue
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
         except (OSError, AttributeError):
@@ -324,22 +294,19 @@ def watch_allreduce(
     trials: int = 5,
     interface: str | None = None,
 ) -> AllreduceBytes:
-    """Start ``world_size`` gloo ranks on this machine, all-reduce a float32 tensor of
-    ``size_bytes`` ``repeats`` times, and count the bytes sent: by the ranks' own TCP
-    connections, and by the interface.
+    """Start ``world_size`` gloo ranks here, all-reduce a float32 tensor of
+    ``size_bytes`` ``repeats`` times, and count the bytes sent by the ranks' own TCP
+    connections and by the interface.
 
-    The ranks are CPU ranks on gloo even on a GPU node: the point is what the
-    kernel's counters see, and gloo's TCP goes through them. The fewest bytes of
-    ``trials`` trials are kept: other programs' traffic on the same interface can
-    only add bytes to the interface's count, and cannot change the ranks' own.
+    gloo even on a GPU node: its TCP goes through the kernel's counters. The fewest
+    bytes of the trials are kept: other traffic can only add to the interface's.
 
     Args:
         size_bytes: the tensor's size in bytes (a multiple of 4 is used).
         world_size: ranks, 2 or more.
         repeats: all-reduces per trial.
         trials: trials, the fewest bytes kept.
-        interface: the interface to watch; default the loopback interface, which
-            the ranks of :func:`workshop.launch` use.
+        interface: default the loopback, which :func:`workshop.launch`'s ranks use.
 
     Returns:
         An :class:`AllreduceBytes`.
@@ -350,8 +317,6 @@ def watch_allreduce(
 
     Example:
         >>> print(watch_allreduce(16e6, world_size=2).describe())  # doctest: +SKIP
-        2 ranks: 16.00 MB sent per rank, ring model 2(N-1)/N x 16 MB = 16.00 MB (1.00x)
-          lo counted 16.02 MB per rank, headers and acks included; within 5% above: True
     """
     from ..ranks.launcher import launch
 
@@ -366,17 +331,8 @@ def watch_allreduce(
         interface = _loopback() or "lo"
     interface_bytes(interface)  # fails early, naming the interfaces there are
     elements = int(size_bytes) // 4
-    result = launch(
-        _count_on_interface,
-        interface,
-        elements,
-        repeats,
-        trials,
-        world_size=world_size,
-        backend="gloo",
-        timeout=120,
-        show="none",
-    )
+    ranks = dict(world_size=world_size, backend="gloo", timeout=120, show="none")
+    result = launch(_count_on_interface, interface, elements, repeats, trials, **ranks)
     counts = result.returns[0][1]
     by_rank = [own for own, _ in result.returns]
     own_trials = [
@@ -386,15 +342,8 @@ def watch_allreduce(
     ]
     if len(own_trials) != trials:
         own_trials = []
-    return AllreduceBytes(
-        interface,
-        world_size,
-        elements * 4,
-        repeats,
-        min(counts),
-        list(counts),
-        own_trials,
-    )
+    what = (interface, world_size, elements * 4, repeats)
+    return AllreduceBytes(*what, min(counts), list(counts), own_trials)
 
 
 def _loopback() -> str | None:

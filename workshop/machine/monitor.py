@@ -6,22 +6,14 @@ time, beside the training's steps (notebook 05, "Watching a running job")::
             train(model, loader, progress=mon.progress())
     mon.plot()
 
-A daemon thread reads Linux's counters every ``interval`` seconds: ``/proc/stat``
-(CPU busy, all cores), ``/proc/meminfo`` (memory in use), ``/proc/diskstats`` (bytes
-read from whole disks) and ``/proc/net/dev`` (bytes in and out, loopback left out),
-the same counters ``top``, ``free``, ``iostat`` and ``sar -n DEV`` read. GPU
-utilisation and memory come from NVML when ``pynvml`` imports, else from
-``nvidia-smi --query-gpu`` (a short call per sample, with a time limit), else there
-are none. Steps are marked by :meth:`Monitor.step`, or by the training loop through
-:meth:`Monitor.progress`.
-
-In a batch job, start it in the background beside the training::
+A daemon thread samples Linux's counters (:mod:`workshop.machine.monitor_probes`) and
+the GPUs every ``interval`` seconds. In a batch job, run it in the background::
 
     python -m workshop monitor --output monitor-$SLURM_JOB_ID.csv --seconds 3600 &
 
-It writes one CSV row per sample as it goes (a job that is killed keeps its rows) and
-stops after ``--seconds``, or at SIGTERM or Ctrl-C; in a notebook,
-``plot_monitor(load_samples("monitor-1234.csv"))`` draws it.
+It writes a CSV row per sample as it goes (a killed job keeps its rows) and stops
+after ``--seconds``, at SIGTERM or Ctrl-C; ``plot_monitor(load_samples(path))``
+draws it.
 """
 
 from __future__ import annotations
@@ -38,20 +30,8 @@ from pathlib import Path
 
 from .._cli import above_zero, writable_file
 from ..training.progress import Progress
-from .monitor_plot import (
-    COLUMNS,
-    Sample,
-    plot_monitor,
-    sample_row,
-    step_gaps,
-)
-from .monitor_probes import (
-    SMI_TIMEOUT,
-    Gpus,
-    difference,
-    read_counters,
-    scope_line,
-)
+from .monitor_plot import COLUMNS, Sample, plot_monitor, sample_row, step_gaps
+from .monitor_probes import SMI_TIMEOUT, Gpus, difference, read_counters, scope_line
 
 __all__ = ["Monitor", "add_arguments", "run_from_args"]
 
@@ -62,39 +42,31 @@ MIN_INTERVAL = 0.05
 class Monitor:
     """Samples this machine in a background thread while a cell or a job runs.
 
-    Use it as a context manager: sampling starts on entry and always stops on exit,
-    also when the body raises. Mark each training step with :meth:`step` (or give
-    :meth:`progress` to ``workshop.train``) and name stretches with :meth:`phase`;
-    then :meth:`plot` draws everything over time and :meth:`table` sums up each phase.
+    A context manager: sampling starts on entry and always stops on exit. Mark steps
+    with :meth:`step` (or give :meth:`progress` to ``workshop.train``), name stretches
+    with :meth:`phase`; :meth:`plot` draws it all, :meth:`table` sums up each phase.
 
     Args:
-        interval: seconds between samples, at least ``MIN_INTERVAL`` (0.05). The CPU
-            and rate figures are averages over each interval. While this process
-            runs Python code, the sampler waits its turn for the interpreter (the
-            GIL) and samples come later: each is still the average over the time
-            since the one before.
-        gpu: read the GPUs (NVML or ``nvidia-smi``) if there are any; False skips
-            them (a sample without GPU fields).
+        interval: seconds between samples, at least ``MIN_INTERVAL`` (0.05); figures
+            are averages over each interval (a sample may come late while Python code
+            holds the GIL, and still averages since the one before).
+        gpu: read the GPUs if there are any; False skips them.
 
     Attributes:
-        samples: the :class:`Sample` list, in time order (the first after one
-            interval).
-        steps: seconds since the start at which each step was marked, in order.
+        samples: the :class:`Sample` list, in time order.
+        steps: seconds since the start at which each step was marked.
         phases: (name, start, end) of each :meth:`phase`, in seconds since the start.
         gpu_source: "NVML", "nvidia-smi" or "none".
 
     Raises:
         ValueError: ``interval`` is not a number of seconds >= 0.05.
-        RuntimeError: from :meth:`start`, when this is not Linux (no ``/proc``), or the
-            monitor was started already.
+        RuntimeError: from :meth:`start`: not Linux (no ``/proc``), or started already.
 
     Example:
         >>> with Monitor(interval=0.1) as mon:
-        ...     for _ in range(3):
-        ...         sum(range(100_000))
-        ...         mon.step()
+        ...     mon.step()
         >>> len(mon.steps)
-        3
+        1
     """
 
     def __init__(self, interval: float = 0.2, *, gpu: bool = True) -> None:
@@ -145,8 +117,8 @@ class Monitor:
         """Stop sampling and wait for the thread (a few seconds at most).
 
         Raises:
-            RuntimeError: the sampler failed (the message says how), or its thread
-                did not stop within the time limit.
+            RuntimeError: the sampler failed (the message says how), or its thread did
+                not stop in time.
         """
         if self._thread is None:
             return
@@ -162,9 +134,8 @@ class Monitor:
                 "ends with this Python process"
             )
         if self._error is not None:
-            raise RuntimeError(f"the monitor stopped sampling: {self._error}") from (
-                self._error
-            )
+            error = self._error
+            raise RuntimeError(f"the monitor stopped sampling: {error}") from error
 
     @property
     def running(self) -> bool:
@@ -191,8 +162,7 @@ class Monitor:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Name the stretch of time its body runs, e.g. ``with mon.phase("workers"):``;
-        the plot shades it and :meth:`table` sums it up."""
+        """Name the stretch its body runs (``with mon.phase("workers"):``), shaded."""
         start = self.now()
         try:
             yield
@@ -201,16 +171,12 @@ class Monitor:
 
     def progress(self, every: float | None = None, **options) -> Progress:
         """A Progress for ``workshop.train(..., progress=mon.progress())`` that marks
-        every step here (at the time the loop finished issuing it: on a GPU that
-        runs ahead of the device, but a data-starved loop waits with it).
+        every step here, when the loop finished issuing it.
 
         Args:
             every: as :class:`workshop.training.progress.Progress`; None prints only
                 epoch-end lines.
             **options: more of Progress's arguments (``show_speed``, ``enabled``).
-
-        Returns:
-            The Progress.
         """
         monitor = self
 
@@ -222,17 +188,12 @@ class Monitor:
         return _Marking(every, **options)
 
     def table(self) -> str:
-        """Each phase: seconds, steps, median ms per step, mean CPU % of the whole
-        machine and of this process (with its children), and mean GPU % if any.
-
-        Returns:
-            A text table, one row per phase (the whole recording without phases),
-            at most 88 characters wide: a phase name too long for that is cut.
+        """Each phase (or the whole recording): seconds, steps, median ms per step,
+        mean CPU % of the machine and of this process, and mean GPU % if any, in a
+        table at most 88 characters wide (a long phase name is cut).
 
         Example:
             >>> print(mon.table())  # doctest: +SKIP
-            phase               seconds  steps  ms/step  CPU %  process CPU %
-            decode in the loop      1.9     12    151.2     97             51
         """
         phases = self.phases or [("whole recording", 0.0, self._end or self.now())]
         gpu = any(s.gpu_percent for s in self.samples)
@@ -270,11 +231,7 @@ class Monitor:
         )
 
     def plot(self, title: str = ""):
-        """Draw the recording with :func:`workshop.machine.monitor_plot.plot_monitor`.
-
-        Returns:
-            The matplotlib Figure.
-        """
+        """The recording drawn by :func:`workshop.machine.monitor_plot.plot_monitor`."""
         return plot_monitor(self.samples, self.steps, self.phases, title=title)
 
     def _sample_loop(self, last: dict[str, float], t0: float, gpus: Gpus) -> None:
@@ -344,7 +301,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     Example:
         >>> run_from_args(argparse.Namespace(interval=0.1, seconds=0.5,
         ...               output=Path("m.csv")))  # doctest: +SKIP
-        0
     """
     if not args.seconds > 0:
         print(

@@ -1,9 +1,5 @@
-"""The picture of a monitored run: what :class:`workshop.machine.monitor.Monitor`
-sampled, over time, beside the training's steps.
-
-Drawn from plain data (a list of :class:`Sample`, step times, named phases), so the
-same function draws a cell's recording, a batch job's CSV, or numbers typed in.
-"""
+"""The picture of a monitored run, drawn from plain data (:class:`Sample` s, step
+times, named phases): a cell's recording, a batch job's CSV, or numbers typed in."""
 
 from __future__ import annotations
 
@@ -57,15 +53,14 @@ class Sample:
 
     Attributes:
         time: seconds since the monitor started.
-        cpu_percent: CPU busy, in % of all cores together (0-100), whatever ran.
-        process_cpu_percent: the CPU time of the monitored process (a notebook's
-            kernel) and its child processes, in % of all cores.
-        memory_gib: host memory in use (total less available), GiB.
-        disk_read_mb_s: bytes read from the disks, MB/s (1 MB = 10**6 bytes).
-        network_mb_s: bytes received and sent over the network, MB/s.
-        gpu_percent: per GPU, the share of time a kernel ran (NVML's utilisation);
-            empty without GPUs.
-        gpu_memory_gib: per GPU, memory in use, GiB; empty without GPUs.
+        cpu_percent: CPU busy, in % of all cores together, whatever ran.
+        process_cpu_percent: the monitored process's (and its children's) CPU time,
+            in % of all cores.
+        memory_gib: host memory in use (total less available).
+        disk_read_mb_s, network_mb_s: MB/s (10**6 bytes) read from disks, and
+            received and sent over the network.
+        gpu_percent: per GPU, NVML's utilisation; empty without GPUs.
+        gpu_memory_gib: per GPU, memory in use; empty without GPUs.
     """
 
     time: float
@@ -113,29 +108,23 @@ def plot_monitor(
     title: str = "",
 ):
     """Panels over time: step times, (GPU utilisation and memory,) CPU, host memory,
-    disk reads and network; phases shaded in every panel, steps as thin lines.
-
-    Without GPU values the GPU panels are left out and the title says so.
+    disk reads and network; phases shaded, steps as thin lines.
 
     Args:
         samples: the samples, earliest first.
         steps: seconds at which each step ended, earliest first.
         phases: (name, start, end) in seconds: named stretches, shaded.
-        title: the figure's title.
 
     Returns:
-        The matplotlib Figure, whole on a 1280x720 projector (see
-        :mod:`workshop.draw.projector`).
+        The matplotlib Figure, whole on a 1280x720 projector.
 
     Raises:
         ValueError: no samples, samples or steps out of time order, or a phase that
             is not (name, start, end).
 
     Example:
-        >>> samples = [Sample(0.2, 50.0, 40.0, 3.1, 0.0, 0.1),
-        ...            Sample(0.4, 90.0, 45.0, 3.2, 1.5, 0.1)]
-        >>> fig = plot_monitor(samples, steps=[0.1, 0.3])
-        >>> [ax.get_title() for ax in fig.axes][:2]
+        >>> fig = plot_monitor([Sample(0.2, 50.0, 40.0, 3.1, 0.0, 0.1)], steps=[0.1])
+        >>> [ax.get_title(loc="left") for ax in fig.axes][:2]
         ['time per training step, ms (ticks: the steps)', 'CPU busy, % of all cores']
     """
     import matplotlib.pyplot as plt
@@ -148,13 +137,9 @@ def plot_monitor(
     t = [s.time for s in samples]
     end = max([t[-1], *steps[-1:], *(p[2] for p in phases)])
     with plt.rc_context(_FONT):
+        shape = dict(sharex=True, layout="constrained", squeeze=False)
         fig, grid = plt.subplots(
-            2,
-            len(names) // 2,
-            figsize=(WIDTH_IN, HEIGHT_IN),
-            sharex=True,
-            layout="constrained",
-            squeeze=False,
+            2, len(names) // 2, figsize=(WIDTH_IN, HEIGHT_IN), **shape
         )
         axes = dict(zip(names, grid.flat, strict=True))
         for name, ax in axes.items():
@@ -164,24 +149,12 @@ def plot_monitor(
             for i, (_, start, stop) in enumerate(phases):
                 ax.axvspan(start, stop, color=_COLOURS[i % 6], alpha=0.12, lw=0)
             if name != "steps" and len(steps) <= _MAX_STEP_LINES:
-                ax.vlines(
-                    steps,
-                    0,
-                    1,
-                    transform=ax.get_xaxis_transform(),
-                    color="0.55",
-                    lw=0.6,
-                    alpha=0.6,
-                )
+                where = ax.get_xaxis_transform()
+                ax.vlines(steps, 0, 1, transform=where, color="0.55", lw=0.6, alpha=0.6)
         _draw_steps(axes["steps"], steps, phases)
         for panel, name, colour, label in _LINES:
-            axes[panel].plot(
-                t,
-                [getattr(s, name) for s in samples],
-                color=colour,
-                lw=1.8,
-                label=label,
-            )
+            values = [getattr(s, name) for s in samples]
+            axes[panel].plot(t, values, color=colour, lw=1.8, label=label)
         # Each legend above the data: the axes reach past the data's top (CPU to
         # 135 %, ticks to 100 %) so that no line runs under a legend. Three
         # panels a row (with GPUs) leave room for one name a row only.
@@ -206,12 +179,8 @@ def plot_monitor(
                 Patch(color=_COLOURS[i % 6], alpha=0.3, label=name)
                 for i, (name, _, _) in enumerate(phases)
             ]
-            fig.legend(
-                handles=patches,
-                loc="outside lower center",
-                ncols=len(patches),
-                frameon=False,
-            )
+            where = "outside lower center"
+            fig.legend(handles=patches, loc=where, ncols=len(patches), frameon=False)
     plt.close(fig)  # shown once by the notebook's display of the return value
     return fig
 
@@ -219,18 +188,8 @@ def plot_monitor(
 def step_gaps(
     steps: Sequence[float], phases: Sequence[tuple[str, float, float]] = ()
 ) -> list[tuple[float, float]]:
-    """(time, seconds since the step before) for each step.
-
-    The first step of a phase is measured from the phase's start, not from the last
-    step of the phase before (which would count whatever ran between them); the
-    first step outside any phase has no step before it and is left out.
-
-    Args:
-        steps: seconds at which each step ended, earliest first.
-        phases: (name, start, end) of named stretches.
-
-    Returns:
-        The (time, seconds) pairs, in order.
+    """(time, seconds since the step before) for each step; a phase's first step
+    counts from the phase's start, and a first step outside any phase is left out.
 
     Example:
         >>> step_gaps([1.0, 1.5, 5.0, 5.25], [("a", 0.5, 2), ("b", 4.5, 6)])
@@ -250,39 +209,23 @@ def step_gaps(
 def _draw_steps(ax, steps: Sequence[float], phases) -> None:
     gaps = step_gaps(steps, phases)
     ax.plot(
-        [t for t, _ in gaps],
-        [1000 * g for _, g in gaps],
-        "o",
-        color="black",
-        ms=3.5,
+        [t for t, _ in gaps], [1000 * g for _, g in gaps], "o", color="black", ms=3.5
     )
     # One tick per step along the bottom: gaps between ticks are time not training.
-    ax.plot(
-        steps,
-        [0.03] * len(steps),
-        "|",
-        color="black",
-        ms=8,
-        transform=ax.get_xaxis_transform(),
-    )
+    bottom = ax.get_xaxis_transform()
+    ax.plot(steps, [0.03] * len(steps), "|", color="black", ms=8, transform=bottom)
     # A phase's first step also pays one-time costs (workers starting, a first
     # batch): scale to the others and mark a taller one at the top with its value.
     firsts = {_first_in_phase(t, steps, phases) for t in steps} - {None}
-    usual = [1000 * g for t, g in gaps if t not in firsts] or [
-        1000 * g for _, g in gaps
-    ]
+    usual = [1000 * g for t, g in gaps if t not in firsts]
+    usual = usual or [1000 * g for _, g in gaps]
     top = 1.3 * max(usual, default=1.0) or 1.0
     ax.set_ylim(0, top)
     for t, g in gaps:
         if 1000 * g > top:
             ax.plot([t], [top], "^", color="black", ms=6, clip_on=False)
-            ax.annotate(
-                f"{1000 * g:.0f}",
-                (t, top),
-                xytext=(4, -12),
-                textcoords="offset points",
-                fontsize=9,
-            )
+            label = dict(xytext=(4, -12), textcoords="offset points", fontsize=9)
+            ax.annotate(f"{1000 * g:.0f}", (t, top), **label)
     if not steps:
         ax.text(0.5, 0.5, "no steps marked", transform=ax.transAxes, ha="center")
 
@@ -303,13 +246,8 @@ def _draw_gpus(util_ax, mem_ax, samples: Sequence[Sample], gpus: int) -> None:
         label = f"GPU {g}" if gpus <= 8 else None
         colour = _COLOURS[g % 6]
         for ax, field in ((util_ax, "gpu_percent"), (mem_ax, "gpu_memory_gib")):
-            ax.plot(
-                [s.time for s in have],
-                [getattr(s, field)[g] for s in have],
-                color=colour,
-                lw=1.8,
-                label=label,
-            )
+            values = [getattr(s, field)[g] for s in have]
+            ax.plot([s.time for s in have], values, color=colour, lw=1.8, label=label)
     memory = [v for s in samples for v in s.gpu_memory_gib if not math.isnan(v)]
     mem_ax.set_ylim(0, max(memory, default=1.0) * 1.15 or 1)
     if 1 < gpus <= 8:
@@ -326,11 +264,8 @@ COLUMNS = [f.name for f in dataclasses.fields(Sample)]
 
 
 def save_samples(samples: Sequence[Sample], path: str | Path) -> None:
-    """Write samples as CSV: one row per sample, GPU values joined by ``;``.
-
-    Args:
-        samples: what a :class:`Monitor` recorded.
-        path: the file to write (replaced).
+    """Write samples to ``path`` as CSV (replaced): a row per sample, GPU values
+    joined by ``;``.
 
     Example:
         >>> save_samples(mon.samples, "monitor.csv")  # doctest: +SKIP
@@ -356,12 +291,6 @@ def sample_row(sample: Sample) -> list[str]:
 
 def load_samples(path: str | Path) -> list[Sample]:
     """Read samples written by :func:`save_samples` or ``python -m workshop monitor``.
-
-    Args:
-        path: the CSV file.
-
-    Returns:
-        The samples, in the file's order.
 
     Raises:
         ValueError: the file is not such a CSV (the message names the header found).

@@ -1,10 +1,6 @@
-"""What :class:`workshop.machine.monitor.Monitor` reads: Linux's counters in ``/proc``
-and the GPUs (NVML, else ``nvidia-smi``), and one sample from two readings.
-
-The counters are those ``top``, ``free``, ``iostat`` and ``sar -n DEV`` read:
-``/proc/stat`` (CPU time of all cores), ``/proc/meminfo``, ``/proc/diskstats`` and
-``/proc/net/dev``. Each is cumulative; a sample is the difference of two readings.
-"""
+"""What :class:`workshop.machine.monitor.Monitor` reads: Linux's cumulative counters
+in ``/proc`` (those ``top``, ``free``, ``iostat`` and ``sar -n DEV`` read) and the GPUs
+(NVML, else ``nvidia-smi``); a sample is the difference of two readings."""
 
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ from pathlib import Path
 
 from ..allocation import cpu_limit, memory_limit, slurm_allocation
 from .doctor_probes import _run
+from .interconnect import _proc_net_dev
 from .monitor_plot import Sample
 
 __all__ = [
@@ -43,23 +40,19 @@ def read_counters(
 
     Args:
         proc: where procfs is mounted (a folder of copies, in tests).
-        pid: the process whose CPU time (with its live child processes') is read;
-            this process when None.
+        pid: the process whose CPU time, with its children's, is read (None: this).
 
     Returns:
-        ``cpu_busy`` and ``cpu_total`` (clock ticks, all cores), ``process_ticks``
-        (CPU ticks of ``pid`` and its descendants, live or reaped), ``memory_gib``
-        (MemTotal - MemAvailable), ``memory_total_gib``, ``disk_read_bytes`` (whole
-        disks: those in ``sys/block`` beside ``proc``, loop and device-mapper
-        devices left out, as ``iostat`` counts them)
-        and ``network_bytes`` (received + sent, every interface but ``lo``).
+        ``cpu_busy``, ``cpu_total`` (clock ticks, all cores), ``process_ticks``,
+        ``memory_gib`` (MemTotal - MemAvailable), ``memory_total_gib``,
+        ``disk_read_bytes`` (whole disks, as ``iostat`` counts them) and
+        ``network_bytes`` (received + sent, every interface but ``lo``).
 
     Raises:
-        RuntimeError: ``proc`` has no ``stat`` (not Linux); the message says so.
+        RuntimeError: ``proc`` has no ``stat`` (not Linux).
 
     Example:
-        >>> counters = read_counters()
-        >>> counters["memory_gib"] > 0
+        >>> read_counters()["memory_gib"] > 0
         True
     """
     try:
@@ -139,18 +132,9 @@ def _disk_read_bytes(proc: Path) -> float:
 
 
 def _network_bytes(proc: Path) -> float:
-    try:
-        lines = (proc / "net" / "dev").read_text().splitlines()[2:]
-    except OSError:
-        return 0.0
-    total = 0.0
-    for line in lines:
-        name, _, rest = line.partition(":")
-        values = rest.split()
-        if name.strip() == "lo" or len(values) < 9:
-            continue  # loopback: a process talking to itself, not the network
-        total += float(values[0]) + float(values[8])
-    return total
+    counts = _proc_net_dev(proc / "net" / "dev")
+    # Loopback left out: a process talking to itself, not the network.
+    return float(sum(rx + tx for name, (rx, tx) in counts.items() if name != "lo"))
 
 
 class Gpus:
@@ -192,12 +176,12 @@ class Gpus:
 
     def read(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         if self.source == "NVML":
-            nvml = self._nvml
+            nvml, handles = self._nvml, self._handles
             util = tuple(
-                float(nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in self._handles
+                float(nvml.nvmlDeviceGetUtilizationRates(h).gpu) for h in handles
             )
             memory = tuple(
-                nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30 for h in self._handles
+                nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30 for h in handles
             )
             return util, memory
         if self.source == "nvidia-smi":
@@ -266,11 +250,9 @@ ADMIN_COMMANDS = [
 
 
 def admin_commands(lines: int = 8, timeout_s: float = 5.0) -> list[tuple[str, bool]]:
-    """Run the administrator's commands that this machine has, briefly, and print the
-    first lines of each; "not on this machine" for the others.
-
-    ``sstat`` runs only inside a Slurm job (``SLURM_JOB_ID`` set) on a cluster with
-    job accounting (a ``JobAcctGatherType`` plugin); elsewhere it says so.
+    """Run the administrator's commands this machine has, briefly, and print the
+    first lines of each; "not on this machine" for the others (``sstat`` only inside a
+    Slurm job with job accounting).
 
     Args:
         lines: lines of each command's output to print.
@@ -281,8 +263,6 @@ def admin_commands(lines: int = 8, timeout_s: float = 5.0) -> list[tuple[str, bo
 
     Example:
         >>> ran = admin_commands(lines=3)  # doctest: +SKIP
-        $ vmstat 1 2
-        ...
     """
     job = slurm_allocation().job_id
     results = []
@@ -321,16 +301,12 @@ def run_listed(
 
 
 def scope_line() -> str | None:
-    """Where this process may use less than the node: what its figures then mean.
-
-    CPU % and memory are the node's (``/proc/stat``, ``/proc/meminfo``), every job on
-    it counted. Inside a Slurm job of 1 core on a 64-core node, a training that
-    keeps its core busy moves the node's CPU % by 1.6 points; this line says so,
-    with the job's cores and memory. None where the process may use the whole node.
+    """Where this process may use less than the node, what its figures mean: CPU %
+    and memory are the whole node's, so a 1-core job on 64 cores moves CPU % by 1.6
+    points at most. None where the process may use the whole node.
 
     Example:
         >>> scope_line()                                        # doctest: +SKIP
-        'CPU % and memory are the whole node's: 2 cores, of which this process ...'
     """
     cpus, memory = cpu_limit(), memory_limit()
     if cpus.cores >= cpus.node_cores and memory.limit is None:

@@ -1,16 +1,6 @@
-"""Your storage on a site: what a scratch purge would delete, and your quotas.
-
-Used by notebook 05, section 1::
-
-    files = write_aged_files(folder, {"run-1/out.log": 90, "run-2/out.log": 3})
-    for old in purge_dry_run(folder, days=60):
-        print(old.path, old.age_days)
-    ran = quota_commands()
-
-A purge removes files whose last modification (or, at some sites, last access) is
-older than a number of days; :func:`purge_dry_run` lists them without deleting
-anything, as the dry run a site's purge tool offers.
-"""
+"""Your storage on a site: what a scratch purge would delete, and your quotas
+(notebook 05, section 1). :func:`purge_dry_run` lists, as a site's purge tool's dry
+run does, the files older than a number of days without deleting anything."""
 
 from __future__ import annotations
 
@@ -39,13 +29,8 @@ _CLOCKS = ("mtime", "atime")
 
 @dataclass(frozen=True)
 class PurgeCandidate:
-    """A file that a purge would delete.
-
-    Attributes:
-        path: the file, relative to the folder searched.
-        age_days: days since its last modification (or access), at ``now``.
-        size: its size in bytes.
-    """
+    """A file that a purge would delete: its ``path`` relative to the folder
+    searched, ``age_days`` at ``now``, and ``size`` in bytes."""
 
     path: Path
     age_days: float
@@ -65,9 +50,8 @@ def write_aged_files(
     size: int = 1024,
     now: float | None = None,
 ) -> list[Path]:
-    """Write files and date them ``ages_days`` days back: a scratch folder to purge.
-
-    Both the modification and access times are set, as ``touch -d`` does.
+    """Write files dated ``ages_days`` days back (modification and access, as
+    ``touch -d``): a scratch folder to purge.
 
     Args:
         folder: where to write them (made if missing).
@@ -84,7 +68,6 @@ def write_aged_files(
 
     Example:
         >>> write_aged_files(tmp, {"old.log": 90, "new.log": 1})  # doctest: +SKIP
-        [PosixPath('.../old.log'), PosixPath('.../new.log')]
     """
     whole("size", size, least=0)
     now = time.time() if now is None else now
@@ -118,18 +101,13 @@ def purge_dry_run(
     now: float | None = None,
     clock: str = "mtime",
 ) -> list[PurgeCandidate]:
-    """The files under ``folder`` that a purge of files older than ``days`` would
-    delete; nothing is deleted.
-
-    A file is older than ``days`` when more than ``days`` x 86,400 seconds passed
-    since its last modification (``clock="mtime"``) or access (``"atime"``; many file
-    systems update it lazily, ``relatime``). Symbolic links are not followed.
+    """The files under ``folder`` whose last modification (``clock="mtime"``) or
+    access (``"atime"``, often updated lazily) is more than ``days`` old; nothing is
+    deleted, and symbolic links are not followed.
 
     Args:
-        folder: the folder to search, recursively.
         days: the purge's age limit (Graham's scratch: 60).
         now: the present, seconds since the epoch (default: the clock).
-        clock: "mtime" or "atime".
 
     Returns:
         A :class:`PurgeCandidate` per file, oldest first.
@@ -172,9 +150,8 @@ QUOTA_COMMANDS = [
 
 def quota_commands(lines: int = 8, timeout_s: float = 10.0) -> list[tuple[str, bool]]:
     """Run the quota commands this machine has and print the first lines of each;
-    "not on this machine" for the others.
-
-    ``{scratch}`` is ``$SCRATCH`` where the site sets it, else ``/scratch``.
+    "not on this machine" for the others; ``{scratch}`` is ``$SCRATCH`` or
+    ``/scratch``.
 
     Args:
         lines: lines of each command's output to print.
@@ -188,8 +165,6 @@ def quota_commands(lines: int = 8, timeout_s: float = 10.0) -> list[tuple[str, b
 
     Example:
         >>> ran = quota_commands(lines=3)  # doctest: +SKIP
-        $ diskusage_report
-          not on this machine
     """
     whole("lines", lines)
     positive_number("timeout_s", timeout_s, what="a number of seconds")

@@ -1,17 +1,10 @@
 """The parameter server with its parameters sharded over several servers.
 
-Used by notebook 04, section 5: with W workers and S servers, server ``s`` holds the
-``s``-th of S slices of the parameter vector; every step each worker pushes each
-server the slice of its gradient that server holds and pulls the updated slice back.
-A server then receives W / S gradients' worth of bytes per step, and sends as many:
-more servers, less traffic through each, but every worker still moves a whole
-gradient and a whole parameter vector.
-
-* :func:`sharded_parameter_server` (world_size S + W): ranks 0..S-1 the servers,
-  ranks S..S+W-1 the workers, on the problem of
-  :func:`~workshop.parallel.param_server.parameter_server` (which is S = 1).
-* :func:`server_traffic`: runs it traced for several S and counts every rank's
-  bytes per step with :func:`workshop.comm.traffic.bytes_per_step`.
+Notebook 04, section 5: with S servers, each holds 1/S of the parameters and
+receives W / S gradients' worth of bytes per step, but every worker still moves a
+whole gradient and a whole parameter vector. :func:`sharded_parameter_server` runs
+it (S = 1 is :func:`~workshop.parallel.param_server.parameter_server`);
+:func:`server_traffic` counts every rank's bytes per step from traces.
 
 Example::
 
@@ -55,40 +48,31 @@ def sharded_parameter_server(
     """Synchronous parameter server sharded over ``servers`` ranks; run it in every
     rank, world_size = S + W.
 
-    The parameter vector is cut into S slices (``tensor_split``: sizes differ by at
-    most one). Each step every worker (rank S + k, data shard k) computes its
-    gradient and ``dist.send``\\ s slice ``s`` of it to server ``s``, for every s;
-    each server receives its slice from every worker in rank order, averages, takes
-    the SGD step on its slice, and sends the new slice to every worker, which puts
-    the S slices back together. The arithmetic is that of
-    :func:`~workshop.parallel.param_server.parameter_server`, slice by slice, so the
-    final parameters are the same: bit for bit where both runs' ranks compute with
-    the same number of threads, within float32 rounding otherwise (a matrix product
-    split over another number of threads adds in another order).
+    Ranks 0..S-1 each hold one slice (``tensor_split``) and do
+    :func:`~workshop.parallel.param_server.parameter_server`'s arithmetic on it;
+    every worker sends each server its slice of the gradient and gathers the new
+    slices back. The final parameters are the same as with one server (bit for bit
+    with the same thread count, else within float32 rounding).
 
     Args:
-        steps: training steps, 1 or more.
-        lr: learning rate, above 0.
-        width: number of parameters (float32), at least ``servers``.
-        seed: seed of the synthetic data.
-        servers: S, the number of server ranks, 1 or more.
+        steps, lr, width, seed: as for
+            :func:`~workshop.parallel.param_server.parameter_server`.
+        servers: S, the number of server ranks, 1 to ``width``.
 
     Returns:
-        On every rank: ``role`` ("server" or "worker"), ``rank``, ``servers`` (S),
-        ``workers`` (W), ``slice`` ([start, stop) of the parameters a server holds;
-        [0, width) for a worker), ``params`` (a CPU copy of those) and
-        ``checksum`` (their sum). Workers add ``losses``: the loss on all W data
-        shards after each step.
+        On every rank: ``role``, ``rank``, ``servers``, ``workers``, ``slice``
+        ([start, stop) of the parameters held; [0, width) for a worker), ``params``
+        (a CPU copy) and ``checksum``. Workers add ``losses`` (after each step).
 
     Raises:
-        ValueError: world_size < S + 1, servers < 1 or > width, steps < 1,
-            lr <= 0 or width < 1.
+        ValueError: world_size < S + 1, servers out of range, or a bad
+            steps/lr/width.
         RuntimeError: called outside a process group.
 
     Example:
         >>> run = launch(sharded_parameter_server, servers=2,      # doctest: +SKIP
         ...              world_size=4)
-        >>> run.returns[2]["losses"][-1] < run.returns[2]["losses"][0]
+        >>> run.returns[2]["losses"][-1] < run.returns[2]["losses"][0]  # doctest: +SKIP
         True
     """
     import torch
@@ -149,11 +133,9 @@ def server_traffic(
     seed: int = 0,
     backend: str = "auto",
 ) -> list[dict[str, Any]]:
-    """Bytes per step through each server and each worker, counted from traces, for
-    each number of servers S. Call it from a notebook cell (not a rank).
-
-    Launches :func:`sharded_parameter_server` traced (world_size S + W) for each S
-    and counts with :func:`workshop.comm.traffic.bytes_per_step`.
+    """Bytes per step through each server and each worker, counted from traces of
+    :func:`sharded_parameter_server`, for each number of servers S. Call it from a
+    notebook cell (not a rank).
 
     Args:
         workers: W, the number of workers, 1 or more.
@@ -163,9 +145,8 @@ def server_traffic(
 
     Returns:
         One dict per S: ``servers``, ``workers``, ``gradient_bytes`` (4 * width),
-        ``server_received`` and ``server_sent`` (bytes per step of the busiest
-        server), ``worker_sent`` and ``worker_received`` (of the busiest worker),
-        and ``per_server``: (received, sent) per step of each server.
+        ``server_received``/``server_sent`` and ``worker_sent``/``worker_received``
+        (the busiest's), ``per_server`` ((received, sent) of each server).
 
     Raises:
         ValueError: W below 1, an S below 1 or above ``width``, or bad
@@ -182,6 +163,7 @@ def server_traffic(
         _check_servers(s, width)
     rows = []
     for s in servers:
+        options = {"backend": backend, "trace": True, "show": "none"}
         run = launch(
             sharded_parameter_server,
             steps,
@@ -190,9 +172,7 @@ def server_traffic(
             seed,
             s,
             world_size=s + workers,
-            backend=backend,
-            trace=True,
-            show="none",
+            **options,
         )
         counts = bytes_per_step(run.traces, steps)
         on_servers, on_workers = counts[:s], counts[s:]

@@ -1,10 +1,8 @@
 """A pipeline whose stages are ranks: GPipe and 1F1B over real sends and receives.
 
-Every rank builds the same model from a seed, keeps one stage of it, and runs the
-order :mod:`~workshop.parallel.pipeline_schedules` gives it: activations go to the
-next rank, their gradients come back. Each rank then checks its stage's gradients
-against the unsplit model run on the whole batch, and times every forward and
-backward, so a notebook can draw the measured timeline and its bubble::
+Each rank keeps one stage and runs the order
+:mod:`~workshop.parallel.pipeline_schedules` gives it, checks its gradients against
+the unsplit model and times every step, so a notebook can draw the bubble::
 
     result = workshop.launch(run_pipeline, "1f1b", micro_batches=8, world_size=4)
     events = [e for r in result.returns for e in r["events"]]
@@ -40,59 +38,36 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """One training step of a model cut into ``world_size`` stages, one per rank.
 
-    Run it inside every rank (``workshop.launch(run_pipeline, world_size=p)``):
-    each builds the same model from ``seed`` (``world_size`` blocks of
-    Linear(width, width) + Tanh, then Linear(width, 1)), keeps block ``rank`` (the
-    last rank also the final Linear) and runs ``schedule`` over ``micro_batches``
-    equal pieces of a seeded batch. Activations travel to ``rank + 1`` and their
-    gradients back to ``rank - 1`` by ``isend``/``recv`` into buffers of a shape
-    known in advance. The last rank computes the mean squared error of each
-    micro-batch divided by ``micro_batches``, so the pieces add up to the full
-    batch's loss and the accumulated gradients equal the full batch's.
-
-    Each forward and backward is timed with ``time.perf_counter()`` from just after
-    a barrier. The ranks' clocks are aligned by that barrier only: a rank that
-    leaves it later than another is off by the difference, so compare times across
-    ranks to a few milliseconds, not better. Waiting for a neighbour is outside the
-    timed work, so it shows as a gap in the timeline.
-
-    ``stage_seconds`` stands in for a bigger stage: each forward sleeps that long
-    and each backward twice that (a backward costs about two forwards). On a
-    machine with fewer cores than ranks, real compute of one rank slows the
-    others, and the bubble could not be seen; sleeping ranks share no core. The
-    matrix products still run and the gradients are still checked.
+    Every rank builds the same model from ``seed`` (``world_size`` blocks of
+    Linear(width, width) + Tanh, then Linear(width, 1)), keeps block ``rank`` and
+    runs ``schedule`` over ``micro_batches`` pieces of a seeded batch; activations
+    go to ``rank + 1`` and their gradients back by ``isend``/``recv``. Each piece's
+    loss is divided by ``micro_batches``, so the gradients add up to the full
+    batch's. Times are ``perf_counter()`` from a shared barrier: compare them across
+    ranks to a few milliseconds. ``stage_seconds`` stands in for a bigger stage
+    (each forward sleeps that long, each backward twice): on fewer cores than ranks
+    real compute would hide the bubble, and sleeping ranks share no core.
 
     Args:
         schedule: "gpipe" (all forwards, then all backwards) or "1f1b".
-        micro_batches: pieces the batch is cut into, >= 1, dividing ``batch``.
-        batch: samples in the batch, >= 1.
-        width: features of every hidden layer, >= 1.
+        micro_batches: pieces the batch is cut into, dividing ``batch``.
+        batch, width: samples in the batch; features of every hidden layer.
         seed: seeds the model, the inputs and the targets (the same on every rank).
-        stage_seconds: seconds added to each forward (twice to each backward), >= 0.
+        stage_seconds: seconds added to each forward (twice to each backward).
 
     Returns:
-        A dict of plain data:
-        ``rank``, ``world_size`` (the number of stages), ``schedule`` (lower
-        case), ``micro_batches``;
-        ``order``: this rank's [phase, micro-batch] pairs in the order run;
-        ``events``: one dict per forward and backward with ``device`` (this rank),
-        ``phase`` ("forward"/"backward"), ``micro_batch``, ``start`` and ``end``
-        (seconds since the barrier), for ``draw_timeline``;
-        ``peak_stored``: the most micro-batches' activations this rank held at once,
-        counted while running (GPipe: ``micro_batches``; 1F1B: at most
-        ``world_size - rank``);
-        ``loss``: the batch's loss, summed over micro-batches (last rank; None on
-        the others); ``reference_loss``: the unsplit model's loss;
-        ``max_abs_grad_diff``: the largest difference between this stage's
-        gradients and the same parameters' gradients in the unsplit model run on
-        the whole batch in this process; ``max_abs_grad``: the largest of those
-        reference gradients; ``tolerance``: what the difference must stay under
-        (``RELATIVE_TOLERANCE`` x max(1, max_abs_grad)).
+        A dict of plain data: ``rank``, ``world_size``, ``schedule``,
+        ``micro_batches``; ``order`` (this rank's [phase, micro-batch] pairs as run);
+        ``events`` (``device``, ``phase``, ``micro_batch``, ``start``, ``end`` per
+        forward and backward, for ``draw_timeline``); ``peak_stored`` (the most
+        micro-batches' activations held at once); ``loss`` (last rank; else None)
+        and ``reference_loss`` (the unsplit model's); ``max_abs_grad_diff`` (this
+        stage's gradients against the unsplit model's), ``max_abs_grad`` and
+        ``tolerance`` (``RELATIVE_TOLERANCE`` x max(1, max_abs_grad)).
 
     Raises:
         ValueError: an unknown schedule, a count below 1, ``batch`` not divisible
-            by ``micro_batches``, a negative ``stage_seconds`` or a world of one
-            rank.
+            by ``micro_batches``, a negative ``stage_seconds`` or one rank alone.
         RuntimeError: called outside a rank (no process group).
 
     Example:
@@ -270,12 +245,8 @@ def _check_settings(
 
 
 def _warm_up_autograd() -> None:
-    """Run one tiny backward given an explicit gradient, before the clock starts.
-
-    The first such backward in a process imports torch's symbolic-shapes module
-    (and sympy): 0.4 s, measured with torch 2.15 on a 2-core machine. Timed, it
-    would make the first backward of every rank but the last look 0.4 s long.
-    """
+    """One tiny backward given a gradient, before the clock: the first imports
+    sympy (0.4 s on a 2-core machine) and would look like a slow stage."""
     import torch
 
     x = torch.ones(1, requires_grad=True)

@@ -1,7 +1,5 @@
-"""The orders in which one pipeline stage runs its work, and what they cost, without
-torch: GPipe (every forward, then every backward) and 1F1B (one forward, one
-backward), how many activations each keeps at once, and the idle share of a
-measured timeline.
+"""The orders in which one pipeline stage runs its work (GPipe, 1F1B), how many
+activations each keeps at once, and the idle share of a measured timeline; no torch.
 
 With ``p`` stages and ``m`` micro-batches both schedules leave the same bubble,
 (p-1)/(m+p-1) of the time idle, but GPipe holds all ``m`` micro-batches'
@@ -40,10 +38,8 @@ def _check_place(stage: int, stages: int, micro_batches: int) -> None:
 
 
 def gpipe_order(stage: int, stages: int, micro_batches: int) -> list[Work]:
-    """The work of one stage under GPipe: every forward, then every backward.
-
-    Every stage runs the same order; what differs is when its inputs arrive. All
-    ``micro_batches`` activations are held when the first backward starts.
+    """The work of one stage under GPipe: every forward, then every backward (so
+    all ``micro_batches`` activations are held when the first backward starts).
 
     Args:
         stage: this stage, 0 (the first) to ``stages - 1``.
@@ -68,22 +64,15 @@ def gpipe_order(stage: int, stages: int, micro_batches: int) -> list[Work]:
 
 
 def one_f_one_b_order(stage: int, stages: int, micro_batches: int) -> list[Work]:
-    """The work of one stage under 1F1B (one forward, one backward).
-
-    Warm-up: ``stages - 1 - stage`` forwards (fewer if there are fewer
-    micro-batches), enough to fill the stages after this one. Steady state: one
-    forward, then the backward of the oldest micro-batch still held. Cool-down:
-    the backwards left. The last stage has no warm-up: it runs each micro-batch's
-    backward right after its forward.
+    """The work of one stage under 1F1B: ``stages - 1 - stage`` forwards to fill
+    the stages after this one, then one forward and the oldest held backward in
+    turn, then the backwards left.
 
     Args:
-        stage: this stage, 0 (the first) to ``stages - 1``.
-        stages: stages in the pipeline, >= 1.
-        micro_batches: pieces of the batch, >= 1.
+        stage, stages, micro_batches: as for :func:`gpipe_order`.
 
     Returns:
-        A list of ("forward" | "backward", micro-batch), each micro-batch's forward
-        before its backward.
+        ("forward" | "backward", micro-batch) pairs.
 
     Raises:
         ValueError: a count below 1 or a stage outside 0 .. stages-1.
@@ -126,14 +115,11 @@ def schedule_order(
 
 
 def peak_stored(order: Sequence[Work]) -> int:
-    """The most activations a stage holds at once when it runs ``order``.
-
-    A forward stores its micro-batch's activations (what its backward needs) and
-    the backward frees them.
+    """The most activations a stage holds at once when it runs ``order`` (a forward
+    stores its micro-batch's activations, the backward frees them).
 
     Args:
-        order: ("forward" | "backward", micro-batch) pairs, as the functions above
-            give.
+        order: ("forward" | "backward", micro-batch) pairs.
 
     Returns:
         The peak count: ``m`` for GPipe, ``min(m, stages - stage)`` for 1F1B.
@@ -171,17 +157,13 @@ def peak_stored(order: Sequence[Work]) -> int:
 
 
 def idle_fraction(events_by_rank: Sequence[Sequence[Any]]) -> dict[str, Any]:
-    """The measured idle share of each rank and of the whole pipeline.
-
-    The span runs from the earliest start to the latest end over all ranks, so a
-    rank that starts late or ends early counts as idle meanwhile, as the bubble
-    does. Each rank's busy time is the sum of its events' lengths (a rank runs one
-    piece of work at a time).
+    """The measured idle share of each rank and of the whole pipeline, over the span
+    from the earliest start to the latest end on any rank (so a rank that starts
+    late counts as idle meanwhile, as the bubble does).
 
     Args:
-        events_by_rank: for each rank, its events (dicts or objects with ``start``
-            and ``end`` in seconds on a common clock), e.g. ``[r["events"] for r in
-            result.returns]``.
+        events_by_rank: each rank's events (dicts or objects with ``start`` and
+            ``end`` in seconds on a common clock).
 
     Returns:
         ``{"per_rank": [1 - busy / span for each rank], "overall": the mean of

@@ -10,22 +10,13 @@ Run in every rank, for example from a notebook cell::
     result = launch(measure_zero_memory, 3, world_size=4, backend="gloo")
     result.returns[0]["measured"]["total"], result.returns[0]["formula"]["total"]
 
-The hand-written stages, for N ranks and Ψ parameters padded to N shards of S values:
-every rank builds the same MLP from the seed and copies its parameters into one flat
-vector; the module itself moves to the "meta" device (shapes, no memory) and runs on
-views of that vector through ``torch.func.functional_call``. Then, each step:
-
-- DDP: full parameters, full gradients all-reduced, Adam on everything;
-- stage 1: gradients reduce-scattered, Adam (and its state) on this rank's shard
-  only, the updated shards all-gathered back into the full vector;
-- stage 2: the same, but only this rank's shard of the gradient is kept;
-- stage 3: only this rank's shard of the parameters is kept; the full vector is
-  all-gathered for the forward and backward pass and freed straight after.
-
-Two simplifications change the peak, not what a rank keeps between steps (which is
-what is measured here): the whole gradient exists before it is reduce-scattered
-(DeepSpeed reduces bucket by bucket during the backward pass), and stage 3 gathers
-the whole model at once (DeepSpeed and FSDP gather one layer at a time).
+Every rank copies the same MLP's parameters into one flat vector and runs the module
+on views of it (``torch.func.functional_call``). Stage 1 shards Adam's state (the
+gradient is reduce-scattered, the updated shards all-gathered), stage 2 also keeps
+only this rank's shard of the gradient, stage 3 only its shard of the parameters,
+all-gathered for each pass. Two simplifications change the peak, not what a rank
+keeps between steps: the whole gradient exists before its reduce-scatter, and stage
+3 gathers the whole model at once (DeepSpeed and FSDP go bucket by bucket).
 """
 
 from __future__ import annotations
@@ -42,6 +33,8 @@ from ..planner.memory import STAGE_NAMES, stage_number, zero_bytes
 from ..training.models import held_bytes
 from .zero_memory import (
     LR,
+    adam_state,
+    adam_steps,
     build_mlp,
     check_mlp_run,
     checksum,
@@ -53,14 +46,11 @@ from .zero_memory import (
 
 __all__ = ["check_sharded", "measure_zero_memory"]
 
-# A sharded run against DDP: the same arithmetic, but the gradients are summed in
-# another order (a reduce-scatter against DDP's bucketed all-reduce), so float32
-# rounds them differently, by about 1e-7. Measured on 2 to 4 ranks: final weights
-# apart by up to 6e-7, losses (about 1.0) by up to 1.2e-7. Adam divides by the root
-# of the squared gradient, which can grow such a rounding for a gradient near 0, so
-# the tolerance is a hundredth of one Adam step (lr = 1e-3). A real mistake is far
-# above it: gradients not summed over the ranks move the weights by 6e-3 and the
-# losses by 1e-3 in three steps.
+# A sharded run sums the gradients in another order than DDP, so float32 rounds
+# them differently: measured on 2 to 4 ranks, weights apart by up to 6e-7, losses
+# by 1.2e-7. Adam can grow such a rounding for a gradient near 0, so the tolerance
+# is a hundredth of one Adam step (lr = 1e-3); a real mistake (gradients not summed
+# over the ranks) moves the weights by 6e-3 in three steps.
 STEP_TOLERANCE = 1e-5
 
 
@@ -70,12 +60,9 @@ def _reduce_scatter_runs(device: torch.device) -> bool:
 
 
 class _ZeroRank:
-    """What one rank keeps between steps under a stage, and the step that uses it.
-
-    ``params`` is the full flat vector (DDP, stages 1 and 2) or this rank's shard
-    (stage 3); ``update`` is what Adam updates: all of ``params`` for DDP, else this
-    rank's shard of them (a view, so Adam writes straight into ``params``).
-    """
+    """What one rank keeps between steps under a stage, and the step that uses it:
+    ``params`` is the full flat vector (this rank's shard at stage 3), ``update``
+    what Adam updates (a view into ``params``: this rank's shard, or all for DDP)."""
 
     def __init__(self, stage: int, module: nn.Module, device: torch.device, rs: bool):
         self.stage, self.reduce_scatter = stage, rs
@@ -170,12 +157,6 @@ class _ZeroRank:
 
     def held(self) -> dict[str, int]:
         """Bytes this rank keeps between steps, by walking its tensors."""
-        state = [
-            t
-            for s in self.optimizer.state.values()
-            for t in s.values()
-            if torch.is_tensor(t)
-        ]
         return held_bytes(
             {
                 "params": [
@@ -184,7 +165,7 @@ class _ZeroRank:
                     *self.module.buffers(),
                 ],
                 "grads": [self.grads, self.update.grad],
-                "optimizer": state,
+                "optimizer": adam_state(self.optimizer),
             }
         )
 
@@ -215,12 +196,9 @@ def measure_zero_memory(
     return_parameters: bool = False,
 ) -> dict[str, Any]:
     """Train an MLP with Adam under DDP or ZeRO ``stage``, and measure what this rank
-    keeps. Run in every rank (see the module's docstring).
-
-    Memory is measured after the last step by walking the tensors the rank keeps
-    (parameters, gradients, Adam's two moments and step count), each storage counted
-    once (:func:`~workshop.parallel.zero_memory.held_bytes`), beside the fp32 formula
-    (:func:`~workshop.parallel.zero_memory.zero_bytes`).
+    keeps after the last step (each storage once,
+    :func:`~workshop.parallel.zero_memory.held_bytes`), beside the fp32 formula
+    (:func:`~workshop.parallel.zero_memory.zero_bytes`). Run in every rank.
 
     Args:
         stage: "ddp" (or 0), 1, 2 or 3.
@@ -231,15 +209,11 @@ def measure_zero_memory(
         return_parameters: also return the final parameters (a CPU tensor of Ψ).
 
     Returns:
-        ``{"stage": 0-3, "name": "DDP" | "ZeRO-1" | ..., "rank", "world_size",
-        "device", "parameters": Ψ, "shard": values per rank's shard (Ψ for DDP),
-        "measured": {"params", "grads", "optimizer", "total"} in bytes,
-        "formula": the same keys from zero_bytes, "transient": {"full_params",
-        "full_grads"}: the largest full-size buffer of each that lived only within
-        a step (0 where none did), "cuda": None on the CPU, else {"held", "peak"}
-        bytes added on the GPU (torch.cuda), "gradient_reduce": the collective
-        used, "loss": this rank's last loss, "losses": its loss at every step,
-        "checksum": {"sum", "norm"} of the final full parameters}``, and
+        ``{"stage", "name", "rank", "world_size", "device", "parameters": Ψ,
+        "shard", "measured": {"params", "grads", "optimizer", "total"} in bytes,
+        "formula": the same from zero_bytes, "transient": the largest full-size
+        buffers within a step, "cuda": None, or {"held", "peak"} on a GPU,
+        "gradient_reduce", "loss", "losses", "checksum": {"sum", "norm"}}``, and
         "final_parameters" when asked for.
 
     Raises:
@@ -248,7 +222,7 @@ def measure_zero_memory(
 
     Example:
         >>> r = launch(measure_zero_memory, 3, world_size=2)       # doctest: +SKIP
-        >>> r.returns[0]["measured"]["total"]   # about 16 Ψ / 2
+        >>> r.returns[0]["measured"]["total"]  # about 16 Ψ / 2   # doctest: +SKIP
     """
     number = stage_number(stage)
     check_mlp_run("measure_zero_memory", width, depth, steps, seed)
@@ -288,13 +262,9 @@ def measure_zero_memory(
 def check_sharded(
     stage: int | str, steps: int = 3, seed: int = 0, *, width: int = 256, depth: int = 4
 ) -> dict[str, Any]:
-    """A sharded run against the unsplit model: PyTorch's DistributedDataParallel,
-    a whole copy of the model on every rank, with full Adam, from the same seed and
-    data. Run in every rank.
-
-    The sharded run is :func:`measure_zero_memory` (stages 0-3, written by hand) or
-    :func:`~workshop.parallel.zero_memory.measure_fsdp_memory` ("fsdp2"), so the
-    bytes it keeps come from the same run whose losses and weights are compared.
+    """A sharded run (:func:`measure_zero_memory`, or
+    :func:`~workshop.parallel.zero_memory.measure_fsdp_memory` for "fsdp2") against
+    PyTorch's DistributedDataParallel from the same seed and data. Run in every rank.
 
     Args:
         stage: "ddp" (or 0), 1, 2 or 3, written by hand, or "fsdp2" for PyTorch's
@@ -304,15 +274,11 @@ def check_sharded(
         width, depth: the MLP's size, as in :func:`measure_zero_memory`.
 
     Returns:
-        ``{"name": "ZeRO-1" | ... | "FSDP2", "available": False only where this
-        torch cannot run FSDP2 (then only "why", the reason, "steps", "world_size"
-        and "tolerance" follow), "why": "", "steps", "world_size", "parameters": Ψ,
-        "kept": bytes this rank keeps between steps (measured), "unsplit": 16 Ψ,
-        what DDP keeps by the formula,
-        "loss_diff": the largest difference of a step's loss, "max_abs_diff": of a
-        final parameter, both over all ranks and steps, "tolerance": STEP_TOLERANCE,
-        "losses_equal", "weights_equal", "equal": both within the tolerance,
-        "gradient_reduce": the collective the hand-written stages used}``.
+        ``{"name", "available" (False only where FSDP2 cannot run: then just
+        "why", "steps", "world_size", "tolerance"), "why", "steps", "world_size",
+        "parameters": Ψ, "kept": bytes kept between steps, "unsplit": 16 Ψ,
+        "loss_diff", "max_abs_diff" (over all ranks and steps), "tolerance",
+        "losses_equal", "weights_equal", "equal", "gradient_reduce"}``.
 
     Raises:
         ValueError: an unknown stage, or a size below 1.
@@ -320,7 +286,8 @@ def check_sharded(
 
     Example:
         >>> r = launch(check_sharded, 2, world_size=2)              # doctest: +SKIP
-        >>> r.returns[0]["equal"], r.returns[0]["kept"] < r.returns[0]["unsplit"]
+        >>> rank0 = r.returns[0]                                    # doctest: +SKIP
+        >>> rank0["equal"], rank0["kept"] < rank0["unsplit"]        # doctest: +SKIP
         (True, True)
     """
     fsdp = isinstance(stage, str) and stage.strip().lower() in ("fsdp", "fsdp2")
@@ -387,14 +354,6 @@ def _unsplit_run(
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None
     )
-    optimizer = torch.optim.Adam(ddp.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        x, y = rank_batch(seed, step, width, device)
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses, optimizer = adam_steps(ddp, steps, seed, width, device)
     del ddp, optimizer
     return losses, torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()

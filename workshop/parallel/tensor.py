@@ -1,20 +1,13 @@
 """Tensor parallelism on real ranks, Megatron-style: each weight cut across ranks.
 
-Data parallelism copies the whole model to every rank; tensor parallelism cuts each
-weight matrix into ``world_size`` slices, so every rank holds and multiplies 1/N of
-it. Two cuts of ``y = x @ W.T + b`` (``W``: ``nn.Linear.weight``, ``(out, in)``):
-
-* column split (:class:`ColumnParallelLinear`): rank r holds some output features
-  (rows of ``W``, columns of ``W.T``) and computes them from the whole input.
-* row split (:class:`RowParallelLinear`): rank r holds some input features (columns
-  of ``W``), multiplies its slice of the input; an all-reduce sums the parts.
-
-An MLP (:class:`TensorParallelMLP`) puts the two together: fc1 cut by columns, the
-activation on each rank's slice (no communication: GELU acts on each number alone),
-fc2 cut by rows. One all-reduce forward, one backward, whatever N is. The talking is
-three small autograd functions on the default group: :func:`copy_to_ranks`,
-:func:`reduce_from_ranks` and :func:`gather_from_ranks`. The checks against the
-unsplit layer and the bytes moved are in :mod:`workshop.parallel.tensor_check`.
+Each rank holds and multiplies 1/N of every weight. ``y = x @ W.T + b`` is cut by
+output features (:class:`ColumnParallelLinear`: rows of ``W``, from the whole input)
+or by input features (:class:`RowParallelLinear`: columns of ``W``; an all-reduce
+sums the parts). :class:`TensorParallelMLP` chains the two, with the activation on
+each rank's slice: one all-reduce forward, one backward, whatever N is. The talking
+is three small autograd functions (:func:`copy_to_ranks`, :func:`reduce_from_ranks`,
+:func:`gather_from_ranks`); :mod:`workshop.parallel.tensor_check` checks the cut
+against the unsplit layer.
 """
 
 from __future__ import annotations
@@ -57,11 +50,8 @@ def _group() -> tuple[int, int]:
 
 
 class CopyToRanks(torch.autograd.Function):
-    """Identity forward; all-reduce (sum) of the gradient backward.
-
-    Put before a column-split layer: every rank uses the same input, and each
-    rank's slice of the layer gives only its part of the input's gradient.
-    """
+    """Identity forward; all-reduce (sum) of the gradient backward: before a
+    column-split layer, each rank's slice gives only its part of the input's grad."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -77,11 +67,8 @@ class CopyToRanks(torch.autograd.Function):
 
 
 class ReduceFromRanks(torch.autograd.Function):
-    """All-reduce (sum) forward; identity backward.
-
-    Put after a row-split layer: the sum of the ranks' partial products is the
-    output, and that sum's gradient reaches each partial product unchanged.
-    """
+    """All-reduce (sum) forward; identity backward: after a row-split layer, the
+    sum's gradient reaches each rank's partial product unchanged."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -96,11 +83,8 @@ class ReduceFromRanks(torch.autograd.Function):
 
 
 class GatherFromRanks(torch.autograd.Function):
-    """All-gather along the last dimension forward; this rank's slice backward.
-
-    Every rank ends with the same whole tensor and the same loss, so the gradient of
-    rank r's slice is the slice r of the whole gradient, already on every rank.
-    """
+    """All-gather along the last dimension forward; this rank's slice backward
+    (every rank holds the same whole gradient, so slice r of it is rank r's)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -119,10 +103,8 @@ class GatherFromRanks(torch.autograd.Function):
 
 
 def copy_to_ranks(x: torch.Tensor) -> torch.Tensor:
-    """``x`` unchanged forward; backward, its gradient summed over the ranks.
-
-    The backward all-reduce runs only when ``x`` requires a gradient (as every
-    hidden state inside a network does).
+    """``x`` unchanged forward; backward, its gradient summed over the ranks (only
+    when ``x`` requires a gradient, as every hidden state in a network does).
 
     Raises:
         RuntimeError: no process group is initialised (not inside ranks).
@@ -218,7 +200,31 @@ def _slice_of(tensor: torch.Tensor, dim: int, start: int, stop: int, device: Any
 # --- the layers ----------------------------------------------------------------------
 
 
-class ColumnParallelLinear(nn.Module):
+class _ParallelLinear(nn.Module):
+    """What both cuts share: the checks, this rank's place, a copy of its slice."""
+
+    def _cut(self, full: nn.Linear, rank: int, world_size: int, dim: int, device: Any):
+        who = type(self).__name__
+        _check_linear(full, who, "full")
+        _check_place(rank, world_size, who)
+        what = ("out_features", "in_features")[dim]
+        k = per_rank(getattr(full, what), world_size, who, what, "layer")
+        self.rank, self.world_size = rank, world_size
+        self.in_features, self.out_features = full.in_features, full.out_features
+        span = (rank * k, (rank + 1) * k)
+        device = full.weight.device if device is None else device
+        self.weight = _slice_of(full.weight, dim, *span, device)
+        # A row cut's bias is whole on every rank, added once after the sum.
+        cut = (0, full.out_features) if dim else span
+        bias = None if full.bias is None else _slice_of(full.bias, 0, *cut, device)
+        self.register_parameter("bias", bias)
+        return span
+
+    def _where(self, name: str, span: tuple[int, int], of: int) -> str:
+        return f"{name}={span} of {of}, rank={self.rank} of {self.world_size}"
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """This rank's slice of an ``nn.Linear`` cut by output features (Megatron's
     column-parallel linear).
 
@@ -259,32 +265,18 @@ class ColumnParallelLinear(nn.Module):
         device: Any = None,
     ):
         super().__init__()
-        who = "ColumnParallelLinear"
-        _check_linear(full, who, "full")
-        _check_place(rank, world_size, who)
-        k = per_rank(full.out_features, world_size, who, "out_features", "layer")
-        self.rank, self.world_size, self.gather_output = rank, world_size, gather_output
-        self.in_features, self.out_features = full.in_features, full.out_features
-        self.rows = (rank * k, (rank + 1) * k)
-        device = full.weight.device if device is None else device
-        self.weight = _slice_of(full.weight, 0, *self.rows, device)
-        bias = (
-            full.bias
-            if full.bias is None
-            else _slice_of(full.bias, 0, *self.rows, device)
-        )
-        self.register_parameter("bias", bias)
+        self.rows = self._cut(full, rank, world_size, 0, device)
+        self.gather_output = gather_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mine = F.linear(copy_to_ranks(x), self.weight, self.bias)
         return gather_from_ranks(mine) if self.gather_output else mine
 
     def extra_repr(self) -> str:
-        where = f"rank={self.rank} of {self.world_size}"
-        return f"rows={self.rows} of {self.out_features}, {where}"
+        return self._where("rows", self.rows, self.out_features)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """This rank's slice of an ``nn.Linear`` cut by input features (Megatron's
     row-parallel linear).
 
@@ -318,53 +310,35 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, full: nn.Linear, rank: int, world_size: int, device: Any = None):
         super().__init__()
-        who = "RowParallelLinear"
-        _check_linear(full, who, "full")
-        _check_place(rank, world_size, who)
-        k = per_rank(full.in_features, world_size, who, "in_features", "layer")
-        self.rank, self.world_size = rank, world_size
-        self.in_features, self.out_features = full.in_features, full.out_features
-        self.columns = (rank * k, (rank + 1) * k)
-        device = full.weight.device if device is None else device
-        self.weight = _slice_of(full.weight, 1, *self.columns, device)
-        bias = full.bias
-        if bias is not None:  # whole on every rank, added once after the sum
-            bias = _slice_of(bias, 0, 0, full.out_features, device)
-        self.register_parameter("bias", bias)
+        self.columns = self._cut(full, rank, world_size, 1, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        k = self.columns[1] - self.columns[0]
-        if x.shape[-1] != k:
-            start, stop = self.columns
+        start, stop = self.columns
+        if x.shape[-1] != stop - start:
             raise ValueError(
-                f"RowParallelLinear on rank {self.rank} takes its slice of {k} input "
-                f"features, but the input's last dimension is {x.shape[-1]}; pass "
-                f"x[..., {start}:{stop}] of the whole input, or the output of a "
-                "ColumnParallelLinear(..., gather_output=False)"
+                f"RowParallelLinear on rank {self.rank} takes its slice of "
+                f"{stop - start} input features, but the input's last dimension is "
+                f"{x.shape[-1]}; pass x[..., {start}:{stop}] of the whole input, or "
+                "the output of a ColumnParallelLinear(..., gather_output=False)"
             )
         total = reduce_from_ranks(F.linear(x, self.weight))
         return total if self.bias is None else total + self.bias
 
     def extra_repr(self) -> str:
-        where = f"rank={self.rank} of {self.world_size}"
-        return f"columns={self.columns} of {self.in_features}, {where}"
+        return self._where("columns", self.columns, self.in_features)
 
 
 class TensorParallelMLP(nn.Module):
-    """An MLP block ``fc2(activation(fc1(x)))`` cut across ranks: fc1 by columns
-    (no gather), the activation on this rank's hidden slice, fc2 by rows.
-
-    Forward has one all-reduce (of fc2's partial outputs, ``batch x d_model``) and
-    backward one (of the input's gradient, in :func:`copy_to_ranks`), whatever
-    ``world_size`` is; the hidden activations never leave their rank.
+    """An MLP block ``fc2(activation(fc1(x)))`` cut across ranks: fc1 by columns,
+    the activation on this rank's hidden slice, fc2 by rows. One all-reduce forward,
+    one backward; the hidden activations never leave their rank.
 
     Args:
         fc1: the unsplit first layer, ``d_model -> d_hidden``.
         fc2: the unsplit second layer, ``d_hidden -> d_model``.
         rank, world_size: this rank, and the number of ranks.
-        activation: "gelu" (the default, as in GPT's MLP; exact erf form) or "relu".
-            Either acts on each number alone, which is why the cut may pass through
-            it without communication.
+        activation: "gelu" (as in GPT's MLP) or "relu": each acts on each number
+            alone, so the cut passes through it without communication.
         device: where the slices live; default fc1's device.
 
     Raises:

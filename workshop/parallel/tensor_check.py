@@ -1,13 +1,11 @@
 """Tensor parallelism checked against the unsplit computation, inside real ranks.
 
-Each function here runs in every rank (``workshop.launch(fn, world_size=N)``): it
-builds the same whole layers and input on every rank from ``seed``, runs the unsplit
-computation locally and the split one across the ranks
-(:mod:`workshop.parallel.tensor`), takes the same loss backward through both, and
-returns plain data (numbers and lists): how far apart the two are, and what slice
-this rank holds. :func:`tensor_parallel_bytes` (plain arithmetic, anywhere) gives
-what tensor and data parallelism each send per step. Under ``launch(...,
-trace=True)`` the trace shows the collectives the split made::
+Each check runs in every rank: it builds the same layers and input from ``seed``,
+runs the unsplit computation locally and the split one across the ranks, and
+returns plain data: how far apart the two are, and what slice this rank holds.
+:func:`tensor_parallel_bytes` is plain arithmetic: what tensor and data parallelism
+each send per step. Under ``launch(..., trace=True)`` the trace shows the
+collectives the split made::
 
     from workshop import launch
     from workshop.parallel.tensor_check import check_tensor_parallel
@@ -55,8 +53,7 @@ def _check_sizes(who: str, **sizes: int) -> None:
 
 
 def _linear(d_in: int, d_out: int, g: torch.Generator, bias: bool = True):
-    """An ``nn.Linear`` with nn.Linear's own initial range, drawn from ``g`` so that
-    every rank builds the very same layer."""
+    """nn.Linear's own initial range, drawn from ``g``: every rank builds the same."""
     layer = nn.Linear(d_in, d_out, bias=bias)
     bound = 1 / math.sqrt(d_in)
     with torch.no_grad():
@@ -97,14 +94,7 @@ def check_parallel_linear(
     seed: int = 0,
 ) -> dict[str, Any]:
     """In every rank: one ``nn.Linear(d_in, d_out)`` cut across the ranks, against
-    the whole layer, forward and backward.
-
-    Column split: each rank computes ``d_out / N`` output features; with
-    ``gather_output`` the whole output is compared, else this rank's slice of it.
-    Row split: each rank takes its slice of the input (``d_in / N`` features) and
-    the partial products are summed (all-reduce). The loss is
-    ``0.5 * sum((y - target)**2)`` over the whole output (its ranks' parts, when the
-    output stays in slices).
+    the whole layer, forward and backward through ``0.5 * sum((y - target)**2)``.
 
     Args:
         split: "column" or "row".
@@ -115,11 +105,8 @@ def check_parallel_linear(
     Returns:
         A dict: ``split``, ``gather_output``, ``rank``, ``world_size``,
         ``max_abs_diff`` (``output``, ``input_grad``, ``weight.grad``,
-        ``bias.grad``: split against the unsplit values of the same slice),
-        ``tolerance``, ``ok`` (every difference within it), ``slice`` ([start,
-        stop) of the rows (column split) or columns (row split) of the whole
-        weight this rank holds) and ``shapes`` (``weight``, ``bias``, ``input``,
-        ``output`` on this rank, as lists).
+        ``bias.grad`` against the unsplit slice), ``tolerance``, ``ok``, ``slice``
+        ([start, stop) of the weight's rows or columns held) and ``shapes``.
 
     Raises:
         ValueError: an unknown split, a size below 1, or a size the ranks cannot
@@ -142,39 +129,35 @@ def check_parallel_linear(
     full = _linear(d_in, d_out, g).to(device)
     x = torch.randn(batch, d_in, generator=g).to(device)
     target = torch.randn(batch, d_out, generator=g).to(device)
-    if split == "column":
+    column = split == "column"
+    if column:
         layer = ColumnParallelLinear(full, rank, world_size, gather_output, device)
         start, stop = layer.rows
-        x_split = x.clone().requires_grad_()
     else:
         layer = RowParallelLinear(full, rank, world_size, device)
         start, stop = layer.columns
-        x_split = x[:, start:stop].clone().requires_grad_()
+    # A column split cuts the weight's rows (outputs), a row split its columns
+    # (inputs); the uncut side of each is whole.
+    rows = slice(start, stop) if column else slice(None)
+    cols = slice(None) if column else slice(start, stop)
+    x_split = x[:, cols].clone().requires_grad_()
     # The unsplit layer, on this rank alone.
     x_whole = x.clone().requires_grad_()
     y_whole = full(x_whole)
     _loss(y_whole, target).backward()
     # The split layer, across the ranks.
     y_split = layer(x_split)
-    sliced = split == "column" and not gather_output
-    _loss(y_split, target[:, start:stop] if sliced else target).backward()
-    if split == "column":
-        pairs = {
-            "output": (y_split, y_whole[:, start:stop] if sliced else y_whole),
-            "input_grad": (x_split.grad, x_whole.grad),
-            "weight.grad": (layer.weight.grad, full.weight.grad[start:stop]),
-            "bias.grad": (layer.bias.grad, full.bias.grad[start:stop]),
-        }
-    else:
-        pairs = {
-            "output": (y_split, y_whole),
-            "input_grad": (x_split.grad, x_whole.grad[:, start:stop]),
-            "weight.grad": (layer.weight.grad, full.weight.grad[:, start:stop]),
-            "bias.grad": (layer.bias.grad, full.bias.grad),
-        }
+    sliced = column and not gather_output
+    _loss(y_split, target[:, rows] if sliced else target).backward()
+    pairs = {
+        "output": (y_split, y_whole[:, rows] if sliced else y_whole),
+        "input_grad": (x_split.grad, x_whole.grad[:, cols]),
+        "weight.grad": (layer.weight.grad, full.weight.grad[rows, cols]),
+        "bias.grad": (layer.bias.grad, full.bias.grad[rows]),
+    }
     return {
         "split": split,
-        "gather_output": gather_output if split == "column" else None,
+        "gather_output": gather_output if column else None,
         "rank": rank,
         "world_size": world_size,
         **_compare(pairs),
@@ -197,11 +180,7 @@ def check_tensor_parallel(
 ) -> dict[str, Any]:
     """In every rank: an MLP block ``fc2(gelu(fc1(x)))`` cut across the ranks
     (:class:`~workshop.parallel.tensor.TensorParallelMLP`), against the whole block,
-    forward and backward through the same loss.
-
-    The split block makes exactly two collective calls, both all-reduces of
-    ``batch x d_model`` numbers: fc2's partial outputs forward, the input's gradient
-    backward; nothing else here communicates, so a trace holds just those two.
+    forward and backward; a trace holds just its two all-reduces.
 
     Args:
         batch: rows of the input.
@@ -211,14 +190,11 @@ def check_tensor_parallel(
         activation: "gelu" or "relu".
 
     Returns:
-        A dict: ``rank``, ``world_size``, ``activation``, ``max_abs_diff``
-        (``output``, ``input_grad``, ``fc1.weight.grad``, ``fc1.bias.grad``,
-        ``fc2.weight.grad``, ``fc2.bias.grad``: each slice's gradient against the
-        same slice of the unsplit gradient), ``tolerance``, ``ok``, ``loss`` and
-        ``loss_unsplit`` (floats), ``hidden_slice`` ([start, stop) of the hidden
-        features this rank holds: rows of fc1.weight, columns of fc2.weight), and
-        ``shapes`` of what this rank holds (``fc1.weight``, ``fc1.bias``,
-        ``fc2.weight``, ``fc2.bias``, as lists) beside ``full_shapes``.
+        A dict: ``rank``, ``world_size``, ``activation``, ``max_abs_diff`` (of
+        ``output``, ``input_grad`` and each slice's gradient against the unsplit
+        one's), ``tolerance``, ``ok``, ``loss``, ``loss_unsplit``, ``hidden_slice``
+        ([start, stop) of the hidden features held), and ``shapes`` of what this
+        rank holds beside ``full_shapes``.
 
     Raises:
         ValueError: a size below 1, ``d_hidden`` not divisible by the world size, or
@@ -281,9 +257,8 @@ def check_tensor_parallel(
 def column_parallel_demo(
     d_in: int = 4, d_out: int = 4, seed: int = 0
 ) -> dict[str, Any]:
-    """In every rank: a small layer without bias cut by columns, with whole numbers
-    to read off a picture: this rank's weight slice and output slice, and the output
-    gathered from every rank (equal to the whole layer's).
+    """In every rank: a small layer without bias cut by columns, in whole numbers to
+    read off a picture: this rank's slices, and the output gathered from every rank.
 
     Args:
         d_in: input features.
@@ -341,13 +316,10 @@ def tensor_parallel_bytes(
     """Bytes each rank sends per training step for one MLP block
     (``d_model -> d_hidden -> d_model``, with biases), tensor against data parallel.
 
-    Tensor parallel: two all-reduces of the activations (``batch x d_model``
-    numbers), one forward, one backward; a ring all-reduce of S bytes sends
-    ``2(N-1)/N x S`` from each rank. Data parallel: one ring all-reduce of every
-    gradient (``2 d_model d_hidden + d_hidden + d_model`` numbers) per step, however
-    large the batch. So tensor parallelism moves less while ``2 x batch x d_model``
-    is below the parameter count, about while ``batch < d_hidden``; here ``batch``
-    counts every sample (or token) that passes through the block in one step.
+    Tensor parallel: two ring all-reduces of the activations (``batch x d_model``);
+    data parallel: one of every gradient, however large the batch. So tensor
+    parallelism moves less about while ``batch < d_hidden`` (``batch``: every sample
+    or token through the block in one step).
 
     Args:
         d_model: the block's input and output features.
@@ -357,13 +329,11 @@ def tensor_parallel_bytes(
         dtype_bytes: bytes per number (4 for float32, 2 for bfloat16).
 
     Returns:
-        A dict: ``parameters`` (the block's), ``parameters_per_rank`` (under tensor
-        parallelism; data parallelism holds them all), ``activation_bytes`` (S of
-        one tensor-parallel all-reduce), ``ring_factor`` (2(N-1)/N),
+        A dict: ``parameters``, ``parameters_per_rank`` (tensor parallel),
+        ``activation_bytes`` (one all-reduce's), ``ring_factor`` (2(N-1)/N),
         ``tensor_parallel`` and ``data_parallel`` (bytes sent per rank per step),
-        ``tensor_parallel_all_reduces`` (2) and ``data_parallel_all_reduces`` (1),
-        ``break_even_batch`` (the batch at which both send the same) and
-        ``less`` ("tensor", "data" or "equal").
+        ``tensor_parallel_all_reduces``, ``data_parallel_all_reduces``,
+        ``break_even_batch`` and ``less`` ("tensor", "data" or "equal").
 
     Raises:
         ValueError: a size below 1, or ``d_hidden`` not divisible by ``world_size``.

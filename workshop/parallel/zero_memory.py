@@ -10,12 +10,9 @@ between steps, the parameters, their gradients and the optimizer's state, into
     2         full        1/N        1/N               4 Ψ + 12 Ψ / N
     3         1/N         1/N        1/N               16 Ψ / N
 
-:func:`zero_bytes` is that table; :func:`held_bytes` counts what a rank really holds by
-walking its tensors, so a lesson can put the two side by side; both are pure (no
-process group). :func:`measure_fsdp_memory` measures the same bytes on the ranks for
-PyTorch's own ZeRO-3, FSDP2's ``fully_shard``, and the helpers below it (the model,
-the data, the CUDA counters) are the ones the hand-written stages of
-:mod:`workshop.parallel.sharded` use, so that both train the same thing.
+:func:`zero_bytes` is that table and :func:`held_bytes` counts what a rank really
+holds. :func:`measure_fsdp_memory` measures PyTorch's own ZeRO-3 (FSDP2) with the
+model and data the hand-written stages of :mod:`workshop.parallel.sharded` use.
 """
 
 from __future__ import annotations
@@ -93,6 +90,26 @@ def cuda_figures(device: torch.device, before: int) -> dict[str, int] | None:
     }
 
 
+def adam_steps(model: nn.Module, steps: int, seed: int, width: int, device: Any):
+    """Train ``model`` with Adam on this rank's batches: (losses, the optimizer)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for step in range(steps):
+        x, y = rank_batch(seed, step, width, device)
+        optimizer.zero_grad()  # the last step's gradients stay, as they do in DDP
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, optimizer
+
+
+def adam_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
+        t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+    ]
+
+
 def checksum(full: torch.Tensor) -> dict[str, float]:
     full = full.detach().double()
     return {"sum": float(full.sum()), "norm": float(full.norm())}
@@ -109,26 +126,19 @@ def measure_fsdp_memory(
 ) -> dict[str, Any]:
     """Train the MLP of :func:`~workshop.parallel.sharded.measure_zero_memory` with
     PyTorch's FSDP2 (``fully_shard`` on every linear layer, then the whole model)
-    and Adam, and measure what this rank keeps. Run in every rank.
-
-    It runs on the rank's device: the CPU with gloo (FSDP2 then needs a "cpu"
-    device mesh), or the rank's GPU under NCCL. Kept bytes are counted as for the
-    hand-written stages: the local shards of the sharded (DTensor) parameters,
-    their gradients and Adam's state, each storage once.
+    and Adam, and measure what this rank keeps, as for the hand-written stages.
+    Run in every rank.
 
     Args:
         width, depth, steps, seed: as for ``measure_zero_memory``.
         return_parameters: also return the final parameters (a CPU tensor of Ψ).
 
     Returns:
-        ``{"available": True, "why": "", "fully_shard": where it was found,
-        "rank", "world_size", "device", "parameters": Ψ, "measured": {"params",
-        "grads", "optimizer", "total"}, "formula": zero_bytes(Ψ, world_size, 3),
-        "cuda": None or {"held", "peak"}, "loss": this rank's last loss, "losses":
-        its loss at every step, "checksum": {"sum", "norm"}}`` (and
-        "final_parameters" when asked for); or ``{"available": False, "why":
-        the reason or the real error, "rank", "world_size", "device"}`` where
-        this torch has no ``fully_shard`` or it fails on this device and backend.
+        As :func:`~workshop.parallel.sharded.measure_zero_memory`'s (less
+        ``stage``, ``name``, ``shard``, ``transient``, ``gradient_reduce``), plus
+        ``"available": True, "why": "", "fully_shard"`` (where found); or
+        ``{"available": False, "why", "rank", "world_size", "device"}`` where this
+        torch has no ``fully_shard`` or it fails here.
 
     Raises:
         ValueError: a size below 1.
@@ -136,7 +146,8 @@ def measure_fsdp_memory(
 
     Example:
         >>> r = launch(measure_fsdp_memory, world_size=2)           # doctest: +SKIP
-        >>> r.returns[0]["measured"]["total"] < 16 * r.returns[0]["parameters"]
+        >>> rank0 = r.returns[0]                                    # doctest: +SKIP
+        >>> rank0["measured"]["total"] < 16 * rank0["parameters"]   # doctest: +SKIP
         True
     """
     check_mlp_run("measure_fsdp_memory", width, depth, steps, seed)
@@ -181,23 +192,12 @@ def _run_fsdp(
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        x, y = rank_batch(seed, step, width, device)
-        optimizer.zero_grad()  # the last step's gradients stay, as they do in DDP
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    state = [
-        t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
-    ]
+    losses, optimizer = adam_steps(model, steps, seed, width, device)
     measured = held_bytes(
         {
             "params": list(model.parameters()),
             "grads": [p.grad for p in model.parameters()],
-            "optimizer": state,
+            "optimizer": adam_state(optimizer),
         }
     )
     cuda = cuda_figures(device, before)

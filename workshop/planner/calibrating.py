@@ -1,26 +1,11 @@
 """The machine in front of the learner, measured as the planner's records.
 
-:func:`calibrate` times, on this machine and with the threads one rank of a job gets:
-
-- matrix products at their own sizes: a few squares, and the products the planner's
-  transformer does at the job's token counts (tokens x h x h for q and o, tokens x
-  ffn x h up, tokens x h x ffn down, tokens x V x h the head, and each weight's
-  gradient, K = tokens), FLOPs ``2 m n k`` over the median time (fp32 on a CPU, bf16 on
-  a GPU unless told otherwise);
-- memory bandwidth: ``c = a + b`` on tensors far larger than any cache, counted as
-  bytes read and written (``3 x`` one tensor's bytes, as STREAM's "add" counts them);
-- the cost of one small operation: the same add on a one-element tensor, where
-  dispatch and launch, not arithmetic, set the time;
-- all-reduce bus bandwidth by message size on 2 ranks started with
-  ``workshop.launch`` (gloo on CPUs, NCCL with a GPU per rank), as nccl-tests define
-  it: ``busbw = size / time x 2 (n - 1) / n``; each time the slowest rank's.
-
-Every figure is the median of several samples after a warm-up, and each sample runs
-its call until it lasts a few milliseconds, so that neither the timer's resolution
-nor one preempted call on a busy machine decides it, and no time divided by is 0.
-
-The figures go into a :class:`~workshop.planner.calibration.Calibration`, the record
-the planner reads. ``python -m workshop.planner calibrate`` runs it from a shell.
+:func:`calibrate` times, with the threads one rank of a job gets, matrix products at
+the model's own sizes, memory bandwidth (STREAM's "add"), one small operation's cost
+and all-reduce bus bandwidth by size on 2 ranks (nccl-tests' ``busbw``), into a
+:class:`~workshop.planner.calibration.Calibration`. Each figure is a median of
+samples that each last a few milliseconds, so neither the timer's tick nor one
+preempted call on a busy machine decides it.
 """
 
 from __future__ import annotations
@@ -51,8 +36,7 @@ _QUICK_ALLREDUCE = (4 << 10, 256 << 10, 1 << 20)
 
 def rank_threads(cpus_per_task: int | None = None, ranks_per_node: int = 1) -> int:
     """The compute threads one CPU rank of a ``write_job`` job runs: its node's
-    ``--cpus-per-task`` shared by the node's ranks (``write_job`` asks for one CPU
-    per rank by default, so 1), as ``workshop.process_group`` sets them.
+    ``--cpus-per-task`` shared by the node's ranks (1 by default).
 
     Example:
         >>> rank_threads(), rank_threads(8, 2)
@@ -68,13 +52,12 @@ def matmul_shapes(
     tokens: Sequence[int] = (),
     squares: Sequence[int] = (64, 256, 1024),
 ) -> list[tuple[int, int, int]]:
-    """The ``(m, n, k)`` of the products to time (``C[m, n] = A[m, k] B[k, n]``):
-    ``squares`` and, for each token count, the model's block and head products,
-    smallest FLOPs first, each once.
+    """The ``(m, n, k)`` of the products to time: ``squares`` and the model's block
+    and head products at each token count, smallest FLOPs first, each once.
 
     Example:
         >>> matmul_shapes("tiny", [64], squares=[128])[:2]
-        [(64, 64, 64), (64, 256, 64)]
+        [(64, 64, 64), (64, 64, 256)]
     """
     shape = model_shape(model)
     if shape.kind != "transformer":
@@ -145,10 +128,18 @@ def _median_per_call(
 
 
 def _clock(device: Any) -> Callable[[], float]:
-    """The clock a figure is timed by: on a CPU, the CPU time of this process, which
-    other processes on a busy machine do not stretch (the job's ranks are timed the
-    same way: job_train's ``step_cpu_s``); on a GPU, the wall clock."""
+    """CPU time on a CPU (a busy machine does not stretch it; job_train's
+    ``step_cpu_s`` is timed the same way), wall clock on a GPU."""
     return time.process_time if device.type == "cpu" else time.perf_counter
+
+
+def _sync(device: Any) -> Callable[[], None]:
+    """What waits for ``device``'s queued work before a clock is read."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
 
 
 # --- what every rank of the all-reduce launch runs ----------------------------------
@@ -156,8 +147,7 @@ def allreduce_times(sizes: Sequence[int], samples: int, least: float) -> list[fl
     """Seconds of one all-reduce of each size in bytes, the slowest rank's median;
     run in every rank of a process group (``workshop.launch``).
 
-    Each sample is a fixed number of calls, the same on every rank, after a
-    barrier: as many as the slowest rank's warm-up says last ``least`` seconds.
+    Each sample is the same number of calls on every rank, after a barrier.
     """
     import torch
     import torch.distributed as dist
@@ -165,13 +155,8 @@ def allreduce_times(sizes: Sequence[int], samples: int, least: float) -> list[fl
     from ..env import rank_device
 
     device = rank_device()
-    cuda = device.type == "cuda"
-    ids = {"device_ids": [device.index]} if cuda else {}
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
+    ids = {"device_ids": [device.index]} if device.type == "cuda" else {}
+    sync = _sync(device)
     found = []
     for size in sizes:
         x = torch.ones(max(1, size // 4), device=device)
@@ -220,11 +205,7 @@ def _measure_here(
     """Matrix products, memory bandwidth and the small op, in this process."""
     import torch
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    clock = _clock(device)
+    sync, clock = _sync(device), _clock(device)
     points = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
@@ -248,8 +229,7 @@ def _measure_here(
 
 
 def _slowest(found: list[tuple]) -> tuple:
-    """Of several ranks' figures (:func:`_measure_rank`), each the slowest one's: a
-    job's step ends when its slowest rank's does."""
+    """Each figure the slowest rank's: a job's step ends with its slowest rank."""
     if len(found) == 1:
         return found[0]
     nbytes, where = found[0][2], found[0][6]
@@ -274,8 +254,7 @@ def _slowest(found: list[tuple]) -> tuple:
 def _measure_rank(
     shapes, shape, tokens, precision, threads, samples, least, stream
 ) -> tuple:
-    """Everything :func:`calibrate` times in one process, with ``threads`` threads,
-    on the rank's device; run as the one rank of a launch."""
+    """Everything :func:`calibrate` times in one rank of a launch."""
     import torch
 
     from ..env import rank_device
@@ -294,27 +273,19 @@ def _measure_rank(
     return (*here, linear, families, where)
 
 
-#: The families of operations :func:`_measure_families` times.
-
-
 def _measure_families(
     shape: ModelShape, tokens: int, device: Any, dtype: Any, samples: int, least: float
 ) -> tuple[list[tuple[int, int, int, float]], list[tuple[str, float]]]:
-    """The model's products as its linear layers run them, and each family of
-    operations, at ``tokens`` tokens, forward and backward through autograd: what
-    a training step pays for each, per call included. Each rate counts the bytes
-    (or FLOPs) the formula sheet (:mod:`~workshop.planner.operations`) counts for
-    it, so that the estimate of the same shape on this machine is this time."""
+    """The model's products and each family of operations, forward and backward, as
+    rates of what :mod:`~workshop.planner.operations` counts, so that the estimate
+    of the same shape on this machine is the time measured."""
     import torch
     from torch import nn
 
     from .operations import OPTIMIZER_BYTES
     from .transformer import Block, Transformer
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    sync = _sync(device)
     e = 2 if dtype == torch.bfloat16 else 4
     h, f, v, s = shape.hidden, shape.ffn, shape.vocab, shape.seq
     b = max(1, tokens // s)
@@ -390,20 +361,14 @@ def calibrate(
     op's cost, and all-reduce busbw by size on 2 ranks.
 
     Args:
-        threads: compute threads for the CPU figures (default :func:`rank_threads`:
-            what one rank of a ``write_job`` CPU job gets); the caller's own count
-            is restored afterwards. The all-reduce's ranks get theirs from
-            ``workshop.launch``.
+        threads: compute threads for the CPU figures (default :func:`rank_threads`).
         quick: fewer sizes and samples, smaller tensors: seconds, not a minute.
         model: the transformer whose products are timed besides the squares.
-        tokens: token counts those products are timed at (default: ``model.seq``
-            x each of :data:`MICRO_BATCHES`).
-        precision: the products' dtype, "fp32" or "bf16" (default: bf16 on a GPU,
-            fp32 on a CPU, where bf16 is emulated on most).
+        tokens: token counts (default: ``model.seq`` x :data:`MICRO_BATCHES`).
+        precision: "fp32" or "bf16" (default: bf16 on a GPU, fp32 on a CPU).
         samples: timed samples per figure (default 5; 3 when quick).
-        ranks: processes that measure at the same time, each the same figures,
-            the slowest one's kept: as many as the job's ranks on one machine, so
-            that they share its cores, caches and memory bandwidth as the job's do.
+        ranks: processes measuring at once, the slowest kept: as many as the job's
+            ranks on one machine, so they share it as the job's do.
         timeout: seconds before the all-reduce's ranks are stopped.
 
     Returns:
@@ -489,11 +454,8 @@ def _record(measured, precision, threads, sizes, seconds, backend, n) -> Calibra
 
 
 def calibrate_here(model: str | ModelShape, precision: str, tokens: int) -> Calibration:
-    """:func:`calibrate` inside a running job: every rank of its process group
-    calls it, measures with the threads it has, in the state it is in (sharing the
-    machine with the job's other ranks, as its steps will), and all-reduces over the
-    job's own group. ``write_job(..., calibrate=True)`` has each rank do it just
-    before its timed steps."""
+    """:func:`calibrate` inside a running job: every rank calls it, measuring the
+    machine as its steps will share it, and all-reduces over the job's own group."""
     import torch
     import torch.distributed as dist
 

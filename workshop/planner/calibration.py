@@ -1,13 +1,9 @@
 """What ``calibrate`` measured, as a record the planner reads.
 
-:class:`Calibration` holds one machine's figures (matrix products by size, each
-family of operations at the model's shape, memory bandwidth, one small operation's
-cost, all-reduce bus bandwidth by size), gives them as a
-:class:`~workshop.planner.hardware.GPU` and :class:`~workshop.planner.hardware.Network`
-record (:meth:`Calibration.gpu`, :meth:`Calibration.network`) for
-:func:`~workshop.planner.estimator.estimate`, and is saved and read back as JSON,
-every field checked (:func:`load_calibration`). :mod:`workshop.planner.calibrating`
-measures it.
+:class:`Calibration` holds one machine's figures, gives them as GPU and Network
+records (:meth:`Calibration.gpu`, :meth:`Calibration.network`), and is saved and read
+back as JSON, every field checked (:func:`load_calibration`).
+:mod:`workshop.planner.calibrating` measures it.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ __all__ = [
 #: What the JSON file says it is, and the layout of its fields.
 CALIBRATION_KIND = "workshop.planner calibration"
 VERSION = 2
-#: Sequences per micro-batch whose token counts calibrate() times the model's
+#: The families of operations calibrate() times at the model's shape.
 FAMILIES = ("norm", "activation", "residual", "loss", "attention", "optimizer")
 
 
@@ -42,23 +38,16 @@ class Calibration:
     """What :func:`calibrate` measured on one machine.
 
     Attributes:
-        processor: the CPU's model name, or the GPU's name on a GPU.
-        device: "cpu" or "cuda".
-        precision: the matrix products' dtype: "fp32" or "bf16".
+        processor: the CPU's model name, or the GPU's name.
+        device, precision: "cpu" or "cuda"; "fp32" or "bf16".
         threads: compute threads the CPU figures were measured with.
-        memory_gb: the device's memory, 10^9 bytes (on a CPU the memory available).
-        matmul_points: ``((m, n, k, FLOP/s), ...)``, smallest FLOPs first: the
-            squares alone, the model's products as a linear layer runs them,
-            forward and backward through autograd (3 products of ``2 m n k``).
-        operation_points: ``((family, rate), ...)``: each family of operations at
-            the model's shape, forward and backward through autograd, its bytes
-            (or FLOPs, for "attention") counted as the formula sheet counts them
-            (:func:`~workshop.planner.calibrating._measure_families`).
-        memory_gbs: GB/s of ``c = a + b``, bytes read and written.
-        memory_bytes: bytes one of its tensors holds.
+        memory_gb: the device's memory (on a CPU the memory available).
+        matmul_points: ``((m, n, k, FLOP/s), ...)``, smallest FLOPs first.
+        operation_points: ``((family, rate), ...)``, forward and backward, counted
+            as the formula sheet counts them.
+        memory_gbs, memory_bytes: GB/s of ``c = a + b``, and one tensor's bytes.
         launch_s: seconds of one add on a one-element tensor.
-        allreduce_backend: "gloo" or "nccl".
-        allreduce_ranks: the ranks that all-reduced, all on this machine.
+        allreduce_backend, allreduce_ranks: "gloo" or "nccl", on this machine.
         busbw_points: ``((bytes, GB/s), ...)`` ascending, nccl-tests' busbw.
         allreduce_small_s: seconds of the smallest all-reduce.
         torch_version, host, created: what measured it, where, when.
@@ -105,9 +94,8 @@ class Calibration:
         )
 
     def gpu(self) -> GPU:
-        """This machine as the planner's GPU record: its fastest measured product as
-        the peak of both precisions (only ``precision`` was measured), every product
-        in ``matmul_points``, the add's bandwidth and the small op's cost."""
+        """This machine as the planner's GPU record, its fastest measured product
+        the peak of both precisions."""
         where = self._where()
         threads = f", {self.threads} threads" if self.device == "cpu" else ""
         best = self.best_flops / 1e12
@@ -130,9 +118,8 @@ class Calibration:
         )
 
     def network(self) -> Network:
-        """The all-reduce figures as the planner's network record: the largest
-        message's busbw as the bandwidth and the small message's latency, both
-        links alike (the ranks shared this machine), and busbw by size."""
+        """The all-reduce figures as the planner's network record, both links alike
+        (the ranks shared this machine)."""
         top = self.busbw_points[-1][1]
         return Network(
             self.name,
@@ -207,8 +194,7 @@ def _positive(value: Any) -> bool:
 
 
 def _points(path: Path, name: str, raw: Any, width: int) -> tuple:
-    """``raw`` as a non-empty tuple of tuples of ``width`` positive numbers, the
-    leading ones whole."""
+    """``raw`` as points of ``width`` positive numbers, the leading ones whole."""
     if not isinstance(raw, list) or not raw:
         raise _bad(path, f"{name} is {raw!r}, not a non-empty list of points")
     points = []
@@ -233,8 +219,7 @@ def load_calibration(path: str | Path) -> Calibration:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a file that is not a calibration, naming the file and what is
-            wrong (not JSON, another kind or version, a missing, extra or bad field).
+        ValueError: a file that is not a calibration, naming what is wrong.
     """
     path = Path(path)
     if not path.is_file():
@@ -250,8 +235,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 
 def calibration_from(data: Any, path: Path | str) -> Calibration:
-    """The :class:`Calibration` of ``data`` (what :meth:`Calibration.as_data` gave,
-    read back from JSON), every field checked; ``path`` names where it came from.
+    """The :class:`Calibration` of ``data`` (:meth:`Calibration.as_data` read back),
+    every field checked; ``path`` names where it came from.
 
     Raises:
         ValueError: data that is not a calibration, naming what is wrong.

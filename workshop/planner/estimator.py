@@ -1,18 +1,9 @@
 """The planner's estimator: memory per GPU and time per step of a parallel layout.
 
-:func:`estimate` takes a model (:class:`~workshop.planner.layout.ModelShape` or its
-name), a :class:`~workshop.planner.layout.Layout`, a GPU and a network, and returns an
-:class:`Estimate`: every figure in it is a formula, written with its derivation in
-:mod:`workshop.planner.memory` (parameters, gradients, optimizer state,
-activations, buffers) and :mod:`workshop.planner.step_time` (compute, communication,
-the pipeline bubble), and summed up with its source in :data:`FORMULAS`;
-``Estimate.formulas`` repeats each with its numbers. :func:`describe_estimate` and
-:func:`table` print estimates in 88 columns, and :func:`best_layouts` tries every layout
-of a number of GPUs and ranks those that fit.
-
-Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
-V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
-t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32).
+Every figure of an :class:`Estimate` is a formula derived in
+:mod:`workshop.planner.memory` and :mod:`workshop.planner.step_time` and summed up
+with its source in :data:`FORMULAS` (notation as there). :func:`best_layouts` tries
+every layout of a number of GPUs and ranks those that fit.
 """
 
 from __future__ import annotations
@@ -50,17 +41,10 @@ __all__ = [
 class Estimate:
     """What the estimator says of one layout, per GPU; every figure is a formula's.
 
-    ``memory``: bytes one GPU holds at its peak, by term: "parameters",
-    "gradients", "optimizer", "activations", "buffers" (communication buffers and
-    the unsharded copies FSDP gathers).
-    ``time``: seconds of one step, by term: "compute", "dp comm", "tp comm",
-    "pp comm", "bubble" (communication that overlaps compute is still listed, with
-    the overlap said in ``formulas``; ``step`` adds what does not overlap).
-    ``collectives``: per step, ``{"all_gather dp": (count, bytes), ...}``: how many
-    calls of each collective on each mesh dimension, and the bytes of the full
-    tensors they carry (an all-gather's output, a reduce-scatter's input, an
-    all-reduce's tensor), summed: what CommDebugMode and a trace can count.
-    ``formulas``: for each term, the formula in words and its source.
+    ``memory``: peak bytes by term; ``time``: seconds of one step by term (overlapped
+    communication still listed; ``step`` adds only what does not overlap);
+    ``collectives``: per step, ``{"all_gather dp": (count, bytes of the full
+    tensors)}``, as CommDebugMode counts; ``formulas``: each term's formula and source.
     """
 
     model: ModelShape
@@ -207,11 +191,7 @@ def estimate(
 ) -> Estimate:
     """Memory per GPU and time per step of ``model`` trained with ``layout``.
 
-    Every figure is a formula of the module docstring; ``Estimate.formulas`` gives
-    each with its source and its numbers. A world size that is not a multiple of
-    ``gpus_per_node`` is allowed (the last node is partly used), and so is a
-    tensor-parallel group larger than a node: it then runs at the network's
-    between-node bandwidth.
+    A group wider than a node runs at the between-node bandwidth.
 
     Args:
         model: a :class:`~workshop.planner.layout.ModelShape` or a name of ``MODELS``.
@@ -219,25 +199,19 @@ def estimate(
         gpu, network: records or names of ``GPUS`` and ``NETWORKS``.
         gpus_per_node: GPUs in one node (consecutive ranks).
         mfu: the fraction of peak FLOP/s reached (default
-            :data:`.step_time.DEFAULT_MFU` for a transformer; for a module the
-            fraction ResNet-50 reached on the node).
-        samples_per_s: a module's measured training throughput on one GPU (default:
-            :data:`.step_time.MEASURED`, when it has this model, GPU and precision).
-        stage: the pipeline stage to report (default: the first or the last, whichever
-            needs more memory).
-        optimizer: how the step updates the weights: "fused" (one Adam kernel,
-            gradients accumulated in the products: Megatron-LM, NeMo) or "pytorch"
-            (torch.optim.Adam, zero_grad, autograd's accumulation, DDP's bucket
-            copies: this package's jobs); ``operations.OPTIMIZER_BYTES``.
+            :data:`.step_time.DEFAULT_MFU`; a module: what ResNet-50 reached).
+        samples_per_s: a module's measured throughput on one GPU (default:
+            :data:`.step_time.MEASURED`).
+        stage: the pipeline stage to report (default: the one needing more memory).
+        optimizer: "fused" (Megatron-LM, NeMo) or "pytorch" (torch.optim.Adam in a
+            loop: this package's jobs); ``operations.OPTIMIZER_BYTES``.
 
     Returns:
         The :class:`~workshop.planner.estimator.Estimate`.
 
     Raises:
-        ValueError: an unknown model, GPU or network; a layout that cannot split the
-            model (:meth:`Layout.check_fits`); checkpointing asked of a module; an
-            ``mfu`` outside (0, 1]; ``samples_per_s`` or ``gpus_per_node`` below 1;
-            a stage outside the pipeline.
+        ValueError: an unknown name, a layout that cannot split the model, or an
+            argument out of range; the message names it.
 
     Example:
         >>> e = estimate("transformer-8b", Layout(dp=8, zero=3, checkpointing="full"))
@@ -417,14 +391,9 @@ def best_layouts(
 ) -> list[Estimate]:
     """Every layout of ``gpus`` GPUs that fits, fastest step first.
 
-    Tries each ``dp x tp x pp = gpus`` the model can be split by, each ZeRO stage in
-    ``zero`` (only DDP when ``dp`` is 1), each micro-batch size up to
-    ``max_micro_batch`` that divides ``global_batch / dp`` (the rest of it becomes
-    micro-batches), and each checkpointing choice ("selective" is left out by default:
-    with a fused attention kernel it saves no memory and costs a little compute, so it
-    never wins); keeps those whose memory fits the
-    GPU and sorts them by step time, which for a fixed global batch and number of GPUs
-    is the same order as throughput per GPU (ties: less memory first).
+    Tries each ``dp x tp x pp``, ZeRO stage, micro-batch size dividing
+    ``global_batch / dp`` and checkpointing choice ("selective" saves nothing with a
+    fused kernel, so it is left out); ties go to less memory.
 
     Args:
         model, gpu, network, gpus_per_node, mfu: as for :func:`estimate`.

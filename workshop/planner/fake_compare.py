@@ -1,12 +1,9 @@
 """The estimate beside the framework: formula against fake-backend measurement.
 
-:func:`compare` puts an :class:`~workshop.planner.estimator.Estimate` (the
-estimator's formulas, :mod:`workshop.planner.estimator`) next to a
-:class:`~workshop.planner.fake_world.FakeReport` (what FSDP2, DTensor and DDP
-really held and sent on one rank of the fake world), term by term, and says why each
-term that differs by more than the tolerance differs: padding, a dtype the framework
-keeps, a collective it splits in two. A difference no known reason covers is said to
-be unexplained, never hidden.
+:func:`compare` sets an :class:`~workshop.planner.estimator.Estimate` beside a
+:class:`~workshop.planner.fake_world.FakeReport`, term by term, and names why a term
+differs where it can count the cause (padding, a dtype, a split collective); any
+other difference is said to be unexplained, never hidden.
 
     from workshop.planner.estimator import estimate
     layout = Layout(dp=128, tp=8, zero=3)
@@ -174,11 +171,8 @@ ADAM_STEP_BYTES = 4
 
 
 def _tensors(layout: Layout, report: FakeReport) -> list[tuple[float, float, int]]:
-    """Each parameter tensor of the rank's stage as (padded storage, even share,
-    local values): FSDP2 cuts the tensor-parallel piece's dim 0 into ``dp`` chunks of
-    ``ceil(rows / dp)`` rows and pads every rank's storage to that; the even share is
-    ``rows / dp``; the local values are this rank's unpadded chunk. From the report's
-    shard shapes (the root's and the first block's; every block is alike)."""
+    """Each parameter tensor of the stage as (padded storage, even share, local
+    values), from the report's shard shapes: FSDP2 pads dim 0 to ``ceil(rows / dp)``."""
     blocks = report.stage_layers[1] - report.stage_layers[0]
     tied = any("tied embedding" in n for n in report.notes)
     fsdp = "FSDP" in report.wrapper and layout.dp > 1
@@ -271,9 +265,8 @@ def _memory_causes(
 def _explain(
     est: float, start: float, got: float, causes: list[tuple[str, float]], base: str
 ) -> str:
-    """Name the causes, with their bytes, when they add up to the difference between
-    ``start`` and ``got`` (within :data:`SLACK`); else say how much is unexplained
-    (its share of the estimate ``est``)."""
+    """Name the causes when they add up to ``got - start`` (within :data:`SLACK`);
+    else say how much is unexplained."""
     named = [(c, b) for c, b in causes if round(b) != 0]
     left = got - start - sum(b for _, b in named)
     if base:
@@ -286,9 +279,8 @@ def _explain(
 
 
 def _booked(term: str, est: float, layout: Layout, report: FakeReport) -> bool:
-    """Whether ``est`` is the formula's bytes per parameter times this rank's
-    parameters (the ZeRO paper's 2 + 2 + 12 B or fp32's 4 + 4 + 8 B, each whole or
-    over dp): only then is the difference put down to the bytes per parameter."""
+    """Whether ``est`` is a bytes-per-parameter table times this rank's parameters:
+    only then is the difference put down to the bytes per parameter."""
     tensors = _tensors(layout, report)
     fsdp = "FSDP" in report.wrapper and layout.dp > 1
     values = sum(e for _, e, _ in tensors) * (layout.dp if fsdp else 1)

@@ -1,18 +1,10 @@
 """Inside the fake world: one rank of a big layout, sharded and stepped for real.
 
-This module runs in the child process that :func:`workshop.planner.fake_world.fake_run`
-starts, never in a notebook's kernel: it joins PyTorch's "fake" process group (every
-collective returns at once and moves no data), builds this rank's pipeline stage of
-the model on the meta device, splits its matrices with DTensor tensor parallelism
-(Megatron's column/row split, :func:`tensor_parallel`) on the mesh's "tp" dimension,
-and for ``zero`` 2 and 3 shards it with FSDP2's ``fully_shard`` on "dp"
-(:func:`shard_model`); :func:`data_parallel` wraps the allocated model in DDP
-(``zero`` 0) or DDP with ``ZeroRedundancyOptimizer`` (``zero`` 1) and makes its
-optimizer. It allocates only the local shards and runs one step while
-:class:`~workshop.planner.fake_record.Collectives` writes down every collective
-(matrix products doing no arithmetic: see
-:func:`~workshop.planner.fake_record.no_arithmetic`). The real run of
-:mod:`workshop.planner.measured` splits its model with :func:`tensor_parallel` too.
+Runs in the child :func:`workshop.planner.fake_world.fake_run` starts, never in a
+kernel: it joins the "fake" process group, builds this rank's stage on the meta
+device, splits it (:func:`tensor_parallel`, :func:`shard_model`,
+:func:`data_parallel`), allocates only the local shards and runs one step while
+:class:`~workshop.planner.fake_record.Collectives` writes down every collective.
 """
 
 from __future__ import annotations
@@ -34,10 +26,9 @@ from .transformer import build_transformer
 
 # --- how the rank splits its model ----------------------------------------------------
 def tensor_parallel(model: nn.Module, mesh: Any, tied: bool, notes: list[str]) -> None:
-    """Split ``model``'s blocks over ``mesh`` the Megatron way (q, k, v, up and gate
-    by columns, o and down by rows), and its embedding and head by vocabulary; a
-    tied embedding stays whole (a note in ``notes`` says so). Used by the fake
-    backend and by the real run alike, so both split the same way."""
+    """Split ``model`` over ``mesh`` the Megatron way, embedding and head by
+    vocabulary (a tied one stays whole, noted in ``notes``); the fake backend and
+    the real runs share it, so both split the same way."""
     tp = importlib.import_module("torch.distributed.tensor.parallel")
     try:  # torch 2.5 and newer; 2.4 keeps the placements in _tensor
         placements = importlib.import_module("torch.distributed.tensor")
@@ -262,11 +253,6 @@ def run_step(
     }
 
 
-def timed() -> float:
-    """Seconds on a monotonic clock (one name for every phase's timing)."""
-    return time.perf_counter()
-
-
 # --- one run ------------------------------------------------------------------------
 #: Gathered bytes (bf16 or fp32 parameters, one rank) a step may touch before it
 #: runs fewer blocks than the stage holds and scales the per-block collectives.
@@ -352,7 +338,7 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
     )
     coords = layout.coordinates(rank)
     stage, notes = coords["pp"], []
-    t = timed()
+    t = time.perf_counter()
     _phase(number, "mesh")
     dist.init_process_group(
         "fake", store=_get("fake_pg")(), rank=rank, world_size=layout.world_size
@@ -361,8 +347,8 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
         mesh = _get("device_mesh")(
             "cpu", (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
         )
-        times["init"] = timed() - t
-        t = timed()
+        times["init"] = time.perf_counter() - t
+        t = time.perf_counter()
         _phase(number, "shard")
         model, wrapper = shard_model(shape, layout, mesh, stage, notes)
         values, nbytes = local_parameters(model)
@@ -373,8 +359,8 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
                 f"and Adam: over this check's {MAX_BYTES / 1e9:.1f} GB; use more "
                 "ranks (dp with zero=3, tp, pp) or a smaller model"
             )
-        times["shard"] = timed() - t
-        t = timed()
+        times["shard"] = time.perf_counter() - t
+        t = time.perf_counter()
         _phase(number, "allocate")
         model.to_empty(device="cpu")
         with torch.no_grad():
@@ -386,7 +372,7 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
             if wrapper not in ("none", "later")
             else "none (dp=1: nothing to shard or reduce)"
         )
-        times["allocate"] = timed() - t
+        times["allocate"] = time.perf_counter() - t
         recorder = Collectives(group_names(mesh))
         blocks = len(getattr(model, "module", model).blocks)
         batch_tokens = job["batch_tokens"] or 16
@@ -400,7 +386,7 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
             run = min(run, blocks)
         cdm = _get("comm_debug_mode")()
         measured: dict[str, tuple[int, int]] = {}
-        t = timed()
+        t = time.perf_counter()
         _phase(number, "step")
         if job["step"] and "DDP" in wrapper:
             # DDP reduces everything in one bucket in its first step, and rebuilds
@@ -452,8 +438,8 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
                     "none, for the root's share); per-block collectives scaled to "
                     f"{blocks} blocks"
                 )
-        times["step"] = timed() - t
-        t = timed()
+        times["step"] = time.perf_counter() - t
+        t = time.perf_counter()
         _phase(number, "optimizer")
         for p in model.parameters():
             if p.grad is None:
@@ -464,7 +450,7 @@ def run_job(job: dict[str, Any], number: int = 0) -> dict[str, Any]:
             optimizer.step()
         add_counts(cdm)
         in_optimizer = _minus(recorder.snapshot(), before)
-        times["optimizer"] = timed() - t
+        times["optimizer"] = time.perf_counter() - t
         collectives = (
             _to_step(per_mb, layout, shape, tokens[0] * tokens[1], stage, notes)
             if job["step"]

@@ -1,31 +1,15 @@
 """One rank of a 1,024-GPU layout, on this machine: PyTorch's fake process group.
 
-PyTorch ships a "fake" backend for its own tests: a process joins a world of any
-size as rank ``r``, and every collective returns at once without moving data. With
-it, the real ``DeviceMesh``, DTensor tensor parallelism and FSDP2 cut a model exactly
-as on 1,024 GPUs, so what one rank *holds* (its parameter shards, gradients and
-Adam's state, in bytes) and what it *sends* (each collective, on which mesh
-dimension, how many bytes) can be measured here and set beside the estimator's
-formulas (:func:`workshop.planner.fake_compare.compare`)::
+PyTorch's "fake" backend lets a process join a world of any size as rank ``r``, its
+collectives returning at once, so the real ``DeviceMesh``, DTensor and FSDP2 cut a
+model as on 1,024 GPUs and what one rank holds and sends can be set beside the
+estimator (:func:`workshop.planner.fake_compare.compare`). Each call runs in a fresh
+child, so the kernel never keeps a fake process group.
 
-    from workshop.planner.layout import Layout, model_shape
-    shape = model_shape("transformer-8b")
-    report = fake_run(shape, Layout(dp=128, tp=8, zero=3), rank=5)
-    print(report.table())
-
-Each call runs in a fresh child process (``python -m workshop.planner.fake_world``),
-so the notebook's kernel never keeps a fake process group; the child is stopped on a
-timeout or an interrupt, and dies with its parent.
-
-What a run costs, and why a world of a million ranks is refused before it starts
-(:func:`_least_seconds`): the fake backend moves no data, but PyTorch still does
-work for every rank of the world. ``init_device_mesh`` builds the mesh's
-``world_size`` ranks and its groups (time ~ ``world_size``), and FSDP2's
-``fully_shard`` cuts each parameter into one chunk per rank of its shard group
-(time ~ ``dp`` per parameter tensor). Measured here, on the 2-core development
-machine (torch 2.15, CPU, ``OMP_NUM_THREADS=1``, one fresh process per row,
-``/tmp`` scripts timing ``init_device_mesh("cpu", (pp, dp, tp))`` and
-``fully_shard`` of transformer-8b's blocks, bf16 policy, on the meta device)::
+The fake backend still does work per rank: the mesh ~ ``world_size``, FSDP2's
+sharding ~ ``dp`` per tensor, so a huge world is refused before it starts
+(:func:`_least_seconds`). Measured on the 2-core development machine (torch 2.15,
+CPU, one thread, a fresh process per row, meta device)::
 
     mesh, (1, W, 1)     W = 1,024  16,384  65,536  262,144  1,048,576
       seconds                0.07    0.60    2.03     9.17      81.2
@@ -93,13 +77,9 @@ MARGIN = 2.0
 class FakeReport:
     """What rank ``rank`` of a layout held and sent on the fake backend.
 
-    ``held``: bytes of its parameter shards, gradients and optimizer state (Adam's two
-    moments and step counters) after one step, each storage counted once, padding
-    included. ``collectives``: ``{"all_gather dp": (count, bytes)}`` per training
-    step (all ``micro_batches``, every block of the stage, the layout's tokens);
-    ``measured``: the same for the one micro-batch that ran (``tokens`` tokens,
-    ``layers_in_step`` blocks). Pipeline sends (``"send_recv pp"``) are counted from
-    the split, not run. ``times``: seconds of each phase in the child.
+    ``held``: bytes after one step, each storage once. ``collectives``: ``{"all_gather
+    dp": (count, bytes)}`` scaled to a whole step; ``measured``: the same for the one
+    micro-batch that ran. Pipeline sends are counted from the split, not run.
     """
 
     model: str
@@ -152,11 +132,8 @@ def fake_features() -> dict[str, str | None]:
     """Which pieces of the fake-world check this torch has, and where.
 
     Returns:
-        ``{"fake_pg", "device_mesh", "fully_shard", "parallelize_module",
-        "comm_debug_mode"}``: the module each was found in (torch 2.4 keeps
-        ``fully_shard`` in ``torch.distributed._composable.fsdp`` and
-        ``CommDebugMode`` in ``torch.distributed._tensor.debug``), or None; and
-        ``"missing"``: a sentence saying what is missing and what to do, or None.
+        The module each piece was found in, or None; and ``"missing"``: a sentence
+        saying what is missing and what to do, or None.
 
     Example:
         >>> fake_features()["fully_shard"]
@@ -258,9 +235,7 @@ def _stage_tensors(shape: ModelShape, layout: Layout, stage: int) -> tuple[int, 
 
 
 def _least_seconds(shape: ModelShape, layout: Layout, stage: int) -> dict[str, float]:
-    """The least time a run of this layout takes on this machine, by phase, from the
-    per-unit costs measured here (the module's table): the mesh ~ world_size, and
-    FSDP2's sharding ~ dp per parameter tensor (only when it shards: zero >= 2)."""
+    """The least time a run takes here, by phase, from the module's table."""
     block, root = _stage_tensors(shape, layout, stage)
     per_tensor = _least(
         SHARD_SECONDS_PER_TENSOR_RANK,
@@ -279,8 +254,7 @@ def _least_seconds(shape: ModelShape, layout: Layout, stage: int) -> dict[str, f
 
 
 def _least(per_unit: float, measured: Any, size: int) -> float:
-    """The least seconds at ``size``: the least cost per unit times ``size``, or the
-    time measured at the biggest size not above it, whichever is more."""
+    """The per-unit bound, or the time measured at the biggest size not above."""
     return max(per_unit * size, max((s for n, s in measured if n <= size), default=0))
 
 
@@ -321,8 +295,7 @@ def _check_time(jobs: list[dict[str, Any]], timeout: float) -> None:
 
 
 def _state_bytes(shape: ModelShape, layout: Layout, stage: int) -> float:
-    """About what one rank allocates: fp32 parameters, gradients and Adam's moments
-    of its stage, split by tp, and by dp where the ZeRO stage shards them."""
+    """About what one rank allocates: fp32 state of its stage, split by tp and ZeRO."""
     values = shape.layers // layout.pp * shape.layer_parameters()
     values += shape.vocab * shape.hidden * ((stage == 0) + (stage == layout.pp - 1))
     values /= layout.tp
@@ -346,28 +319,19 @@ def fake_run(
 ) -> FakeReport:
     """Run rank ``rank`` of ``layout`` on PyTorch's fake backend, in a child process.
 
-    The rank builds its pipeline stage (``build_transformer(shape, stage, pp)``) on
-    the meta device, splits it by tensor parallelism on the mesh's "tp" dimension
-    (q, k, v, up, gate by columns; o, down by rows; embedding and head by vocabulary)
-    and by data on "dp": ``zero`` 3 is FSDP2's ``fully_shard`` per block and at the
-    root, 2 the same with ``reshard_after_forward=False``, 1 DDP with
-    ``ZeroRedundancyOptimizer``, 0 DDP. It allocates its shards, runs one micro-batch
-    of ``batch_tokens`` tokens forward and backward and an Adam step while recording
-    every collective, and measures the bytes it holds.
+    The rank builds its stage on the meta device, shards it with DTensor ("tp") and
+    FSDP2 or DDP ("dp", by ``zero``), runs one micro-batch and an Adam step while
+    recording every collective, and measures the bytes it holds.
 
     Args:
         model: a name of :data:`~workshop.planner.layout.MODELS` or a ModelShape.
-        layout: the degrees, ZeRO stage and precision; ``world_size`` ranks.
+        layout: the degrees, ZeRO stage and precision.
         rank: which rank to be, ``0 .. world_size - 1``.
-        step: run the step and record collectives (else only the memory, with zero
-            gradients given to Adam so that its state exists).
-        batch_tokens: tokens in the micro-batch that runs (default 16: one sequence
-            of 16); tensor-parallel and pipeline traffic scale with tokens, and the
-            report scales them to the layout's ``micro_batch x seq``.
+        step: run the step and record collectives (else only the memory).
+        batch_tokens: tokens in the micro-batch that runs (default 16); the report
+            scales the traffic to the layout's ``micro_batch x seq``.
         layers_in_step: blocks the step runs (default: as many as fit in
-            :data:`.fake_rank.STEP_BUDGET` of gathered parameters); with fewer
-            than the stage holds, a second step without blocks gives the per-block
-            traffic, which is scaled to all blocks (every block sends the same).
+            :data:`.fake_rank.STEP_BUDGET`); the per-block traffic is scaled to all.
         timeout: seconds before the child is stopped.
 
     Returns:
@@ -395,11 +359,9 @@ def fake_runs(
     layers_in_step: int | None = None,
     timeout: float = 300.0,
 ) -> list[FakeReport]:
-    """Several runs in one child, one after another (its imports, about 3 s, are paid
-    once; each run is a fork of it). Each run is ``(model, layout, rank)``, or
-    ``(model, layout, rank, {"layers_in_step": 1, ...})`` to set that run's own
-    ``step``, ``batch_tokens`` or ``layers_in_step``; other arguments as
-    :func:`fake_run`.
+    """Several runs in one child (its imports paid once, each run a fork). Each run
+    is ``(model, layout, rank)`` or ``(model, layout, rank, {"layers_in_step": 1})``;
+    other arguments as :func:`fake_run`.
 
     Raises:
         ValueError: as :func:`fake_run`, or a run that is not such a tuple.
@@ -492,12 +454,10 @@ def _in_child(jobs: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]
 
 
 def _where(err: str, jobs: list[dict[str, Any]]) -> str:
-    """Where the stopped child had got to (its last phase line), and the advice that
-    fits that phase."""
-    said = [line[len(PHASE_MARK) :].split() for line in err.splitlines()]
+    """Where the stopped child had got to, and the advice that fits that phase."""
     said = [
-        w
-        for w, line in zip(said, err.splitlines(), strict=True)
+        line[len(PHASE_MARK) :].split()
+        for line in err.splitlines()
         if line.startswith(PHASE_MARK)
     ]
     if not said:
@@ -533,8 +493,7 @@ def _where(err: str, jobs: list[dict[str, Any]]) -> str:
 
 
 def _stop(child: subprocess.Popen, close: bool = True) -> None:
-    """TERM the child's process group, wait a moment, then KILL; reap it, and close
-    its pipes unless ``close`` is False (to read what it wrote before it stopped)."""
+    """TERM, grace, KILL the child's group; ``close=False`` keeps its pipes to read."""
     signal_group(child.pid, signal.SIGTERM)
     try:
         child.wait(timeout=3)
@@ -549,10 +508,8 @@ def _stop(child: subprocess.Popen, close: bool = True) -> None:
 
 
 def _main() -> None:
-    """The child: read the jobs, then run each in a fork of itself. A fresh process
-    per run keeps no process group or cache from the run before it (PyTorch's
-    process-group registry does not survive a second world in one process), and a
-    fork costs milliseconds where a new interpreter costs seconds of imports."""
+    """The child: each job in a fork, as PyTorch's group registry does not survive
+    a second world in one process, and a fork costs ms where imports cost seconds."""
     parent = int(os.environ.get("WORKSHOP_FAKE_PARENT", "0"))
     if parent:
         die_with_parent(parent)

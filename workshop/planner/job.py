@@ -1,18 +1,10 @@
-"""From a plan to a job that runs: a batch script and a plan file, and the job's
-figures read back beside the estimate.
+"""From a plan to a job that runs, and its figures read back beside the estimate.
 
-:func:`write_job` writes, into a folder, ``plan.json`` (the model, the
-:class:`~workshop.planner.layout.Layout`, the steps) and ``job.sbatch``: a Slurm
-script in the manner of ``slurm/train_torchrun.sbatch`` in which ``srun`` starts one
-``torchrun`` per node and ``torchrun`` the node's ranks, each running
-:mod:`workshop.planner.job_train` (the layout built with ``DeviceMesh``, DTensor,
-DDP or FSDP2 and ``torch.distributed.pipelining``; NCCL on GPUs, gloo on CPUs).
-Each rank writes ``rank-<rank>.json`` into the folder; :func:`job_figures` reads
-them back and :func:`job_against_estimate` sets them beside
-:func:`~workshop.planner.estimator.estimate` for the same layout, in 88 columns.
-
-Submitting is the cluster's business (``workshop.cluster.submit``, which this wing
-may not import): the notebook submits ``job.script``::
+:func:`write_job` writes ``plan.json`` and ``job.sbatch`` (``srun`` starts one
+``torchrun`` per node, each rank runs :mod:`workshop.planner.job_train` and writes
+``rank-<rank>.json``); :func:`job_figures` reads them back and
+:func:`job_against_estimate` sets them beside the estimate. Submitting is the
+cluster's business (``workshop.cluster.submit``, which this wing may not import)::
 
     job = write_job("tiny", Layout(dp=2, pp=2, precision="fp32"), "runs/plan",
                     nodes=2, gpus_per_node=0, ranks_per_node=2)
@@ -122,71 +114,43 @@ def _check(
     if gpus_per_node < 0:  # before ranks_per_node, which it gives by default
         raise _refuse("gpus_per_node", gpus_per_node, "must be 0 (CPU ranks) or more")
     check_counts("write_job", nodes=nodes, ranks_per_node=ranks_per_node)
-    if gpus_per_node and ranks_per_node != gpus_per_node:
-        raise _refuse(
-            "ranks_per_node",
-            ranks_per_node,
-            f"but gpus_per_node={gpus_per_node}: NCCL needs one GPU per rank; leave "
-            "ranks_per_node out, or set gpus_per_node=0 for CPU ranks",
-        )
-    if nodes * ranks_per_node != layout.world_size:
-        raise _refuse(
-            "nodes",
-            nodes,
-            f"x {ranks_per_node} ranks per node = {nodes * ranks_per_node} ranks, but "
-            f"the layout needs dp x tp x pp = {layout.dp} x {layout.tp} x {layout.pp} "
-            f"= {layout.world_size}; change nodes, the ranks per node or the layout "
-            "so that they agree",
-        )
-    if layout.zero not in (0, 3):
-        raise _refuse(
-            "layout.zero",
-            layout.zero,
-            "is not run by the job: it builds DDP (0) or FSDP2's fully_shard (3); "
-            "use zero=0 or zero=3",
-        )
-    if layout.pp > 1 and layout.zero == 3:
-        raise _refuse(
-            "layout.zero",
-            3,
-            f"with pp={layout.pp}: a pipeline schedule gathers and reduces FSDP's "
-            "shards once a step, not once a micro-batch as the estimate counts; use "
-            "zero=0 with pp > 1",
-        )
-    if layout.pp > 1 and layout.dp > 1 and layout.micro_batches > 1:
-        raise _refuse(
-            "layout.micro_batches",
-            layout.micro_batches,
-            f"with pp={layout.pp} and dp={layout.dp}: DDP inside "
-            "torch.distributed.pipelining fails after a step of several micro-batches "
-            "(its reducer rebuilds its buckets from every micro-batch's backward); "
-            "use micro_batches=1, or dp=1",
-        )
-    if layout.precision == "bf16" and layout.zero == 0:
-        raise _refuse(
-            "layout.precision",
-            "bf16",
-            "with zero=0: PyTorch's DDP under bf16 autocast keeps fp32 parameters, "
-            "not the 2 + 2 + 12 bytes the estimate counts; use precision='fp32', "
-            "or zero=3 (FSDP2 with bf16 compute)",
-        )
-    if not isinstance(time, str) or not _TIME.fullmatch(time):
-        raise _refuse(
-            "time", time, "is not a Slurm time; use 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'"
-        )
-    if mem is not None and (not isinstance(mem, str) or not _MEM.fullmatch(mem)):
-        raise _refuse(
-            "mem", mem, "is not a Slurm memory size; use e.g. '8G' or '16000M'"
-        )
-    if backend not in ("auto", "gloo", "nccl"):
-        raise _refuse("backend", backend, "is not one of 'auto', 'gloo', 'nccl'")
-    if backend == "nccl" and not gpus_per_node:
-        raise _refuse(
-            "backend",
-            "nccl",
-            "with gpus_per_node=0: NCCL runs on GPUs; use 'gloo' (or 'auto') for "
-            "CPU ranks",
-        )
+    lay = layout
+    # (refused when, argument, value, why), in the order they are checked.
+    for bad, name, value, why in (
+        (gpus_per_node and ranks_per_node != gpus_per_node, "ranks_per_node",
+         ranks_per_node, f"but gpus_per_node={gpus_per_node}: NCCL needs one GPU per "
+         "rank; leave ranks_per_node out, or set gpus_per_node=0 for CPU ranks"),
+        (nodes * ranks_per_node != lay.world_size, "nodes", nodes,
+         f"x {ranks_per_node} ranks per node = {nodes * ranks_per_node} ranks, but "
+         f"the layout needs dp x tp x pp = {lay.dp} x {lay.tp} x {lay.pp} "
+         f"= {lay.world_size}; change nodes, the ranks per node or the layout so "
+         "that they agree"),
+        (lay.zero not in (0, 3), "layout.zero", lay.zero, "is not run by the job: "
+         "it builds DDP (0) or FSDP2's fully_shard (3); use zero=0 or zero=3"),
+        (lay.pp > 1 and lay.zero == 3, "layout.zero", 3, f"with pp={lay.pp}: a "
+         "pipeline schedule gathers and reduces FSDP's shards once a step, not once a "
+         "micro-batch as the estimate counts; use zero=0 with pp > 1"),
+        (lay.pp > 1 and lay.dp > 1 and lay.micro_batches > 1, "layout.micro_batches",
+         lay.micro_batches, f"with pp={lay.pp} and dp={lay.dp}: DDP inside "
+         "torch.distributed.pipelining fails after a step of several micro-batches "
+         "(its reducer rebuilds its buckets from every micro-batch's backward); use "
+         "micro_batches=1, or dp=1"),
+        (lay.precision == "bf16" and lay.zero == 0, "layout.precision", "bf16",
+         "with zero=0: PyTorch's DDP under bf16 autocast keeps fp32 parameters, not "
+         "the 2 + 2 + 12 bytes the estimate counts; use precision='fp32', or zero=3 "
+         "(FSDP2 with bf16 compute)"),
+        (not isinstance(time, str) or not _TIME.fullmatch(time), "time", time,
+         "is not a Slurm time; use 'MM', 'HH:MM:SS' or 'D-HH:MM:SS'"),
+        (mem is not None and (not isinstance(mem, str) or not _MEM.fullmatch(mem)),
+         "mem", mem, "is not a Slurm memory size; use e.g. '8G' or '16000M'"),
+        (backend not in ("auto", "gloo", "nccl"), "backend", backend,
+         "is not one of 'auto', 'gloo', 'nccl'"),
+        (backend == "nccl" and not gpus_per_node, "backend", "nccl",
+         "with gpus_per_node=0: NCCL runs on GPUs; use 'gloo' (or 'auto') for CPU "
+         "ranks"),
+    ):  # fmt: skip
+        if bad:
+            raise _refuse(name, value, why)
 
 
 def _environment() -> list[str]:
@@ -305,41 +269,31 @@ def write_job(
     seed: int = 0,
     calibrate: bool = False,
 ) -> PlannedJob:
-    """Write the batch script and the plan file that train ``model`` split as
-    ``layout`` on ``nodes`` nodes; ranks' figures from an earlier run are removed.
+    """Write the batch script and plan file that train ``model`` split as ``layout``;
+    ranks' figures from an earlier run are removed.
 
     Args:
         model: a transformer of ``MODELS`` ("tiny") or a ``ModelShape``.
-        layout: the :class:`~workshop.planner.layout.Layout`: zero 0 (DDP) or 3
-            (FSDP2), any tp, and pp with zero 0.
-        folder: where the files go, created if missing; the ranks write there too.
+        layout: zero 0 (DDP) or 3 (FSDP2), any tp, and pp with zero 0.
+        folder: created if missing; the ranks write there too.
         nodes: ``--nodes``.
         gpus_per_node: ``--gpus-per-node``, one rank per GPU; 0 for CPU ranks.
-        ranks_per_node: ranks on each node (default: ``gpus_per_node``).
+        ranks_per_node: default ``gpus_per_node``.
         time: ``--time``, "HH:MM:SS", "D-HH:MM:SS" or minutes.
-        mem: ``--mem`` ("8G"); default: the line is left commented, the site's
-            default applies.
-        cpus_per_task: ``--cpus-per-task`` of the one task per node (default: one
-            per rank).
+        mem: ``--mem`` ("8G"); by default the line is commented out.
+        cpus_per_task: of the one task per node (default: one per rank).
         backend: "auto" (NCCL with GPUs, gloo without), "gloo" or "nccl".
-        steps: Adam steps; the last is counted, after at least 2 (DDP rebuilds its
-            buckets, the pipeline infers its shapes).
+        steps: Adam steps; the last is counted, after at least 2 of warm-up.
         seed: seeds the model and the data.
-        calibrate: each rank measures the machine it runs on just before its
-            timed steps (``calibrating.calibrate_here``), sharing it as its steps
-            will, and writes the record beside its figures: what
-            ``job_time_against_estimate`` then estimates the step from.
+        calibrate: each rank measures its machine before its timed steps and
+            writes the record beside its figures (for ``job_time_against_estimate``).
 
     Returns:
-        The :class:`PlannedJob`: submit ``job.script``, then read
-        :func:`job_figures`.
+        The :class:`PlannedJob`: submit ``job.script``, then read :func:`job_figures`.
 
     Raises:
-        ValueError: a module model, a layout the job cannot build or the model
-            cannot take, nodes x ranks per node that is not the layout's world
-            size, ranks per node other than the GPUs per node, a bad time, memory,
-            backend, seed, or too few steps, or a folder that cannot be made; each
-            names the argument and what to do.
+        ValueError: an argument or layout the job cannot run, or a folder that
+            cannot be made; the message names the argument and what to do.
 
     Example:
         >>> job = write_job("tiny", Layout(dp=2, tp=2, precision="fp32"),
@@ -420,15 +374,11 @@ def job_figures(job: PlannedJob | str | Path) -> list[dict[str, Any]]:
         job: the :class:`PlannedJob`, or its folder.
 
     Returns:
-        One dict per rank: ``rank``, ``stage``, ``coordinates``, ``how``, ``held``
-        (bytes of ``params``, ``grads``, ``optimizer``, and ``activations`` of one
-        micro-batch when pp is 1), ``collectives`` (``{"all_reduce dp": [calls,
-        bytes]}`` of the last step), ``parameter_tensors``, ``checksum``, ``model``,
-        ``layout``, ``backend``, ``node``, ``step_s``.
+        One dict per rank (``rank``, ``stage``, ``held`` bytes, ``collectives`` of
+        the last step as ``[calls, bytes]``, ``step_s``, ...).
 
     Raises:
-        FileNotFoundError: the folder has no ranks' figures, or not all of them
-            (the job has not run, or failed: its output file says why).
+        FileNotFoundError: some or all ranks' figures are missing.
 
     Example:
         >>> figures = job_figures("runs/plan")                   # doctest: +SKIP
@@ -482,13 +432,8 @@ def _estimate(first: dict[str, Any], stage: int, ranks_per_node: int):
 def job_rows(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The measured figures beside the estimate's, one row per rank and term.
 
-    Memory terms ("parameters", "gradients", "optimizer", "activations") and each
-    collective of the estimate or the run (``"all_reduce dp"``, ...: ``(calls,
-    bytes)``). ``explained`` is the difference a known cause gives: Adam's step
-    counters for the optimizer state (4 B per parameter tensor), the loss's saved
-    ``total_weight`` for the activations (4 B), both left out by the estimate; 0
-    elsewhere; a pipeline's receives are not compared (the estimate
-    counts sends; a receive is the neighbour's send).
+    ``explained`` is the gap a known cause gives (:data:`STEP_COUNTER`,
+    :data:`LOSS_WEIGHT`); receives are not compared (the estimate counts sends).
 
     Returns:
         ``[{"rank", "stage", "term", "estimate", "measured", "explained"}, ...]``;
@@ -544,9 +489,8 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def job_against_estimate(figures: list[dict[str, Any]]) -> str:
-    """The job's measured memory per rank and collectives per step beside the
-    estimate of the same layout, in 88 columns; ranks that measured the same are
-    shown together.
+    """The job's measured memory and collectives beside the estimate, in 88
+    columns; ranks that measured the same are shown together.
 
     Raises:
         ValueError: no figures.

@@ -1,10 +1,5 @@
-"""A planned job's step time beside the estimate made from the calibrated machine.
-
-:func:`~workshop.planner.job.write_job` writes a job whose ranks time their steps
-(``step_s`` in ``rank-<rank>.json``); :func:`~workshop.planner.calibrating.calibrate`
-measures the machine it runs on. :func:`job_step_time` sets the measured step beside
-:func:`~workshop.planner.estimator.estimate` of the same layout on the calibrated
-records, and :func:`job_time_against_estimate` prints it::
+"""A planned job's step time beside the estimate made from the calibrated machine
+(:func:`job_step_time`, printed by :func:`job_time_against_estimate`)::
 
     cal = calibrate()
     job = write_job("tiny", Layout(dp=2, micro_batch=256, precision="fp32"),
@@ -58,23 +53,17 @@ def job_step_time(
     figures: list[dict[str, Any]], calibration: Calibration | None = None
 ) -> dict[str, Any]:
     """The job's measured step beside :func:`~workshop.planner.estimator.estimate`
-    of its layout on the calibrated machine (``calibration.gpu()``,
-    ``calibration.network()``); without ``calibration``, on each rank's own (a job
-    written with ``calibrate=True`` measured its machine in its ranks, just before
-    their steps), the slowest rank's estimate kept.
+    of its layout on the calibrated machine; without ``calibration``, on each rank's
+    own (``write_job(..., calibrate=True)``), the slowest rank's estimate kept.
 
-    A rank's step is the median of its timed steps (the one under the counting mode
-    left out, when there are others); the job's, the slowest rank's, since a step
-    ends when the last rank's does. A CPU calibration and a CPU job are both timed
-    in CPU time (the process's, each with the same threads), which another
-    process's load on a shared machine does not stretch; on a quiet machine it is
-    the wall time less the waits. The wall time is returned beside it.
+    A rank's step is the median of its timed steps, the job's the slowest rank's. A
+    CPU job is timed in CPU time, which another process's load does not stretch; the
+    wall time is returned beside it.
 
     Returns:
-        ``{"measured_s", "per_rank_s", "wall_s", "clock", "timed_steps",
-        "estimate_s", "ratio" (estimate / measured), "estimate": Estimate,
-        "calibration", "threads"}``; ``clock``: "cpu" or "wall"; ``threads``: the
-        ranks' compute threads (None where the job did not record them).
+        ``{"measured_s", "per_rank_s", "wall_s", "clock" ("cpu" or "wall"),
+        "timed_steps", "estimate_s", "ratio" (estimate / measured), "estimate",
+        "calibration", "threads"}``.
 
     Raises:
         ValueError: no figures, figures without step times, or no calibration

@@ -9,22 +9,16 @@ pieces, trained a few Adam steps, measured, one JSON file per rank.
     torchrun --standalone --nproc-per-node=4 -m workshop.planner.job_train \\
         --plan runs/job/plan.json                                 # one machine
 
-Every rank runs the same code, with NCCL on GPUs and gloo on CPUs
-(``workshop.process_group`` picks): a ``(pp, dp, tp)`` device mesh
-(``init_device_mesh``), the planner's transformer cut into pipeline stages
-(:func:`~workshop.planner.transformer.build_transformer`), DTensor tensor parallelism
-on "tp" (:func:`~workshop.planner.fake_rank.tensor_parallel`, the split of the
-fake-backend check and of :mod:`workshop.planner.measured`), DDP or FSDP2's
-``fully_shard`` on "dp", and ``torch.distributed.pipelining`` (``PipelineStage`` and
-``ScheduleGPipe``) on "pp". The last step runs under a dispatch mode that counts every
-collective by mesh dimension (:class:`~workshop.planner.fake_record.Collectives`);
-the bytes held are counted as :func:`~workshop.planner.measured.measure_layout`
-counts them.
+Every rank builds a ``(pp, dp, tp)`` device mesh, DTensor tensor parallelism
+(:func:`~workshop.planner.fake_rank.tensor_parallel`, the fake-backend check's split),
+DDP or FSDP2 and ``torch.distributed.pipelining``; the last step's collectives are
+counted by mesh dimension (:class:`~workshop.planner.fake_record.Collectives`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import socket
@@ -64,9 +58,8 @@ def shape_fields(shape: ModelShape) -> dict[str, Any]:
 
 
 def read_plan(path: str | Path) -> dict[str, Any]:
-    """The plan file :func:`~workshop.planner.job.write_job` wrote, with its model as a
-    :class:`~workshop.planner.layout.ModelShape` and its layout as a
-    :class:`~workshop.planner.layout.Layout`.
+    """The plan file :func:`~workshop.planner.job.write_job` wrote, its model and
+    layout as records.
 
     Raises:
         FileNotFoundError: no such file.
@@ -139,9 +132,8 @@ def _build(shape: ModelShape, layout: Layout, mesh: Any, device: torch.device):
 
 
 def _stepper(model: nn.Module, layout: Layout, stage: int, mesh: Any, device):
-    """One training step of a whole batch, ``step(tokens, targets)``: the pipeline's
-    schedule when ``pp`` > 1, else gradient accumulation over the micro-batches
-    (DDP reduces in the last one only, as the estimate counts)."""
+    """``step(tokens, targets)``: the pipeline's schedule, or gradient accumulation
+    (DDP reduces in the last micro-batch only, as the estimate counts)."""
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
@@ -168,13 +160,9 @@ def _stepper(model: nn.Module, layout: Layout, stage: int, mesh: Any, device):
                 strict=True,
             )
         )
+        quiet = getattr(model, "no_sync", contextlib.nullcontext)
         for i, (x, y) in enumerate(pairs):
-            last = i == len(pairs) - 1
-            quiet = getattr(model, "no_sync", None)
-            if quiet is not None and not last:
-                with quiet():
-                    (token_loss(model(x), y) / len(pairs)).backward()
-            else:
+            with quiet() if i < len(pairs) - 1 else contextlib.nullcontext():
                 (token_loss(model(x), y) / len(pairs)).backward()
 
     return step

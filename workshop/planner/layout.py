@@ -1,18 +1,7 @@
-"""What a layout planner is asked about: a model by its shapes, a parallel layout, a GPU
-and its links.
-
-Records shared by the estimator (:mod:`workshop.planner.estimator`), the fake-backend
-check (:mod:`workshop.planner.fake_world`) and the lesson's planner:
-
-- :class:`ModelShape`: a decoder-only transformer by its layers, hidden size, heads,
-  vocabulary and sequence length (its parameter count is a formula, and
-  :func:`~workshop.planner.transformer.build_transformer` builds the very module
-  the formula counts), or any
-  ``nn.Module`` by a builder (ResNet-50, the workshop's own models);
-- :class:`Layout`: the degrees of data, tensor and pipeline parallelism, the ZeRO stage
-  (3 is FSDP), micro-batches, activation checkpointing and precision;
-- :class:`GPU` and :class:`Network` (:data:`GPUS`, :data:`NETWORKS`): memory, peak
-  throughput and link bandwidths, each with its vendor's published figures.
+"""What a layout planner is asked about: a :class:`ModelShape`, a parallel
+:class:`Layout`, a :class:`GPU` and its :class:`Network` (the last two from
+:mod:`workshop.planner.hardware`, importable from here too); the records the
+estimator, the fake-backend check and the lesson's planner share.
 """
 
 from __future__ import annotations
@@ -25,8 +14,6 @@ import torch
 from torch import nn
 
 from ..checks import one_of, whole
-
-# The hardware records live in hardware.py; these names stay importable from here.
 from .hardware import (  # noqa: F401 (the hardware names, importable from here too)
     GPU,
     GPUS,
@@ -47,9 +34,8 @@ __all__ = [
 
 
 def check_counts(owner: str, unit: str = "", **values: Any) -> None:
-    """Raise ``ValueError`` for the first of ``values`` that is not a whole number of
-    1 or more: "owner: name=0 must be a whole number[ unit], 1 or more" (no prefix
-    when ``owner`` is empty). The planner's modules all check their counts here."""
+    """Refuse the first of ``values`` that is not a whole number, 1 or more:
+    "owner: name=0 must be a whole number[ unit], 1 or more"."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             prefix = f"{owner}: " if owner else ""
@@ -62,17 +48,9 @@ def check_counts(owner: str, unit: str = "", **values: Any) -> None:
 class ModelShape:
     """A model as the planner sees it.
 
-    For ``kind="transformer"`` the shapes are those of a decoder-only transformer with
-    pre-normalisation (GPT, Llama): ``layers`` blocks of attention (``heads`` query
-    heads, ``kv_heads`` key/value heads) and an MLP of width ``ffn`` ("gelu": two
-    matrices; "swiglu": three), an embedding of ``vocab`` x ``hidden`` and an output
-    head (shared with the embedding when ``tied``). Linear layers have no bias.
-    ``fused``: the implementation joins q, k, v into one matrix and the MLP's input
-    matrices into one (Megatron-LM), which changes the count of tensor-parallel
-    collectives, not the parameters.
-
-    For ``kind="module"``, ``builder`` makes the ``nn.Module`` and ``sample`` its input
-    for one sample; the parameters are counted from the module itself.
+    ``kind="transformer"``: a pre-norm decoder-only transformer (GPT, Llama) without
+    biases, its head shared with the embedding when ``tied``. ``kind="module"``:
+    ``builder`` makes the ``nn.Module``, ``sample`` is one sample's input shape.
 
     Raises:
         ValueError: a size below 1, ``hidden`` not divisible by ``heads``, or
@@ -162,12 +140,8 @@ class ModelShape:
         return self.hidden // self.heads
 
     def layer_parameters(self) -> int:
-        """Parameters of one transformer block.
-
-        ``2 h^2 + 2 h (kv_heads x head_dim)`` for attention (query and output
-        projections, keys and values), ``m h ffn`` for the MLP with ``m`` = 2 (GELU)
-        or 3 (SwiGLU), and ``2 h`` for the two RMS norms.
-        """
+        """Parameters of one block: ``2 h^2 + 2 h kv + m h ffn + 2 h``, m = 2 (GELU)
+        or 3 (SwiGLU)."""
         self._need_transformer("layer_parameters")
         h = self.hidden
         kv = self.kv_heads * self.head_dim
@@ -190,14 +164,8 @@ class ModelShape:
         return self.layers * self.layer_parameters() + self.embedding_parameters()
 
     def flops_per_token(self) -> float:
-        """Training FLOPs per token (forward and backward): ``6 N + 12 L h s``.
-
-        ``6 N``: each parameter does a multiply and an add in the forward pass and
-        twice that in the backward (Kaplan et al., "Scaling Laws for Neural Language
-        Models", 2020, section 2.1); ``12 L h s``: the attention scores and their
-        weighted sum, which no parameter counts. The embedding lookup does no
-        multiplications, so its ``V h`` parameters are left out when untied.
-        """
+        """Training FLOPs per token: ``6 N + 12 L h s`` (Kaplan et al., 2020, section
+        2.1; the attention scores add ``12 L h s``), N without the embedding lookup."""
         self._need_transformer("flops_per_token")
         n = self.parameters() - (0 if self.tied else self.vocab * self.hidden)
         return 6.0 * n + 12.0 * self.layers * self.hidden * self.seq
@@ -321,30 +289,22 @@ class Layout:
 
     Args:
         dp: data-parallel degree (replicas, or shards under ZeRO/FSDP).
-        tp: tensor-parallel degree, within a node (Megatron-style column/row split).
-        pp: pipeline stages; ``layers`` must divide into them.
-        zero: 0 (DDP), 1, 2 (ZeRO stages) or 3 (ZeRO-3, which FSDP2 is).
-        micro_batch: samples (sequences) per micro-batch on each data-parallel rank.
-        micro_batches: micro-batches per step (pipeline micro-batches, or gradient
-            accumulation when ``pp`` is 1).
-        checkpointing: "none", "selective" (attention recomputed) or "full" (each
-            block's input kept, the rest recomputed).
-        precision: "fp32", or "bf16" (bf16 parameters and gradients for compute, an
-            fp32 master copy and Adam's moments in the optimizer: 2 + 2 + 12 bytes).
-        sequence_parallel: split the norms' and residuals' activations over the
-            ``tp`` ranks along the sequence (Korthikanti et al. 2022); each
-            tensor-parallel all-reduce becomes a reduce-scatter and an all-gather.
-        virtual_stages: model chunks per pipeline rank, the interleaved 1F1B schedule
-            (Narayanan et al. 2021, section 2.2.2): the bubble shrinks by this factor,
-            the stage-to-stage sends grow by it. 1 is plain 1F1B.
-        tp_overlap: the tensor-parallel communication runs under the matrix products,
-            as Megatron-Core's ``--tp-comm-overlap`` and torchtitan's async tensor
-            parallelism do; only what exceeds them is added to the step.
+        tp: tensor-parallel degree (Megatron-style column/row split).
+        pp: pipeline stages.
+        zero: 0 (DDP), 1, 2 or 3 (ZeRO-3, which FSDP2 is).
+        micro_batch: sequences per micro-batch on each data-parallel rank.
+        micro_batches: per step (pipeline micro-batches, or gradient accumulation).
+        checkpointing: "none", "selective" (attention recomputed) or "full".
+        precision: "fp32", or "bf16" (2 + 2 + 12 bytes per parameter with Adam).
+        sequence_parallel: split the norms' activations along the sequence over tp
+            (Korthikanti et al. 2022).
+        virtual_stages: chunks per pipeline rank, the interleaved 1F1B schedule
+            (Narayanan et al. 2021, section 2.2.2); 1 is plain 1F1B.
+        tp_overlap: tensor-parallel communication hidden under the products, as
+            Megatron-Core's ``--tp-comm-overlap`` does.
 
     Raises:
-        ValueError: a degree below 1, an unknown stage, checkpointing or precision,
-            sequence parallelism or tp_overlap without tp > 1, virtual stages without
-            a pipeline or with a number of micro-batches the schedule cannot take.
+        ValueError: a value out of range, or an option the other fields rule out.
     """
 
     dp: int = 1
@@ -402,10 +362,8 @@ class Layout:
         return self.dp * self.micro_batch * self.micro_batches
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """Where ``rank`` sits, with ``tp`` varying fastest, then ``dp``, then ``pp``.
-
-        Tensor-parallel ranks are neighbours (on one node) because they talk in every
-        layer; pipeline stages are furthest apart because they talk least.
+        """Where ``rank`` sits, ``tp`` fastest (it talks in every layer), then
+        ``dp``, then ``pp`` (it talks least).
 
         Raises:
             ValueError: ``rank`` outside ``0 .. world_size - 1``.
@@ -419,12 +377,7 @@ class Layout:
         }
 
     def check_fits(self, model: ModelShape) -> None:
-        """Raise ``ValueError`` if ``model`` cannot be split this way, saying why.
-
-        Tensor parallelism splits heads, key/value heads and the MLP width; pipeline
-        parallelism splits whole layers. A module (not a transformer) can only be
-        data parallel.
-        """
+        """Raise ``ValueError`` if ``model`` cannot be split this way, saying why."""
         if model.kind == "module":
             if self.tp > 1 or self.pp > 1:
                 raise ValueError(

@@ -1,24 +1,11 @@
 """The planner's estimate against a real run: 2 to 4 ranks train the same transformer.
 
-:func:`measure_layout` runs on every rank of a :func:`workshop.launch` (gloo on CPUs,
-NCCL on GPUs). It builds the planner's transformer
-(:func:`~workshop.planner.transformer.build_transformer`), splits it as a
-:class:`~workshop.planner.layout.Layout` says with PyTorch's own tools (DDP for
-``zero=0``; FSDP2's ``fully_shard`` for ``zero=3``; DTensor tensor parallelism on a
-``(dp, tp)`` device mesh), trains a few Adam steps and measures:
-
-- the bytes each rank holds: parameters, gradients, optimizer state (each storage
-  once, a sharded tensor by its local shard), and the activations one forward pass
-  saves for the backward (counted with ``saved_tensors_hooks``);
-- the time of a step (the median of the timed steps), and what the estimator needs
-  to predict it on this machine rather than on a datasheet's GPU: the FLOP/s one
-  rank reaches on the same blocks alone, and the time of a small and a large
-  all-reduce (the alpha and beta of the alpha-beta model, read off two points, not
-  fitted, so that a noisy machine cannot bend a fit).
-
-:func:`layout_machine` turns those figures into a :class:`~workshop.planner.layout.GPU`
-and :class:`~workshop.planner.layout.Network` record, so the same estimator that plans
-a 1,024-GPU run predicts this one.
+:func:`measure_layout` runs on every rank of a :func:`workshop.launch`, splits the
+planner's transformer with PyTorch's own tools (DDP or FSDP2, DTensor), trains a few
+Adam steps and measures the bytes each rank holds and the step time, with what the
+estimator needs to predict it here: the FLOP/s of the blocks alone and a small and a
+large all-reduce (alpha and beta read off two points, not fitted, so a noisy machine
+cannot bend a fit). :func:`layout_machine` turns them into GPU and Network records.
 """
 
 from __future__ import annotations
@@ -154,17 +141,14 @@ def measure_layout(
 ) -> dict[str, Any]:
     """Train ``model``, split as asked, on this group's ranks; measure memory and time.
 
-    Run on every rank (``workshop.launch(measure_layout, "tiny", 2, 3, world_size=4)``).
-    The data-parallel degree is ``world_size / tp``. Precision is fp32 on a CPU (a CPU
-    without bf16 units runs bf16 several times slower) and bf16 parameters with fp32
-    state are not used here, so the figures compare with ``precision="fp32"``.
+    Run on every rank (``workshop.launch(measure_layout, "tiny", 2, 3, world_size=4)``);
+    ``dp = world_size / tp``, in fp32 (compare with ``precision="fp32"``).
 
     Args:
         model: a transformer of :data:`~workshop.planner.layout.MODELS` small enough
             to train here ("tiny", or "gpt2-small" on a GPU).
         tp: tensor-parallel degree; must divide the world size.
-        zero: 0 (DDP) or 3 (FSDP2); stages 1 and 2 are measured in section 4 of
-            notebook 04 by the workshop's own hand-written ZeRO.
+        zero: 0 (DDP) or 3 (FSDP2).
         micro_batch: sequences per rank and step.
         steps: timed steps (after one warm-up step).
         seed: seeds the model and the data, the same on every rank.
@@ -264,10 +248,8 @@ def measure_layout(
 def layout_machine(result: dict[str, Any]) -> tuple[GPU, Network]:
     """This machine as the estimator's records, from one rank's :func:`measure_layout`.
 
-    The "GPU" reaches ``alone_flops`` (so ``mfu=1``); the network's alpha is the time of
-    the small all-reduce over its ring's ``2 (n - 1)`` messages, its bandwidth the large
-    all-reduce's ``2 (n - 1) / n x bytes`` over the time left after alpha. Every rank
-    here shares one node, so both links are the same.
+    The "GPU" reaches ``alone_flops`` (so ``mfu=1``); alpha is the small all-reduce
+    over its ``2 (n - 1)`` messages, the bandwidth the large one's after alpha.
 
     Raises:
         ValueError: a result without those figures.
@@ -310,12 +292,8 @@ def layout_machine(result: dict[str, Any]) -> tuple[GPU, Network]:
 def measured_against_estimate(results: list[dict[str, Any]]) -> str:
     """The estimate of the run's layout beside what its ranks measured, as a table.
 
-    The estimate is the planner's own
-    (:func:`~workshop.planner.estimator.estimate`), for this machine as
-    :func:`layout_machine` describes it: the memory terms are formulas of the shape
-    alone, the step time uses the FLOP/s and the all-reduce times measured in the same
-    run. Memory is rank 0's (every rank of a divisible layout holds the same); the step
-    is the slowest rank's, since a step ends when the last rank's does.
+    The estimate is for this machine as :func:`layout_machine` describes it; memory
+    is rank 0's, the step the slowest rank's.
 
     Raises:
         ValueError: no results, or results of :func:`measure_layout` missing a figure.

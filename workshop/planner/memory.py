@@ -1,78 +1,43 @@
 """The estimator's memory terms: what one GPU holds for a parallel layout, in bytes.
 
 The formulas of :func:`workshop.planner.estimator.estimate`'s "parameters",
-"gradients", "optimizer", "activations" and "buffers" (its time terms are in
-:mod:`workshop.planner.step_time`), and the measurement that checks the activation
-formula: :func:`workshop.training.models.saved_tensor_bytes` counts what autograd
-really saves.
+"gradients", "optimizer", "activations" and "buffers" (time terms:
+:mod:`workshop.planner.step_time`); :func:`workshop.training.models.saved_tensor_bytes`
+checks the activation formula against what autograd really saves.
 
 Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
 V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
 t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32).
 
-Memory per GPU (bytes)
-----------------------
-- Ψ: the parameters of one pipeline stage (L/p blocks; the embedding on the first
-  stage, the final norm and output head on the last), the block and head matrices and
-  the embedding split over t ranks (Megatron's column/row and vocabulary split), the
-  RMSNorm weights whole on every tensor-parallel rank.
-- parameters, gradients, optimizer: ZeRO (Rajbhandari et al., 2020, section 5):
-  stage 1 divides the optimizer state by N, stage 2 also the gradients, stage 3 also
-  the parameters; bytes per parameter from
-  :data:`PRECISIONS`: fp32 4 + 4 + 8 (Adam's two
-  moments); bf16 with stages 0-2 the paper's 2 + 2 + 12 (16-bit parameters and
-  gradients, fp32 master copy and moments); bf16 with stage 3 what PyTorch's FSDP2
-  with ``MixedPrecisionPolicy(param_dtype=bfloat16)`` holds: the sharded fp32
-  parameters are the master copy, their gradients are fp32, so 4/N + 4/N + 8/N, and
-  the bf16 copies exist only while a block is gathered (counted in buffers).
-  PyTorch's tools for stages 0-2 hold other bytes than the paper's: DDP and
-  ``ZeroRedundancyOptimizer`` under bf16 autocast keep fp32 parameters and gradients
-  (4 + 4 + 8, the optimizer / N at ZeRO-1; autocast also saves a bf16 copy of each
-  weight for the backward pass), and FSDP2 with ``reshard_after_forward=False``
-  (PyTorch's nearest to ZeRO-2) keeps fp32 shards (16 Ψ / N) and holds the gathered
-  bf16 parameters from the forward to the backward pass: 2 Ψ + 16 Ψ / N at its peak,
-  against the paper's 2 Ψ + 14 Ψ / N. The totals are close; the terms differ.
-- activations: the bytes autograd saves for the backward pass, counted for this
-  package's own block (:class:`~workshop.planner.transformer.Block`: RMSNorm written
-  out, grouped-query attention through ``repeat_interleave`` and a fused SDPA kernel,
-  SwiGLU or GELU), in the way of Korthikanti et al. 2022 (section 4), per layer::
+- Ψ: one pipeline stage's L/p blocks and edges, matrices and embedding split over t
+  (Megatron's column/row and vocabulary split), RMSNorm weights whole.
+- parameters, gradients, optimizer: ZeRO (Rajbhandari et al., 2020, section 5)
+  divides the optimizer state by N at stage 1, also the gradients at 2, also the
+  parameters at 3; bytes per parameter from :data:`PRECISIONS` (bf16 stages 0-2: the
+  paper's 2 + 2 + 12). bf16 at stage 3 is what FSDP2 with a bf16
+  ``MixedPrecisionPolicy`` holds: fp32 shards as the master copy, 4/N + 4/N + 8/N,
+  the bf16 copies counted in buffers. (PyTorch's DDP and ZeRO-1/2 tools hold fp32
+  parameters and gradients under autocast: other terms, a close total.)
+- activations: what autograd saves for this package's
+  :class:`~workshop.planner.transformer.Block` (fused SDPA, so no s x s scores), in
+  the way of Korthikanti et al. 2022 (section 4), per layer::
 
       e s b (6 h + 2)  +  [e s b (4 h + k f) + 4 s b a] / t      k = 4 SwiGLU, 2 GELU
 
-  6 h: each RMSNorm keeps its input and its normalised input (2 + 2) and each weighted
-  norm output is kept once for the linear layers after it (1 + 1); these are whole on
-  every tensor-parallel rank (no sequence parallelism). 4 h: the attention kernel
-  keeps q, k, v (k and v after ``repeat_interleave``, so h each) and its output, which
-  is also the output projection's input. k f: SwiGLU keeps the gate's output, its SiLU,
-  the up projection and their product; GELU its input and output. 2 (b s values):
-  the two RMS scales; 4 s b a: the kernel's fp32 log-sum-exp. A fused kernel (flash
-  or memory-efficient, on GPU; its CPU flash kernel too) never stores the s x s scores,
-  so Korthikanti's 5 a s / h term is absent; the math fallback would add it. The first
-  stage adds the token ids (8 s b), the last the final norm and head input
-  (e s b (3 h + 1)), the fp32 log-softmax of the loss (4 s b V / t, the loss computed
-  on ``logits.float()`` as torchtitan does) and the targets (8 s b).
-  Checkpointing (Chen et al., 2016; Korthikanti et al. 2022, section 5): "full" keeps
-  each block's input (e s b h per layer) and one block's full set while it is
-  recomputed; "selective" recomputes the attention scores, which a fused kernel does
-  not store anyway, so it saves no memory here.
-  Pipeline (Narayanan et al., 2021, section 2.2, 1F1B): stage i holds min(p - i, m)
-  micro-batches in flight: the first stage min(p, m), the last one; the interleaved
-  schedule with v chunks per GPU holds (1 + (p - 1) / (p v)) times the blocks' share
-  (Korthikanti et al. 2022, section 4.2.3). Sequence parallelism divides the 6 h + 2
-  term, and a kept block input under full checkpointing, by t as well.
-- buffers: FSDP (zero=3): two blocks' parameters gathered (the current one and the one
-  prefetched) and the root's (embedding, norm, head), which FSDP2 keeps gathered after
-  the forward pass (``reshard_after_forward`` is False for the root), in the parameter
-  dtype; and one block's unsharded gradients before their reduce-scatter, in the
-  dtype FSDP reduces them in (:func:`fsdp_reduce_bytes`: fp32, as torchtitan and
-  PyTorch from 2.15 do; ``reduce_dtype=bfloat16`` would halve it). DDP: a copy of the
-  gradients in its buckets (25 MiB each by default; ``gradient_as_bucket_view=True``
-  makes the gradients views of them and saves that copy; PyTorch DDP documentation).
-  ZeRO-1/2: one 25 MiB bucket (assumed). Pipeline: a received activation and a
-  received gradient (2 e s b h).
-- A module (ResNet-50, SmallCNN): Ψ counted on the module; activations measured once
-  (saved-tensor bytes of one sample on the meta device, cached) times b; under FSDP it
-  is one unit, so its buffers are the whole gathered parameters and unsharded gradients.
+  6 h + 2: the norms' inputs, outputs and scales, whole on every tp rank; 4 h: q, k,
+  v and the attention output; k f: the MLP; 4 s b a: the kernel's log-sum-exp. The
+  first stage adds the token ids, the last the head's input, the fp32 log-softmax
+  (4 s b V / t) and the targets. Full checkpointing (Chen et al., 2016) keeps each
+  block's input and one block's full set; selective saves nothing more with a fused
+  kernel. 1F1B (Narayanan et al., 2021, section 2.2): stage i holds min(p - i, m)
+  micro-batches; interleaving v chunks holds (1 + (p - 1) / (p v)) times the blocks'
+  share. Sequence parallelism divides the 6 h + 2 term (and a kept input) by t.
+- buffers: FSDP (zero=3): two blocks' gathered parameters and the root's, and one
+  block's unsharded gradients in the reduce dtype (:func:`fsdp_reduce_bytes`). DDP: a
+  copy of the gradients in its buckets. ZeRO-1/2: one 25 MiB bucket (assumed).
+  Pipeline: a received activation and gradient (2 e s b h).
+- A module (ResNet-50, SmallCNN): Ψ counted on it, activations measured once on the
+  meta device times b; under FSDP it is one unit.
 """
 
 from __future__ import annotations
@@ -92,10 +57,8 @@ __all__ = [
 ]
 
 # --- ZeRO: the bytes of parameters, gradients and optimizer state --------------
-#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam.
-#: "fp32": everything in fp32, Adam's two moments (the variant the lesson runs).
-#: "mixed": the ZeRO paper's fp16 parameters and gradients, with an fp32 master
-#: copy of the parameters and the two moments as optimizer state (4 + 4 + 4 bytes).
+#: Bytes per parameter of (parameters, gradients, optimizer state) with Adam: all
+#: fp32, or the ZeRO paper's fp16 values with an fp32 master copy and moments.
 PRECISIONS: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
 
 #: The name of each stage, 0 being plain data parallelism (DDP).
@@ -132,17 +95,14 @@ def zero_bytes(
 ) -> dict[str, int]:
     """Bytes each rank keeps for a model of ``parameters`` (Ψ) values trained with Adam.
 
-    A sharded part costs ``bytes per parameter * Ψ / world_size``, rounded up to a
-    whole byte (a real rank also pads Ψ up to a multiple of ``world_size``; that
-    adds at most ``world_size - 1`` values and is left out here).
+    A sharded part is rounded up to a whole byte; a real rank's padding of Ψ to a
+    multiple of ``world_size`` is left out.
 
     Args:
-        parameters: Ψ, the number of parameters of the model.
-        world_size: N, the number of data-parallel ranks.
+        parameters: Ψ.
+        world_size: N, the data-parallel ranks.
         stage: "ddp" (or 0), 1, 2 or 3.
-        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "mixed" (the ZeRO
-            paper's fp16 parameters and gradients, 2 + 2 bytes, and 12 bytes of
-            fp32 master parameters and moments).
+        precision: "fp32" (4 + 4 + 8 bytes per parameter) or "mixed" (2 + 2 + 12).
 
     Returns:
         ``{"params", "grads", "optimizer", "total"}``: bytes per rank.
@@ -185,11 +145,7 @@ def bytes_of(precision: str) -> int:
 
 def fsdp_reduce_bytes(precision: str) -> int:
     """Bytes per value of the gradients FSDP reduce-scatters: 4, fp32, in both
-    precisions. With bf16 compute the planner reduces in fp32, as torchtitan does by
-    default and as the fake-world check states (``reduce_dtype=torch.float32``);
-    PyTorch's own default (``reduce_dtype=None``) reduces in the gradients' dtype,
-    fp32, from torch 2.15, and in ``param_dtype`` (bf16: half these bytes) before.
-    """
+    precisions, as torchtitan and PyTorch from 2.15 reduce (bf16 before: half)."""
     bytes_of(precision)  # the same precisions as everywhere
     return 4
 
@@ -198,15 +154,12 @@ def stage_parameters(
     model: str | ModelShape, stage: int = 0, pp: int = 1, tp: int = 1
 ) -> int:
     """Parameters one GPU of pipeline stage ``stage`` of ``pp`` holds at ``tp``-way
-    tensor parallelism: ``L/pp`` blocks (matrices split over ``tp``, RMSNorm weights
-    whole), the embedding on the first stage, the final norm and head on the last.
-
-    With ``tp=1`` this is what
-    :func:`~workshop.planner.transformer.build_transformer` builds for that stage.
+    tensor parallelism (with ``tp=1``, what
+    :func:`~workshop.planner.transformer.build_transformer` builds for it).
 
     Raises:
-        ValueError: a module, or a layout that cannot split the model (via
-            :meth:`Layout.check_fits`), or a stage outside ``0 .. pp - 1``.
+        ValueError: a module, a layout that cannot split the model, or a stage
+            outside ``0 .. pp - 1``.
 
     Example:
         >>> psi = stage_parameters("transformer-8b", stage=0, pp=1, tp=1)
@@ -235,12 +188,8 @@ def layer_activation_bytes(
 
         e s b (6 h + 2) + [e s b (4 h + k f) + 4 s b a] / t     (k = 4 SwiGLU, 2 GELU)
 
-    With ``sequence_parallel`` the first term is split over the t ranks too
-    (Korthikanti et al. 2022, section 4.2.2: the norms' activations are cut along the
-    sequence).
-
-    derived for :class:`~workshop.planner.transformer.Block` as Korthikanti et
-    al. (2022, section 4) derive theirs; see the module docstring for each term.
+    With ``sequence_parallel`` the first term is split over t too; the module
+    docstring gives each term.
 
     Raises:
         ValueError: a module, a micro-batch or ``tp`` below 1, ``tp`` not dividing the
@@ -290,13 +239,9 @@ def _edge_activation_bytes(
 
 
 def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) -> int:
-    """Bytes of activations one GPU of pipeline stage ``stage`` holds at its peak.
-
-    Per micro-batch: the stage's blocks (:func:`layer_activation_bytes`, or only each
-    block's input under full checkpointing) and its edges (token ids; final norm, head
-    input and the fp32 log-softmax of the loss); times the micro-batches in flight,
-    ``min(pp - stage, micro_batches)`` under 1F1B; full checkpointing adds one block's
-    whole set, recomputed. A module: measured saved bytes of one sample x micro_batch.
+    """Bytes of activations one GPU of pipeline stage ``stage`` holds at its peak:
+    its blocks and edges per micro-batch, times the micro-batches in flight (see
+    the module docstring).
 
     Raises:
         ValueError: a layout that cannot split the model, a stage outside the pipeline.
@@ -335,8 +280,7 @@ def activation_bytes(model: str | ModelShape, layout: Layout, stage: int = 0) ->
 
 # --- all memory terms -----------------------------------------------------------------
 def memory_terms(record: StageRecord) -> tuple[dict[str, float], dict]:
-    """The memory terms of one GPU of a pipeline stage (bytes), read off its
-    :class:`~workshop.planner.operations.StageRecord`, and each term's numbers."""
+    """The memory terms (bytes) of one GPU of a stage, and each term's numbers."""
     shape, layout, stage = record.model, record.layout, record.stage
     pbytes = bytes_of(layout.precision)
     psi, block, root = record.psi, record.block, record.root

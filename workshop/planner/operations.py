@@ -1,64 +1,32 @@
 """The formula sheet: every operation one GPU of a pipeline stage runs in a step.
 
-:func:`stage_record` computes, once per stage, what the memory terms and the time
-terms both read: the parameters this GPU holds (per tensor, per block, the edges), the
-blocks of its stage, and each operation with its own shape:
-
-- matrix products with their M, N, K (and batch), so that each is timed at its own
-  size (:mod:`workshop.planner.step_time`);
-- memory-bound operations (norms, softmax, dropout, activations, residual adds, the
-  loss, the optimizer step) with the bytes they read and write;
-- collectives with the whole tensor's bytes, the mesh dimension they run on, and the
-  compute they may hide behind.
+:func:`stage_record` computes once per stage what the memory and time terms both
+read: the parameters this GPU holds, and each operation at its own shape (products
+with M, N, K, timed by :mod:`workshop.planner.step_time`; memory-bound operations
+with their bytes; collectives with the whole tensor's bytes and mesh dimension).
 
 Notation: T = s b tokens of one micro-batch, h hidden, f MLP width, a heads (a_kv
-key-value heads, d = h / a per head), V vocabulary, t = tp, e bytes of an activation
-value (2 bf16, 4 fp32); T' = T / t under sequence parallelism (the norms, dropouts
-and residual adds are cut along the sequence), else T.
+key-value heads, d = h / a), V vocabulary, t = tp, e bytes of an activation value;
+T' = T / t under sequence parallelism (norms, dropouts and residual adds), else T.
 
-Forward, per block and micro-batch (Shoeybi et al. 2019, section 3; Korthikanti et
-al. 2022, section 4.2.2 for sequence parallelism):
+Per block and micro-batch, forward (Shoeybi et al. 2019, section 3; Korthikanti et
+al. 2022, section 4.2.2): two norms; q, k, v (M = T, K = h, N = h / t and a_kv d / t;
+fused: one product) and o (K = h / t); attention as products of b a / t heads (flash:
+half of them under the causal mask; unfused, as Megatron-LM before flash attention:
+whole, with a scale-mask-softmax and dropout over e b a s^2 / t); the MLP's up (and
+gate) and down products and its activation; two residual adds; with tp an all-reduce
+after each row-parallel product (sp: an all-gather before each column-parallel pair
+and a reduce-scatter after). Backward: each product twice (the input's and the
+weight's gradient, same FLOPs); each memory-bound operation reads its saved input
+and the incoming gradient; the collectives mirror the forward, one per
+column-parallel input's gradient. Full checkpointing runs the forward again in the
+backward pass; selective recomputes the attention core only (Korthikanti et al.
+2022, section 5).
 
-====================  ==========================================================
-norm 1, norm 2        memory: read e T' h, write e T' h
-(sp) all-gather       e T h before each column-parallel pair (2 per block)
-q, k, v               matmul M = T, K = h, N = h / t, a_kv d / t, a_kv d / t
-                      (fused: one product, N = (h + 2 a_kv d) / t)
-attention             flash: QK^T and PV as products of b a / t heads, M = s, N = s
-                      or d, K = d or s, half of them under the causal mask (the
-                      kernel skips the masked tiles); unfused (Megatron-LM before
-                      flash attention): the same products whole, and a fused
-                      scale-mask-softmax reading and writing e b a s^2 / t, and
-                      with dropout, a dropout reading and writing it with a mask of
-                      1 byte a value
-o                     matmul M = T, K = h / t, N = h
-(tp) all-reduce       e T h after each row-parallel product (sp: reduce-scatter)
-residual (x 2)        memory: read 2 e T' h, write e T' h (with dropout: + mask)
-up (, gate)           matmul M = T, K = h, N = f / t (SwiGLU: two, or one fused)
-activation            memory: GELU read e T f / t, write e T f / t; SwiGLU read 2,
-                      write 1
-down                  matmul M = T, K = f / t, N = h
-====================  ==========================================================
-
-Backward: each product twice (the input's gradient, M = T, N = K, K = N; the
-weight's, M = K, N = N, K = T), at the same FLOPs; each memory-bound operation reads
-its saved input and the incoming gradient and writes one gradient (norm, softmax,
-activation: 3 units of the forward's 2; dropout and residual: as the forward). The
-collectives mirror the forward: an all-reduce of each column-parallel input's gradient
-(sp: a reduce-scatter; and an all-gather at each row-parallel output). Recomputation:
-full checkpointing runs the block's forward again in the backward pass (collectives
-included); selective recomputes the attention core only (Korthikanti et al. 2022,
-section 5).
-
-Per micro-batch on the edges: the embedding lookup (first stage: write e T' h, and
-with tp an all-reduce, sp a reduce-scatter, of e T h), the final norm, the head
-(matmul M = T, K = h, N = V / t, on the last stage) and the cross-entropy (read and
-write 4 T V / t twice: softmax and its gradient, in fp32); a pipeline stage sends e T
-h (sp: / t) forward and the same gradient back at each boundary.
-
-Per step: the optimizer reads and writes each parameter's state (Adam:
-:data:`OPTIMIZER_BYTES`), and data parallelism reduces the gradients
-(:mod:`workshop.planner.step_time` gives the schedule of each).
+Per micro-batch on the edges: the embedding (with tp an all-reduce), the final norm,
+the head (N = V / t) and the fp32 cross-entropy; a pipeline stage sends e T h (sp:
+/ t) at each boundary. Per step: the optimizer's bytes (:data:`OPTIMIZER_BYTES`)
+and the data-parallel reductions (:mod:`workshop.planner.step_time`).
 """
 
 from __future__ import annotations
@@ -122,15 +90,10 @@ def family(op: Operation) -> str:
 class Operation:
     """One operation of one GPU, with the shape it runs at.
 
-    ``kind``: "matmul" (``m``, ``n``, ``k``, ``batch``; its FLOPs are ``2 m n k
-    batch``), "memory" (``nbytes`` read and written) or "collective" (``nbytes`` of
-    the whole tensor, ``collective`` one of "all_reduce", "all_gather",
-    "reduce_scatter", "send", on mesh dimension ``group``).
-    ``phase``: "forward", "backward", "recompute" (a forward run again in the
-    backward pass) or "step" (once a step). ``count``: how many times it runs per
-    block and micro-batch (``per`` = "block"), per micro-batch ("micro-batch") or
-    per step ("step"). ``hides``: for a collective, the compute it may overlap
-    (empty: none; the rules are :mod:`~workshop.planner.step_time`'s).
+    ``kind``: "matmul" (``m``, ``n``, ``k``, ``batch``), "memory" (``nbytes`` read
+    and written) or "collective" (``nbytes`` of the whole tensor, on mesh dimension
+    ``group``). ``count``: runs ``per`` "block", "micro-batch" or "step".
+    ``hides``: the compute a collective may overlap (empty: none).
     """
 
     name: str
@@ -159,14 +122,11 @@ class Operation:
 
 @dataclass(frozen=True)
 class StageRecord:
-    """What one GPU of pipeline stage ``stage`` holds and runs: computed once,
-    read by the memory terms and by the time terms.
+    """What one GPU of pipeline stage ``stage`` holds and runs.
 
-    ``layers``: blocks on this stage (:func:`stage_layers`); ``block``: parameters of
-    one block on one tensor-parallel rank; ``root``: the embedding (first stage),
-    final norm and head (last stage) on one rank; ``psi``: all it holds;
-    ``tensor_sizes``: each parameter tensor in the order the stage registers them;
-    ``operations``: every :class:`Operation` (empty for a module).
+    ``block``: one block's parameters on one tp rank; ``root``: the edges' (embedding,
+    final norm, head); ``psi``: all it holds; ``tensor_sizes``: in registration order;
+    ``operations``: empty for a module.
     """
 
     model: ModelShape
@@ -188,8 +148,7 @@ class StageRecord:
         return self.stage == self.layout.pp - 1
 
     def of(self, per: str, phase: str | None = None) -> list[Operation]:
-        """The operations run ``per`` "block", "micro-batch" or "step" (and in
-        ``phase``)."""
+        """The operations run ``per`` "block", "micro-batch" or "step" (in phase)."""
         return [
             op
             for op in self.operations
@@ -197,17 +156,14 @@ class StageRecord:
         ]
 
     def flops(self, per: str = "block") -> float:
-        """FLOPs of the matrix products run ``per`` block or micro-batch, all
-        phases."""
+        """FLOPs of the products run ``per`` block or micro-batch, all phases."""
         return sum(op.flops * op.count for op in self.of(per))
 
 
 def stage_layers(layers: int, pp: int, stage: int) -> int:
-    """Blocks on pipeline stage ``stage`` of ``pp``: ``layers // pp``, and where they
-    do not divide, one more on each of the middle stages first (the first holds the
-    embedding, the last the head and loss), then on the last and the first.
-    Llama 3 405B's 126 layers on 16 stages: 7 on the first and last, 8 on the 14
-    others (Dubey et al. 2024, section 3.3.2).
+    """Blocks on pipeline stage ``stage`` of ``pp``: ``layers // pp``, the remainder
+    on the middle stages first (the edges hold the embedding and head), as Llama 3
+    405B's 126 layers on 16 stages (Dubey et al. 2024, section 3.3.2).
 
     Example:
         >>> [stage_layers(126, 16, s) for s in (0, 1, 14, 15)]
@@ -327,36 +283,19 @@ def _block_operations(model: ModelShape, layout: Layout) -> list[Operation]:
     def collectives(phase: str) -> list[Operation]:
         if t == 1:
             return []
-        size = float(e * T * h)
-        sp = layout.sequence_parallel
-        hides = "compute" if layout.tp_overlap else ""
-        if phase in ("forward", "recompute"):
-            if sp:
-                return [
-                    Operation("tp all-gather", "collective", phase, "block", 2,
-                              nbytes=size, collective="all_gather", group="tp",
-                              hides=hides),
-                    Operation("tp reduce-scatter", "collective", phase, "block", 2,
-                              nbytes=size, collective="reduce_scatter", group="tp",
-                              hides=hides),
-                ]  # fmt: skip
-            return [Operation("tp all-reduce", "collective", phase, "block", 2,
-                              nbytes=size, collective="all_reduce", group="tp",
-                              hides=hides)]  # fmt: skip
-        # backward: one reduction per column-parallel layer's input gradient
-        calls = 2 if model.fused else 5 if swiglu else 4
-        if sp:
-            return [
-                Operation("tp all-gather", "collective", phase, "block", 2,
-                          nbytes=size, collective="all_gather", group="tp",
-                          hides=hides),
-                Operation("tp reduce-scatter", "collective", phase, "block", calls,
-                          nbytes=size, collective="reduce_scatter", group="tp",
-                          hides=hides),
-            ]  # fmt: skip
-        return [Operation("tp all-reduce", "collective", phase, "block", calls,
-                          nbytes=size, collective="all_reduce", group="tp",
-                          hides=hides)]  # fmt: skip
+
+        def tp(kind: str, count: int) -> Operation:
+            hides = "compute" if layout.tp_overlap else ""
+            return Operation(f"tp {kind.replace('_', '-')}", "collective", phase,
+                             "block", count, nbytes=float(e * T * h), collective=kind,
+                             group="tp", hides=hides)  # fmt: skip
+
+        calls = 2  # forward: after each row-parallel product
+        if phase == "backward":  # one per column-parallel layer's input gradient
+            calls = 2 if model.fused else 5 if swiglu else 4
+        if layout.sequence_parallel:
+            return [tp("all_gather", 2), tp("reduce_scatter", calls)]
+        return [tp("all_reduce", calls)]
 
     ops = products("forward") + elementwise("forward") + collectives("forward")
     ops += products("backward") + elementwise("backward") + collectives("backward")

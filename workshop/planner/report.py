@@ -1,25 +1,12 @@
 """Notebook 04's layout planner: which parallel layout fits a model on an allocation,
 and how long its step will take.
 
-Two ways in, the same figures:
-
-- :func:`plan` prints the estimator's table for one layout and draws it (memory per
-  GPU against the GPU's capacity; the step split into compute, communication and the
-  pipeline bubble). It needs no widgets, so it runs under nbval, in CI and in a script.
-- :func:`explore` shows the same as ipywidgets, a :class:`Planner`: a model, a GPU, a
-  network, nodes, GPUs per node, the degrees, ZeRO stage, micro-batches,
-  checkpointing, precision, interleaving, sequence parallelism and overlapped
-  tensor-parallel communication, replanned on every change, and a button that runs one
-  rank of the layout on PyTorch's fake backend and prints the estimate beside what the
-  framework really holds and sends. The widgets write their outputs as plain output
-  records (``Output.outputs``), not through ``with out:``, so they work the same
-  without a frontend: in tests, under nbval, in CI.
-
-The figures come from :mod:`workshop.planner.estimator` (formulas),
-:mod:`workshop.planner.fake_world` (the fake backend) and
-:mod:`workshop.draw.plan_plots` (the pictures); this module only puts them before a
-learner. The last two are imported when first needed, so ``import workshop`` stays
-light.
+:func:`plan` prints the estimator's table and draws it, without widgets (nbval, CI, a
+script); :func:`explore` shows the same as ipywidgets, replanned on every change, with
+a button that runs one rank on the fake backend. The widgets write plain output
+records (``Output.outputs``), not ``with out:``, so they work without a frontend. The
+fake backend and the pictures are imported when first needed, so ``import workshop``
+stays light.
 """
 
 from __future__ import annotations
@@ -50,16 +37,14 @@ def layout_for_gpus(
     nodes: int, gpus_per_node: int, tp: int = 1, pp: int = 1, **rest: Any
 ) -> Layout:
     """The layout that uses all ``nodes x gpus_per_node`` GPUs: ``dp`` is what is left
-    after tensor and pipeline parallelism, ``nodes x gpus_per_node / (tp x pp)``.
+    after tensor and pipeline parallelism.
 
     Args:
         nodes: nodes of the allocation.
         gpus_per_node: GPUs on each node.
         tp: tensor-parallel degree.
         pp: pipeline stages.
-        **rest: the other fields of :class:`~workshop.planner.layout.Layout`
-            (``zero``, ``micro_batch``, ``micro_batches``, ``checkpointing``,
-            ``precision``).
+        **rest: the other fields of :class:`~workshop.planner.layout.Layout`.
 
     Returns:
         The :class:`~workshop.planner.layout.Layout`.
@@ -164,30 +149,23 @@ def plan(
 ) -> Estimate | list[Estimate]:
     """Estimate a layout, print its table and draw it: the planner without widgets.
 
-    Given several layouts, prints one line for each (the estimator's
-    :func:`~workshop.planner.estimator.table`) and draws them side by side.
+    Given several layouts, prints one line for each and draws them side by side.
 
     Args:
-        model: a name of :data:`~workshop.planner.layout.MODELS`
-            ("transformer-8b") or a :class:`~workshop.planner.layout.ModelShape`.
-        layout: a :class:`~workshop.planner.layout.Layout` (degrees, ZeRO stage,
-            micro-batches, checkpointing, precision), or a list of them.
+        model: a name of :data:`~workshop.planner.layout.MODELS` or a
+            :class:`~workshop.planner.layout.ModelShape`.
+        layout: a :class:`~workshop.planner.layout.Layout`, or a list of them.
         gpu: a name of :data:`~workshop.planner.layout.GPUS`.
         network: a name of :data:`~workshop.planner.layout.NETWORKS`.
-        gpus_per_node: GPUs on each node (a tensor-parallel group wider than this
-            crosses nodes).
-        mfu: the share of the GPU's peak the compute reaches (the estimator's
-            default when None).
-        draw: also draw the plan (:func:`workshop.draw.plan_plots.plot_plan`, or
-            :func:`~workshop.draw.plan_plots.plot_layouts` for several), shown in a
-            notebook.
+        gpus_per_node: GPUs on each node.
+        mfu: the share of the GPU's peak reached (the estimator's default when None).
+        draw: also draw the plan (:func:`workshop.draw.plan_plots.plot_plan`).
 
     Returns:
         The :class:`~workshop.planner.estimator.Estimate`, or a list of them.
 
     Raises:
-        ValueError: an unknown model, GPU or network, or a layout the model cannot
-            take (the message says which and why).
+        ValueError: an unknown name, or a layout the model cannot take.
 
     Example:
         >>> est = plan("transformer-8b", Layout(dp=8, tp=8, zero=3), draw=False)
@@ -241,22 +219,15 @@ def _image(png: bytes, alt: str) -> dict[str, Any]:
 
 @dataclass
 class Planner:
-    """What :func:`explore` returns: the widgets, and what they show now.
-
-    Jupyter shows it as the live widget (with a picture of the first plan stored
-    beside it for a notebook that is not trusted); elsewhere its text.
+    """What :func:`explore` returns: the widgets, and what they show now (a picture
+    of the plan is stored beside them for a notebook that is not trusted).
 
     Attributes:
         view: the ipywidgets ``VBox`` to display or embed.
-        controls: the input widgets by name ("model", "gpu", "network", "nodes",
-            "gpus_per_node", "tp", "pp", "zero", "micro_batch", "micro_batches",
-            "checkpointing", "precision", "virtual_stages", "sequence_parallel",
-            "tp_overlap", "rank"); set a ``.value`` to replan.
-        plot_out: the ``Output`` with the table and the picture, or the message
-            saying why the layout cannot be planned.
-        fake_out: the ``Output`` with the fake-backend comparison.
-        estimate: the current :class:`~workshop.planner.estimator.Estimate`, None
-            while the inputs make no layout.
+        controls: the input widgets by :func:`explore`'s argument names, and "rank";
+            set a ``.value`` to replan.
+        plot_out, fake_out: the ``Output`` with the plan, and with the fake run.
+        estimate: the current Estimate, None while the inputs make no layout.
         message: why there is no estimate ("" when there is one).
         report: the last fake-backend report, None before the button is pressed.
     """
@@ -320,9 +291,8 @@ class Planner:
         self.button.disabled = False
 
     def run_fake(self, button: Any = None) -> None:
-        """Run the chosen rank of the current layout on the fake backend and show
-        :func:`~workshop.planner.fake_compare.compare` of the estimate of its
-        pipeline stage and the report (the button's action)."""
+        """The button's action: run the chosen rank on the fake backend and show
+        :func:`~workshop.planner.fake_compare.compare` of its stage's estimate."""
         if self.estimate is None:
             self.fake_out.outputs = (_stream(f"Nothing to run: {self.message}"),)
             return
@@ -434,11 +404,8 @@ def explore(
 ) -> Planner:
     """The layout planner as widgets, starting from the layout the arguments give.
 
-    Every change replans: ``dp`` is the GPUs left after ``tp x pp``, the table and
-    the picture are redrawn, and a layout that cannot be made shows its reason in
-    place of the plot. "Run rank r on the fake backend" runs that rank with
-    PyTorch's real FSDP2/DTensor sharding and prints the estimate beside what it
-    holds and sends.
+    Every change replans (``dp`` is the GPUs left after ``tp x pp``); a layout that
+    cannot be made shows its reason in place of the plot.
 
     Args:
         model, gpu, network: names in :data:`~workshop.planner.layout.MODELS`,
@@ -455,14 +422,12 @@ def explore(
     Raises:
         ImportError: ipywidgets is not installed (``pip install ipywidgets``); use
             :func:`plan` without it.
-        ValueError: a starting value the widgets cannot show: a model, GPU or
-            network the planner does not know, a number outside its box's range,
-            or a choice its menu does not offer. The message names the argument,
-            its value and what is allowed.
+        ValueError: a starting value the widgets cannot show, named with what is
+            allowed.
 
     Example:
         >>> p = explore()  # doctest: +SKIP
-        >>> p.controls["tp"].value = 4  # replans, as a learner's click would
+        >>> p.controls["tp"].value = 4  # replans, as a click would  # doctest: +SKIP
     """
     _check_start(dict(locals()))  # the arguments, by name
     import ipywidgets as widgets

@@ -1,82 +1,38 @@
 """The estimator's time terms: seconds of one training step of a parallel layout.
 
-The formulas of :func:`workshop.planner.estimator.estimate`'s "compute",
-"dp comm", "tp comm", "pp comm" and "bubble" and its ``collectives`` (its memory
-terms are in :mod:`workshop.planner.memory`), with the GPU and network
-records they read (:data:`~workshop.planner.layout.GPUS`,
-:data:`~workshop.planner.layout.NETWORKS`).
+The formulas of :func:`workshop.planner.estimator.estimate`'s "compute", "dp comm",
+"tp comm", "pp comm" and "bubble" and its ``collectives`` (memory terms:
+:mod:`workshop.planner.memory`). Notation as there; m micro-batches, v virtual stages.
 
-Notation: Ψ parameters this GPU holds, L layers, h hidden size, f MLP width, a heads,
-V vocabulary, s sequence, b micro-batch (sequences), m micro-batches per step,
-t = tp, p = pp, N = dp, e bytes of one activation value (2 for bf16, 4 for fp32).
-
-Time per step (seconds)
------------------------
-- compute: the sum of the stage's operations
-  (:func:`~workshop.planner.operations.stage_record`), each at its own shape, for m
-  micro-batches: a matrix product at the rate read off the GPU's points by size
-  (``GPU.matmul_points``: a published table, or ``calibrate``), else the best
-  measured rate (``GPU.matmul_bf16_tflops``; peak x ``mfu`` when given; else
-  :data:`DEFAULT_MFU` x peak) times the filled share of the last wave of
-  :data:`TILE` tiles over the SMs, and never faster than its bytes at the memory
-  bandwidth; a memory-bound operation as its bytes over ``GPU.memory_gbs`` (a
-  published streaming benchmark); each plus ``GPU.launch_s``. The optimizer step:
-  the bytes Adam touches per parameter
-  (:data:`~workshop.planner.operations.OPTIMIZER_BYTES`) over the memory
-  bandwidth. A pipeline goes at the pace of its slowest stage. A module: samples /
-  measured samples per second where the workshop measured it (:data:`MEASURED`),
-  else 3 x forward FLOPs (counted on the meta device) / peak at the MFU ResNet-50
-  reached in that measurement.
-- collectives: at the bus bandwidth the link reaches for the message size
-  (``Network.busbw_intra`` / ``busbw_inter``: nccl-tests' figures), the bytes each
-  GPU moves being 2 (n-1)/n S for an all-reduce, (n-1)/n S for a gather or scatter;
-  without a curve, the alpha-beta model with ring algorithms (Thakur, Rabenseifner and
-  Gropp, 2005; Patarasuk and Yuan, 2009), for a group of n GPUs and S bytes (the whole
-  tensor): all-reduce 2 (n-1)/n S/B + 2 (n-1) alpha; all-gather and reduce-scatter
-  (n-1)/n S/B + (n-1) alpha; a send S/B + alpha. B and alpha are the network's within-
-  node figures when every group of that kind lies within one node, else its between-
-  node ones; ranks are numbered with tp fastest, then dp, then pp
-  (:meth:`~workshop.planner.layout.Layout.coordinates`), nodes hold consecutive ranks.
-- dp comm: DDP all-reduces the gradients once a step, bucket by bucket
-  (:func:`workshop.comm.bucket_plan.plan_buckets`: filled from the last parameter
-  back, 1 MiB then 25 MiB each),
-  during the last micro-batch's backward pass: ``step`` counts only what exceeds that
-  backward (2/3 of its compute). ZeRO-1: a reduce-scatter of the gradients and an
-  all-gather of the updated parameters per step; ZeRO-2 reduce-scatters every
-  micro-batch (it keeps no whole gradient); the reduce-scatters overlap the backward
-  pass as DDP's buckets do, the all-gather is counted whole. FSDP (zero=3) per
-  micro-batch: each block all-gathered in the forward and again in the backward pass
-  (in the parameter dtype) and its gradients reduce-scattered (in fp32:
-  :func:`~workshop.planner.memory.fsdp_reduce_bytes`); the root
-  gathered once and reduced once; FSDP2 prefetches, so ``step`` counts only what
-  exceeds the compute.
-- tp comm: Megatron-LM's split (Shoeybi et al., 2019, section 3): per block two
-  all-reduces of e s b h in the forward pass (after the row-parallel o and down
-  projections); in the backward pass one per column-parallel layer, each reducing the
-  gradient of its own input: q, k, v, up and gate (GELU: no gate), as DTensor's
-  ``ColwiseParallel`` does for this package's separate layers; a model built with
-  fused layers (``ModelShape.fused``: q, k, v in one matrix, the MLP's input
-  matrices in one, as Megatron-LM builds them) needs two. Two more when full
-  checkpointing recomputes the forward. The vocabulary-parallel embedding adds one
-  forward all-reduce on the first stage, the column-parallel head one backward
-  all-reduce on the last (the loss's all-reduces of s b values are left out).
-  Sequence parallelism (Korthikanti et al., 2022, section 4.2.2) turns each
-  all-reduce into a reduce-scatter and an all-gather of the same tensor: the same
-  ring time, two calls. Nothing overlaps, unless ``tp_overlap``: then only what
-  exceeds the compute is added to the step.
-- pp comm: per micro-batch an activation forward and a gradient back across a stage
-  boundary, e s b h each: 2 m transfers (a middle stage's two boundaries work at the
-  same time). ``collectives`` counts this stage's sends: m on the first and last
-  stage (activations on, gradients back), 2 m on a middle one.
-  With sequence parallelism each tp rank sends its 1/t of the tensor (Narayanan et
-  al. 2021, section 4.1, scatter/gather).
-  With v virtual stages (the interleaved schedule) every transfer happens v times:
-  2 m v transfers, and a stage sends m (2 v - [first] - [last]) times.
-- bubble: (p - 1) / (v m) x compute (Narayanan et al., 2021, sections 2.2.1 and
-  2.2.2: GPipe's schedule, Huang et al., 2019, and 1F1B leave the same bubble; the
-  interleaved schedule with v chunks per GPU divides it by v).
-- step: compute + tp comm (its excess over compute with ``tp_overlap``) + pp comm +
-  bubble + the data-parallel communication that does not overlap.
+- compute: the stage's operations (:func:`~workshop.planner.operations.stage_record`)
+  for m micro-batches, each at its own shape: a product at the rate read off
+  ``GPU.matmul_points`` by size, else the best measured rate (or peak x ``mfu``, or
+  :data:`DEFAULT_MFU` x peak) times the filled share of the last wave of :data:`TILE`
+  tiles, never faster than its bytes allow; a memory-bound operation at
+  ``GPU.memory_gbs``; each plus ``GPU.launch_s``. The optimizer: the bytes Adam
+  touches (:data:`~workshop.planner.operations.OPTIMIZER_BYTES`) at the memory
+  bandwidth. A pipeline goes at its slowest stage's pace. A module: its
+  :data:`MEASURED` samples per second, else 3 x forward FLOPs at ResNet-50's MFU.
+- collectives: at the bus bandwidth for the message size (nccl-tests' ``busbw``),
+  else the alpha-beta ring model (Thakur, Rabenseifner and Gropp, 2005; Patarasuk
+  and Yuan, 2009: :func:`ring_time`), on the within-node link when every group of
+  that kind lies in one node (ranks tp fastest, then dp, then pp).
+- dp comm: DDP all-reduces in buckets
+  (:func:`workshop.comm.bucket_plan.plan_buckets`) during the last backward pass;
+  ZeRO-1 reduce-scatters once and all-gathers once a step, ZeRO-2 reduce-scatters
+  every micro-batch; FSDP gathers each block twice and reduce-scatters it once per
+  micro-batch (:func:`~workshop.planner.memory.fsdp_reduce_bytes`). ``step`` counts
+  only what the backward pass (DDP, ZeRO) or the compute (FSDP) does not hide.
+- tp comm: Megatron-LM's split (Shoeybi et al., 2019, section 3): two forward
+  all-reduces per block, one backward per column-parallel layer (two with fused
+  layers), two more under full checkpointing, one each for the vocabulary-parallel
+  embedding and head. Sequence parallelism (Korthikanti et al., 2022, section
+  4.2.2) makes each a reduce-scatter and an all-gather. Only ``tp_overlap`` hides it.
+- pp comm: per micro-batch an activation forward and a gradient back, e s b h each
+  (1/t of it with sequence parallelism), v times with v virtual stages.
+- bubble: (p - 1) / (v m) x compute (Narayanan et al., 2021, sections 2.2.1-2.2.2).
+- step: compute + tp comm (its excess with ``tp_overlap``) + pp comm + bubble + the
+  data-parallel communication that does not overlap.
 """
 
 from __future__ import annotations
@@ -135,11 +91,9 @@ MEASURED: dict[tuple[str, str, str], tuple[float, str]] = {
 def ring_time(
     kind: str, n: int, nbytes: float, bandwidth_gbs: float, alpha: float
 ) -> float:
-    """Seconds of one ring collective over ``n`` GPUs on ``nbytes`` (the whole tensor).
-
-    ``kind`` is "all_reduce" (2 (n-1)/n S/B + 2 (n-1) alpha), "all_gather" or
-    "reduce_scatter" ((n-1)/n S/B + (n-1) alpha) or "send" (S/B + alpha); B in GB/s.
-    Thakur, Rabenseifner and Gropp, 2005; Patarasuk and Yuan, 2009.
+    """Seconds of one ring collective over ``n`` GPUs on ``nbytes`` (the whole tensor):
+    "all_reduce" 2 (n-1)/n S/B + 2 (n-1) alpha, "all_gather" or "reduce_scatter" half
+    that, "send" S/B + alpha; B in GB/s (Thakur et al., 2005).
 
     Raises:
         ValueError: an unknown kind or a group below 1.
@@ -163,10 +117,8 @@ def ring_time(
 
 
 def compute_rate(gpu: GPU, precision: str, mfu: float | None) -> tuple[float, str]:
-    """FLOP/s the compute term divides by, and where the figure comes from.
-
-    ``mfu`` (a run's own fraction of peak) wins; else the bf16 matrix-product rate
-    measured on that GPU; else :data:`DEFAULT_MFU` of its peak (assumed).
+    """FLOP/s the compute term divides by, and where from: peak x ``mfu`` if given,
+    else the GPU's measured bf16 rate, else :data:`DEFAULT_MFU` of its peak.
 
     Example:
         >>> from workshop.planner.layout import GPUS
@@ -254,15 +206,9 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
 
 
 def matmul_rate(gpu: GPU, op: Operation, precision: str, mfu: float | None) -> float:
-    """FLOP/s one matrix product reaches at its own shape.
-
-    Measured points (``GPU.matmul_points``: a published table, or ``calibrate``),
-    when they are of the run's precision and no ``mfu`` is given: read off them by
-    the product's FLOPs. Else the GPU's best measured rate (``matmul_bf16_tflops``, or
-    peak x ``mfu`` when given, or peak x :data:`DEFAULT_MFU`) times the share of the
-    last wave of tiles that is filled (:data:`TILE`), and no faster than its bytes
-    allow at the GPU's memory bandwidth (the roofline).
-    """
+    """FLOP/s one matrix product reaches at its own shape: read off
+    ``GPU.matmul_points`` by FLOPs, else :func:`compute_rate` times the filled share
+    of the last wave of :data:`TILE` tiles, capped by the roofline."""
     if gpu.matmul_points and precision == gpu.matmul_precision and mfu is None:
         points = sorted((2.0 * m * n * k, rate) for m, n, k, rate in gpu.matmul_points)
         return _interpolate(points, 2.0 * op.m * op.n * op.k)
@@ -288,10 +234,8 @@ def operation_time(
     mfu: float | None,
     links: dict[str, tuple[int, bool]],
 ) -> float:
-    """Seconds of one run of ``op``: a product at its own rate, a memory-bound
-    operation at the GPU's memory bandwidth, a collective on its group's link
-    (``links``: group -> (ranks, whether it crosses nodes)); each plus the GPU's
-    per-operation overhead."""
+    """Seconds of one run of ``op``, plus the GPU's per-operation overhead;
+    ``links``: group -> (ranks, whether it crosses nodes)."""
     rates = dict(gpu.operation_rates)
     measured = rates.get(family(op))
     if op.kind == "matmul":
@@ -313,15 +257,9 @@ def operation_time(
 def collective_time(
     network: Network, kind: str, n: int, nbytes: float, crosses: bool
 ) -> float:
-    """Seconds of one collective over ``n`` GPUs on ``nbytes`` (the whole tensor).
-
-    With a bus-bandwidth curve for the link (``Network.busbw_intra`` /
-    ``busbw_inter``, nccl-tests' definition): the bytes each GPU moves, 2 (n-1)/n S
-    for an all-reduce, (n-1)/n S for a gather or scatter, S for a send, over the bus
-    bandwidth at that size (a message below the smallest measured takes as long as
-    that one: latency rules there). Without one: :func:`ring_time` on the link's
-    bandwidth.
-    """
+    """Seconds of one collective over ``n`` GPUs on ``nbytes`` (the whole tensor):
+    the bytes each GPU moves over the link's bus bandwidth at that size, or
+    :func:`ring_time` where the network has no curve."""
     curve = network.busbw_inter if crosses else network.busbw_intra
     bw, alpha = _link(network, crosses)
     if not curve or (n == 1 and kind != "send"):
@@ -336,8 +274,7 @@ def collective_time(
 
 # --- all time terms -------------------------------------------------------------------
 def _stage_times(record, gpu, network, precision, mfu, links):
-    """One micro-batch on one stage: (products, memory-bound, tp comm, its exposed
-    part, pp comm), seconds."""
+    """(products, memory-bound, tp comm, its exposed part, pp comm) of a micro-batch."""
     layout = record.layout
     matmul = memory = tp_comm = tp_exposed = pp = 0.0
     for per, times in (("block", record.layers), ("micro-batch", 1)):
@@ -374,10 +311,8 @@ def time_terms(
     records: list[StageRecord] | None = None,
     optimizer: str = "fused",
 ):
-    """The time terms of one step (seconds), the collectives of one GPU of stage
-    ``stage``, the step, each term's numbers and the step's parts, for
-    ``estimate``; ``record`` is that stage's :class:`StageRecord`, ``records`` every
-    stage's (the pipeline goes at the pace of the slowest)."""
+    """``estimate``'s time terms, collectives, step, notes and parts for one GPU of
+    ``stage``; ``records``: every stage's, for the pace of the slowest."""
     b, m = layout.micro_batch, layout.micro_batches
     pbytes = bytes_of(layout.precision)
     peak = (gpu.bf16_tflops if layout.precision == "bf16" else gpu.fp32_tflops) * 1e12

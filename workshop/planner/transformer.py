@@ -139,11 +139,9 @@ def build_transformer(
 ) -> Transformer:
     """The transformer ``shape`` describes, or pipeline stage ``stage`` of ``stages``.
 
-    Built on the meta device by default: an 8B or 70B model then costs no memory,
-    and FSDP2 or tensor parallelism can shard it before any storage exists.
-    Stage ``s`` holds layers ``s L/stages .. (s+1) L/stages - 1``, the first stage the
-    embedding, the last the final norm and head (the workshop's pipeline split,
-    :mod:`workshop.parallel.pipeline_ranks`, cuts the same way: equal layers).
+    Built on the meta device by default, so a 70B model costs no memory until it is
+    sharded. Stages hold equal layers, as :mod:`workshop.parallel.pipeline_ranks`
+    cuts them.
 
     Raises:
         ValueError: a module shape, or a stage outside ``0 .. stages - 1``, or

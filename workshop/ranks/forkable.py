@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .._procs import answer_in_child
+from .._procs import answer_in_child, thread_names
 
 START_METHODS = ("auto", "fork", "server", "spawn")
 
@@ -73,30 +73,14 @@ def autograd_threads(task_dir: str | None = None) -> list[str]:
     another accelerator), and never go away. Reads each thread's name from
     ``task_dir`` (default ``TASK_DIR``; well under 1 ms); [] where there is no /proc.
     """
-    task_dir = TASK_DIR if task_dir is None else task_dir
-    try:
-        tasks = os.listdir(task_dir)
-    except OSError:
-        return []
-    names = []
-    for task in tasks:
-        try:
-            with open(os.path.join(task_dir, task, "comm")) as comm:
-                name = comm.read().strip()
-        except OSError:  # the thread ended while we looked
-            continue
-        if name.startswith(_AUTOGRAD_THREAD):
-            names.append(name)
-    return sorted(names)
+    names = thread_names(TASK_DIR if task_dir is None else task_dir) or []
+    return sorted(name for name in names if name.startswith(_AUTOGRAD_THREAD))
 
 
 def _driver_loaded(maps_file: str = "/proc/self/maps") -> bool:
-    """True when the CUDA driver library (``libcuda.so``) is mapped into this process.
-
-    Without it no CUDA call can have run, so a fork is safe. With it, nothing is
-    known yet: on some GPU nodes ``import torch`` alone maps it (measured on one with
-    torch 2.11), and a child forked then can still use the GPU.
-    """
+    """True when ``libcuda.so`` is mapped here. Without it no CUDA call can have
+    run; with it nothing is known yet: ``import torch`` alone maps it on some GPU
+    nodes (measured on one with torch 2.11), and a child forked then is fine."""
     try:
         with open(maps_file) as maps:
             return any("libcuda.so" in line for line in maps)
@@ -108,15 +92,10 @@ _POISONED = False
 
 
 def _fork_is_poisoned() -> bool:
-    """Ask a forked child whether torch considers it a "bad fork" for CUDA.
-
-    torch marks every child forked after this process asked the CUDA runtime for
-    anything (``torch.cuda.is_available()``, ``get_device_name()``, a CUDA tensor;
-    not ``torch.cuda.device_count()``, which asks NVML), because such a child cannot
-    use the GPU. That mark, not the driver library being loaded, is what decides
-    whether ranks may be forked from here. The answer only ever turns from no to
-    yes, so a yes is kept. Costs one fork, about 15 ms.
-    """
+    """Ask a forked child whether torch marked it a "bad fork": so it marks every
+    child forked after this process asked the CUDA runtime anything (not
+    ``torch.cuda.device_count()``, which asks NVML). The answer only turns from no
+    to yes, so a yes is kept. Costs one fork, about 15 ms."""
     global _POISONED
     if _POISONED:
         return True
@@ -132,12 +111,10 @@ def _fork_is_poisoned() -> bool:
 def _cuda_initialized(maps_file: str = "/proc/self/maps") -> bool:
     """True once this process has started CUDA in a way a forked rank cannot survive.
 
-    ``torch.cuda.is_initialized()`` only knows torch's own CUDA context. A call such
-    as ``torch.cuda.is_available()`` starts the driver (``cuInit``) without it, and a
-    child forked after that cannot use the GPU either; torch then marks such children
-    as a "bad fork". So: without the driver library loaded, nothing has started; with
-    it, a forked child is asked whether torch marked it.
-    """
+    ``torch.cuda.is_initialized()`` only knows torch's own context, while
+    ``torch.cuda.is_available()`` starts the driver (``cuInit``) without one: so
+    without the driver library loaded nothing has started; with it, a forked child
+    is asked whether torch marked it a "bad fork"."""
     import torch
 
     if torch.cuda.is_initialized():

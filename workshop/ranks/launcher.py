@@ -122,13 +122,12 @@ def launch(
     Raises:
         LaunchError: a rank raised (``sys.exit`` with a non-zero code or a message
             included) or crashed (the other ranks are stopped), or ``timeout``
-            passed. The message names the ranks, the exception and the traceback;
-            a crash (a segfault, an abort) is named with faulthandler's fatal error
-            and the innermost frames of the rank's function, and
-            ``.result.stderr`` keeps the whole report. ``.result`` holds what the
-            ranks printed. At the timeout it
-            names, per rank still running, its last line and where its function
-            was (the innermost frames of its Python stack).
+            passed. The message names the ranks, the exception and the traceback; a
+            crash (a segfault, an abort) with faulthandler's fatal error and the
+            innermost frames of the rank's function (``.result.stderr`` keeps the
+            whole report); at the timeout, per rank still running, its last line
+            and where its function was (the innermost frames of its Python stack).
+            ``.result`` holds what the ranks printed.
         ValueError, TypeError: bad arguments (an ``async def`` or generator ``fn``
             too), with the fix in the message.
         RuntimeError: called inside a rank, whose process group exists already.
@@ -213,14 +212,9 @@ def preflight(
         # Once per kernel, before its first fork: what every rank would otherwise
         # import by itself (torch._dynamo, on its first optimizer; see start.preload).
         preload()
-    header = (
-        f"launch: world_size={world_size}, backend={chosen}, start_method={method}"
-        + (
-            ""
-            if reason in ("asked for", "fastest: ranks are forked from this kernel")
-            else f" ({reason})"
-        )
-    )
+    header = f"launch: world_size={world_size}, backend={chosen}, start_method={method}"
+    if reason not in ("asked for", "fastest: ranks are forked from this kernel"):
+        header += f" ({reason})"
     if chosen == "gloo" and backend == "auto" and 0 < gpus < world_size:
         # Say why a GPU node's ranks compute on the CPU: NCCL needs a GPU per rank.
         header += (
@@ -237,12 +231,9 @@ def preflight(
 
 
 def _warm_up_server() -> None:
-    """Have the fork server import torch now, in the background.
-
-    On a GPU machine the kernel soon stops being forkable: one backward pass or CUDA
-    call is enough (see forkable.fork_hazard). Started now, the server is ready by then,
-    and the first launch after it does not wait seconds for torch's import.
-    """
+    """Have the fork server import torch now, in the background: on a GPU machine
+    one backward pass or CUDA call soon makes the kernel unforkable
+    (forkable.fork_hazard), and the launch after it then need not wait for torch."""
     try:
         SERVER.begin()
     except OSError as exc:  # only a head start is lost; SERVER.start() will say why

@@ -46,10 +46,9 @@ def last_lines(lines: Sequence[str], max_lines: int, max_chars: int) -> list[str
     ``max_chars`` characters together (but at least one line)."""
     picked: list[str] = []
     chars = 0
-    for index in range(len(lines) - 1, -1, -1):
+    for line in reversed(lines):
         if len(picked) == max_lines:
             break
-        line = lines[index]
         chars += len(line)
         if chars > max_chars and picked:
             break
@@ -248,14 +247,9 @@ class RankOutput:
             print(header, flush=True)
 
     def feed(self, rank: int, stream: str, data: bytes, final: bool = False) -> None:
-        """Add raw bytes a rank wrote; complete lines are shown and kept.
-
-        Args:
-            rank: the rank that wrote ``data``.
-            stream: "stdout" or "stderr".
-            data: the bytes, cut anywhere (even inside a UTF-8 character).
-            final: True once the stream has ended: an unfinished line is finished.
-        """
+        """Add raw bytes ``rank`` wrote to ``stream`` ("stdout" or "stderr"), cut
+        anywhere (even inside a UTF-8 character); complete lines are shown and kept.
+        ``final``: the stream has ended, so an unfinished line is finished."""
         state = self._streams[(rank, stream)]
         segments = state.decoder.decode(data, final).split("\n")
         complete: list[str] = []
@@ -363,31 +357,18 @@ class RankOutput:
         ]
 
     def text(self, rank: int, stream: str) -> str:
-        """What ``rank`` wrote to ``stream`` so far, as text.
-
-        Args:
-            rank: the rank.
-            stream: "stdout" or "stderr".
-
-        Returns:
-            Its last lines (at most ``max_lines``), each ended by a newline, under a
-            first line such as "[... 20,000 earlier lines dropped; the last 10,000
-            kept ...]" if any were dropped; "" if it wrote nothing.
-        """
+        """What ``rank`` wrote to ``stream`` ("stdout" or "stderr") so far: its last
+        lines (at most ``max_lines``), each ended by a newline, under a first line
+        such as "[... 20,000 earlier lines dropped; the last 10,000 kept ...]" if any
+        were dropped; "" if it wrote nothing."""
         state = self._streams[(rank, stream)]
         lines = [state.dropped_note(), *state.kept] if state.dropped else state.kept
         return "\n".join(lines) + ("\n" if lines else "")
 
     def last_line(self, rank: int) -> str | None:
-        """The last non-empty line ``rank`` printed, for error messages.
-
-        Args:
-            rank: the rank.
-
-        Returns:
-            Its unfinished stdout line, else its unfinished stderr line, else its last
-            complete non-blank line, cut like any other; None if it printed nothing.
-        """
+        """The last non-empty line ``rank`` printed, for error messages: its
+        unfinished stdout line, else its unfinished stderr line, else its last
+        complete non-blank line, cut like any other; None if it printed nothing."""
         for stream in ("stdout", "stderr"):
             state = self._streams[(rank, stream)]
             if state.has_line():

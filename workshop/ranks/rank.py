@@ -186,12 +186,8 @@ def exit_status(exc: BaseException) -> int:
 
 
 def _call(job: Job) -> Any:
-    """``job.fn(*args, **kwargs)``; a ``sys.exit(0)`` in it counts as returning None.
-
-    torchrun counts a worker that exits with status 0 as successful, so a launch
-    does too: the rank ends well and the other ranks' values are kept. Any other
-    ``sys.exit`` (a non-zero code, a message) is raised, a failure of the rank.
-    """
+    """``job.fn(*args, **kwargs)``; a ``sys.exit(0)`` in it returns None, since
+    torchrun counts exit status 0 a success. Any other ``sys.exit`` is raised."""
     try:
         return job.fn(*job.args, **job.kwargs)
     except SystemExit as exc:
@@ -286,10 +282,8 @@ def child_main(job: Job, result_fd: int) -> None:
 
 
 def _take_launch_name() -> None:
-    """Name this thread after the launch's tag, which a process forked from it (a
-    daemon that never runs a new program) inherits: the launcher finds such a
-    process by that name once the rank has gone (see :func:`.sweep.stop_tagged`)."""
-
+    """Name this thread after the launch's tag, which a process forked from it
+    inherits: the launcher finds it by that name (:func:`.sweep.stop_tagged`)."""
     tag = os.environ.get(TAG_VAR)
     if tag:
         name_thread(tag)
@@ -298,13 +292,10 @@ def _take_launch_name() -> None:
 def _in_fresh_thread(body: Callable[..., int], *args: Any) -> int:
     """Run ``body(*args)`` in a new thread and return its exit code.
 
-    Why a thread: GNU OpenMP keeps its pool of worker threads per thread that starts
-    a parallel region. A rank forked from a kernel that has already computed on
-    several threads inherits the kernel's pool record, but not its threads, so the
-    first parallel operation in the rank's main thread waits for them forever. A new
-    thread has no pool yet and makes its own, so the rank computes on as many
-    threads as it was given, whatever the kernel did before.
-    """
+    GNU OpenMP keeps a pool per thread that starts a parallel region: a rank forked
+    from a kernel that computed on several threads inherits the pool's record but not
+    its threads, and its main thread's first parallel operation waits for them
+    forever. A new thread makes its own pool."""
     outcome = [1]
 
     def run() -> None:

@@ -49,25 +49,23 @@ class Rendezvous:
         # store at once there.
         if torch_release() < (2, 5):
             kwargs["use_libuv"] = False
-        try:
+
+        def store() -> dist.TCPStore:
             # The store takes ownership of the descriptor it is given and closes it.
-            self.store = dist.TCPStore(
+            return dist.TCPStore(
                 "127.0.0.1",
                 self.port,
                 self.world_size,
                 master_listen_fd=os.dup(self.fd),
                 **kwargs,
             )
+
+        try:
+            self.store = store()
         except (RuntimeError, TypeError, ValueError):
             # Some torch releases serve a pre-bound socket only without libuv.
             kwargs["use_libuv"] = False
-            self.store = dist.TCPStore(
-                "127.0.0.1",
-                self.port,
-                self.world_size,
-                master_listen_fd=os.dup(self.fd),
-                **kwargs,
-            )
+            self.store = store()
         finally:
             self.listener.close()
 

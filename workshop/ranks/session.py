@@ -46,6 +46,10 @@ GRACE = 2.0
 LIVE: set[RankHandle] = set()
 
 
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
 def _describe_exit(code: int) -> str:
     if code >= 0:
         return f"exited with code {code}"
@@ -78,10 +82,8 @@ def _raised(error: RankError) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the checks before a launch decided (``launcher.preflight``), and all a
-    :class:`LaunchSession` needs: the job (and its pickle, for ranks started
-    outside this process), how many ranks, their backend, how they start, the
-    launch's timeout (None: none), the output's header and how it shows."""
+    """What ``launcher.preflight`` decided: all a :class:`LaunchSession` needs
+    (``job_bytes`` for ranks started outside this process; ``timeout`` None: none)."""
 
     job: Job
     job_bytes: bytes
@@ -164,7 +166,7 @@ class LaunchSession:
                 if self.failed():
                     self.stopped = self.stop()
         except KeyboardInterrupt:
-            ranks = ", ".join(map(str, self.stop(grace=1.0))) or "none (all had ended)"
+            ranks = _ranks(self.stop(grace=1.0)) or "none (all had ended)"
             # One line in the cell instead of a traceback through the launcher.
             raise interrupted(
                 f"workshop.launch: interrupted; stopped rank(s) {ranks}"
@@ -399,7 +401,7 @@ class LaunchSession:
             first = errors[raised[0]]
             who = "rank" if len(raised) == 1 else "ranks"
             lines.append(
-                f"{who} {', '.join(map(str, raised))} of {self.world_size} failed; "
+                f"{who} {_ranks(raised)} of {self.world_size} failed; "
                 f"rank {raised[0]} first, with {_raised(first)}"
             )
             for rank in raised[1:]:
@@ -413,13 +415,11 @@ class LaunchSession:
                 )
         if followers:
             lines.append(
-                f"Then rank(s) {', '.join(map(str, followers))} lost a peer in a "
+                f"Then rank(s) {_ranks(followers)} lost a peer in a "
                 f"collective ({errors[followers[0]].type}), a consequence of the above."
             )
         if stopped:
-            lines.append(
-                f"The launcher stopped rank(s) {', '.join(map(str, stopped))}."
-            )
+            lines.append(f"The launcher stopped rank(s) {_ranks(stopped)}.")
         if raised:
             lines += [
                 "",
@@ -448,19 +448,19 @@ class LaunchSession:
         left = []
         if finished:
             left.append(
-                f"rank(s) {', '.join(map(str, finished))} of {self.world_size} "
+                f"rank(s) {_ranks(finished)} of {self.world_size} "
                 "returned from the function (or called sys.exit)"
             )
         if vanished:
             left.append(
-                f"rank(s) {', '.join(map(str, vanished))} of {self.world_size} ended "
+                f"rank(s) {_ranks(vanished)} of {self.world_size} ended "
                 "their process with exit code 0 without returning (os._exit(0), or a "
                 "library that ended the process)"
             )
         how = "return (or sys.exit)" if not vanished else "return, sys.exit or os._exit"
         lines = [
             " and ".join(left)
-            + f" while rank(s) {', '.join(map(str, lost))} still called a collective "
+            + f" while rank(s) {_ranks(lost)} still called a collective "
             "with them; a rank that returns leaves the process "
             f"group, so rank {lost[0]} failed in it with {first.type}: "
             + first.message.split(" This is typically")[0],
@@ -468,9 +468,7 @@ class LaunchSession:
             f"for a {how} that only some ranks reach.",
         ]
         if stopped:
-            lines.append(
-                f"The launcher stopped rank(s) {', '.join(map(str, stopped))}."
-            )
+            lines.append(f"The launcher stopped rank(s) {_ranks(stopped)}.")
         lines += ["", f"Traceback of rank {lost[0]}:", first.traceback.rstrip()]
         return LaunchError(
             "\n".join(lines), self.result(), failed_ranks=lost, errors=errors
@@ -501,7 +499,7 @@ class LaunchSession:
     def timeout_error(self, running: list[int]) -> LaunchError:
         lines = [
             f"timeout={self.timeout:g} s passed and rank(s) "
-            f"{', '.join(map(str, running))} of {self.world_size} were still running; "
+            f"{_ranks(running)} of {self.world_size} were still running; "
             "all were stopped."
         ]
         asked = any(self.where(rank) for rank in running)
@@ -520,7 +518,7 @@ class LaunchSession:
         )
         if returned:
             lines.append(
-                f"Rank(s) {', '.join(map(str, returned))} had returned from the "
+                f"Rank(s) {_ranks(returned)} had returned from the "
                 "function; a collective the others called needed them."
             )
         lines.append(

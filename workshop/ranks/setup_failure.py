@@ -12,13 +12,12 @@ __all__ = ["failed_while_connecting", "setup_failure"]
 
 # gloo's connectFullMesh, which links every pair of ranks, failed with "Connection
 # closed by peer" when six kernels launched at once on two cores (6 of 72 launches;
-# issue 35). The cause: init_process_group is no barrier (torch 2.1 turned its
-# barrier off by default, pytorch/pytorch#103033), so a rank whose function returned
-# at once, or ended its group itself, closed its connections while a slower rank was
-# still making its own. Plain torch.distributed does the same: 3 and 5 of 200
-# launches from six processes at once failed, and none once the ranks waited for
-# each other (docs/benchmarks.md, "Many kernels launching at once").
-# workshop.process_group now starts no function before every rank has joined: 200
+# issue 35): init_process_group is no barrier (pytorch/pytorch#103033; see
+# worker.join_together), so a rank that returned at once, or ended its group, closed
+# its connections under a slower one. Plain torch.distributed does the same: 3 and 5
+# of 200 launches from six processes at once failed, and none once the ranks waited
+# for each other (docs/benchmarks.md, "Many kernels launching at once"). Since
+# workshop.process_group starts no function before every rank has joined, 200
 # launches, and 120 of a function that only destroys its group, made no failure.
 # The launcher used to start the ranks again after such a failure (7 restarts in 200
 # launches without the wait, every failure hidden); no longer: a restart hides a

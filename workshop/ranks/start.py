@@ -16,20 +16,17 @@ launcher, which then stops every rank itself, and a signal to the rank's process
 also reaches whatever the rank started.
 
 **What a rank imports, imported once before ranks are forked** (:func:`preload`). A
-forked rank inherits every module its parent had imported; whatever the parent had
-not, each rank imports by itself, all ranks at once on the same cores. The costly one
-is ``torch._dynamo`` (with sympy and triton behind it, about 900 modules): torch.optim
-imports it the first time an optimizer is built, and DDP's constructor does too. A
-2-rank launch that builds DDP and AdamW and steps once took 1.82 s against 0.10 s for
-a trivial launch; with ``torch._dynamo`` imported in the parent first, 0.12 s
-(issue 32). So the fork path calls :func:`preload` before its first fork and the
-fork server at its start. The kernel pays it once, at its first forked launch rather
-than at ``import workshop`` (a process that never forks pays nothing; a thread
-importing in the background could hold an import lock at a fork): 1.3 to 3.0 s
-(4.5 s with the cores busy) and 149 MB of RSS, measured on a 2-core VM with torch
-2.15 (``docs/benchmarks.md``). Ranks share those pages with the kernel, where each
-used to import its own copy. These are imports only, nothing touches CUDA, so a GPU
-kernel stays forkable.
+forked rank inherits the modules its parent imported and imports the rest itself, all
+ranks at once on the same cores. The costly one is ``torch._dynamo`` (sympy and triton
+behind it, about 900 modules), which the first optimizer and DDP's constructor import:
+a 2-rank launch that builds DDP and AdamW and steps once took 1.82 s against 0.10 s
+for a trivial launch, and 0.12 s with it imported in the parent first (issue 32). So
+the fork path preloads before its first fork, and the fork server at its start: once
+per kernel, not at ``import workshop`` (a process that never forks pays nothing; a
+thread importing in the background could hold an import lock at a fork), for 1.3 to
+3.0 s (4.5 s with the cores busy) and 149 MB of RSS, measured on a 2-core VM with
+torch 2.15 (``docs/benchmarks.md``): pages the ranks share with the kernel. Imports
+only, nothing touches CUDA, so a GPU kernel stays forkable.
 """
 
 from __future__ import annotations
@@ -137,15 +134,9 @@ def _pipes() -> tuple[list[int], list[int]]:
 def fork_rank(
     rank: int, env: dict[str, str], job: Job, keep_closed: list[int]
 ) -> ForkedRank:
-    """Fork this process into rank ``rank`` running ``job``.
-
-    Args:
-        rank: the global rank.
-        env: the complete environment of the rank.
-        job: what to run.
-        keep_closed: descriptors of this process the rank must not hold (the other
-            ranks' pipes, the rendezvous socket).
-    """
+    """Fork this process into rank ``rank`` running ``job`` in exactly ``env``;
+    ``keep_closed``: descriptors the rank must not hold (the other ranks' pipes, the
+    rendezvous socket)."""
     reads, writes = _pipes()
     parent = os.getpid()
     pid = os.fork()

@@ -145,7 +145,6 @@ class Pipes:
     and an exception if reading failed."""
 
     def __init__(self) -> None:
-        """An empty queue, no threads yet."""
         self.queue: queue.Queue = queue.Queue()
         self.threads: list[threading.Thread] = []
 

@@ -17,14 +17,10 @@ longest name Linux keeps). After a launch the kernel stops what still carries it
 tag (:func:`stop_tagged`). If the kernel itself dies, even by SIGKILL, its ranks die
 with it (parent-death signal) but their children would not: a small watchdog, this
 file run as a script, waits for the kernel's death and then stops every process that
-carries one of the kernel's tags, and removes the launches' stack-dump folders. It
-ignores SIGTERM, which a Slurm job's end sends to the kernel and the watchdog alike.
+carries one of the kernel's tags, and removes the launches' stack-dump folders
+(it ignores SIGTERM: see :func:`main`)::
 
     python -I workshop/ranks/sweep.py KERNEL_PID
-
-As a script it imports the standard library and ``workshop/_procs.py`` only
-(``python -I``): importing the ``workshop`` package would import torch, seconds of
-start-up.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
+from .._procs import thread_names
 from ..allocation import slurm_allocation, usable_cores
 from ..checks import LONGEST_WAIT_S, positive_number
 from ..env import (
@@ -47,33 +48,17 @@ def _gloo_threads() -> int:
     """How many of gloo's worker threads this process still runs (-1: cannot tell)."""
     if torch_release() < (2, 5):  # torch 2.4 leaves gloo's threads unnamed
         return -1
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:  # not Linux
-        return -1
-    count = 0
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as f:
-                count += f.read().strip() == "pt_gloo_runloop"
-        except OSError:  # the thread ended meanwhile
-            continue
-    return count
+    names = thread_names()
+    return -1 if names is None else names.count("pt_gloo_runloop")  # None: not Linux
 
 
 def _let_gloo_threads_finish(wait: float = 0.1) -> None:
-    """Give gloo's worker threads time to drop their finished work, GIL released.
-
-    ``destroy_process_group`` does not stop them while something else still holds the
-    group, and a DistributedDataParallel model (even one already freed) does. A
-    worker thread frees the tensors of the last collective a moment after the caller
-    saw it complete, and that needs the GIL; if the interpreter is shutting down by
-    then, Python ends the thread inside a C++ destructor and the rank aborts with
-    "terminate called without an active exception" (measured: 3 of 40 runs of the
-    scaling benchmark under mpirun, always the rank that exits first; 0 of 80 with
-    this wait). Sleeping lets the threads take the GIL and finish; a rank only waits
-    when they linger.
-    """
+    """Give gloo's worker threads, which a DDP model (even a freed one) keeps past
+    ``destroy_process_group``, time to free the last collective's tensors, which
+    needs the GIL: at interpreter shutdown Python ends such a thread inside a C++
+    destructor and the rank aborts with "terminate called without an active
+    exception" (3 of 40 scaling benchmark runs under mpirun, the rank that exits
+    first; 0 of 80 with this wait). Only a rank whose threads linger waits."""
     import time
 
     if _gloo_threads() != 0:
@@ -104,17 +89,15 @@ def join_together(store, rank: int, world_size: int, timeout: timedelta) -> None
     """Return once every rank's ``init_process_group`` has returned.
 
     ``init_process_group`` is no barrier (torch 2.1 turned its barrier off by
-    default, pytorch/pytorch#103033): it returns on a rank as soon as that rank's own
-    gloo connections are made, while a slower rank may still be making its own. A
-    rank that then leaves at once (a function with no collective, a hello-world), or
-    destroys its group itself, closes its connections under the slower rank, whose
-    set-up fails with gloo's "Connection closed by peer" (pytorch/pytorch#61396).
-    Measured with plain torch.distributed, six kernels launching 4 ranks at once on
-    two cores: 5 of 200 launches failed so; a function that only destroys its group,
-    19 of 120 (docs/benchmarks.md, "Many kernels launching at once"). So no rank
-    starts its function before every rank has joined: then every connection is made.
-    One key each in the store they already share, no collective (no NCCL
-    communicator is made for it).
+    default, pytorch/pytorch#103033): it returns on a rank once its own gloo
+    connections are made. A rank that then leaves at once (a hello-world), or
+    destroys its group, closes its connections under a slower rank, whose set-up
+    fails with gloo's "Connection closed by peer" (pytorch/pytorch#61396). With plain
+    torch.distributed, six kernels launching 4 ranks at once on two cores: 5 of 200
+    launches failed so; a function that only destroys its group, 19 of 120
+    (docs/benchmarks.md, "Many kernels launching at once"). So no rank starts its
+    function before every rank has joined: one key each in the store they share, no
+    collective (no NCCL communicator is made for it).
 
     A rank that returns while the others still call a collective with it then leaves
     its group, and they fail at once with "Connection closed by peer", which the
@@ -180,13 +163,9 @@ def _init_method(info: RankInfo) -> str:
 
 
 def _check_one_gpu_per_rank(info: RankInfo) -> None:
-    """Fail clearly when two ranks on one host were given the same GPU.
-
-    NCCL needs a GPU of its own for every rank. Each launcher on a host counts only
-    its own ranks, so two of them on one machine (two torchrun agents standing in for
-    two nodes, say) both hand out cuda:0, and NCCL would fail later with a less
-    telling error, or hang. The check costs one small gather through gloo.
-    """
+    """Fail clearly when two ranks on one host got the same GPU: two launchers on
+    one machine each count only their own ranks and both hand out cuda:0, and NCCL
+    would fail later less tellingly, or hang. Costs one small gather through gloo."""
     import socket
 
     import torch
@@ -284,21 +263,14 @@ def process_group(backend: str = "auto", timeout: float = 600.0) -> Iterator[Ran
         store = dist.TCPStore(
             info.master_addr, info.master_port, info.world_size, False, timeout=wait
         )
-        dist.init_process_group(
-            group_backend(backend),
-            store=store,
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=wait,
-        )
-    else:
-        dist.init_process_group(
-            group_backend(backend),
-            init_method=_init_method(info),
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=wait,
-        )
+    dist.init_process_group(
+        group_backend(backend),
+        init_method=None if store is not None else _init_method(info),
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=wait,
+    )
     # Kept now: a body that destroys the group itself also ends the default store.
     meeting = store if store is not None else _default_store()
     try:

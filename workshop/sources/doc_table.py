@@ -22,20 +22,14 @@ class DocumentTable:
     Attributes:
         name: a short key, e.g. "cpu-batch50".
         key: the document's key ("004"); :attr:`document` is the Document.
-        caption: the slide's heading, as it gives it.
-        label: a short legend entry (model, hardware, batch).
-        columns: the header: the first column(s) name what a row counts (CPU
-            cores, GPUs, nodes, or an API), the rest are the measured columns.
-        rows: the cells, strings as the document writes them; "" where the slide
-            has no figure, "*" where it marks a count that could not run.
-        count: the column that a scaling table scales over ("CPU cores", "GPUs");
-            None for a table of single runs (one GPU, per API).
-        unit: what the measured cells are: "s" (time of the whole run), or a rate.
-        bigger_is_better: True for a rate (examples/s), False for seconds.
-        hardware: the machines, as the document names them.
-        software: the framework and version, as the document names them.
-        model: the model and task.
-        batch: the batch size, as the document gives it.
+        caption, label: the slide's heading; a short legend entry.
+        columns: the count column(s) first, then the measured ones.
+        rows: the cells as written; "" where the slide has no figure, "*" where it
+            marks a count that could not run.
+        count: the column a scaling table scales over; None for single runs.
+        unit: "s" (time of the whole run), or a rate.
+        bigger_is_better: True for a rate, False for seconds.
+        hardware, software, model, batch: as the document names them.
         iterations: training steps of each run, None where not given.
         notes: what the document says about the table, and what it leaves unsaid.
     """
@@ -68,11 +62,8 @@ class DocumentTable:
         return self.columns[max(first, 1) :]
 
     def numbers_text(self) -> str:
-        """Every figure the table credits to its document, as one line of text.
-
-        The cells, batch, iterations, caption, hardware, software and model: what
-        ``workshop.sources.holds(self.key, ...)`` must find in the document.
-        """
+        """Every figure the table credits to its document, as one line of text: what
+        ``workshop.sources.holds(self.key, ...)`` must find in the document."""
         parts = [self.caption, self.hardware, self.software, self.model, self.batch]
         parts += [str(self.iterations or "")]
         parts += [cell for row in self.rows for cell in row]
@@ -105,8 +96,6 @@ class DocumentTable:
     def speedups(self, column: str | None = None) -> dict[str, list[tuple[int, float]]]:
         """Speed-up of each count over the table's smallest, per measured column.
 
-        For seconds, time at the smallest count / time; for a rate, rate / rate at
-        the smallest count. Efficiency is then speed-up x smallest count / count.
         The result is what :func:`workshop.bench.plot_efficiency` draws.
 
         Args:
@@ -120,6 +109,7 @@ class DocumentTable:
             ValueError: as :meth:`values`.
 
         Example:
+            >>> from workshop.sources import document_table
             >>> document_table("resnet50-v100-batch128").speedups()
             {'ResNet-50, V100, one node (SHARCNET)': [(1, 1.0), (2, 1.643...), ...]}
         """

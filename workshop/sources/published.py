@@ -1,8 +1,6 @@
-"""The records a published figure is kept in, each with its source: where a figure
-comes from (:class:`Source`), a table (:class:`PublishedTable`), and one figure in
-words (:class:`PublishedQuote`). The figures themselves live beside them in this wing
-(:mod:`workshop.sources.scale_data`); the benchmarks and the planner read them from
-here, so that each is written once.
+"""The records a published figure is kept in: its :class:`Source`, a
+:class:`PublishedTable`, or one figure in words (:class:`PublishedQuote`); the
+figures themselves are in :mod:`workshop.sources.scale_data`.
 """
 
 from __future__ import annotations
@@ -47,13 +45,11 @@ class PublishedTable:
         label: the legend entry, naming model, hardware and source.
         setup: how it was measured (model, precision, batch, software).
         points: (GPUs, samples per second), as the source gives them.
-        source: where it was published: a :class:`Source`, or the workshop's
-            source :class:`~workshop.sources.documents.Document` that holds the
-            table.
-        stated_speedup: the speed-up at the largest count as the source states
-            it in a column of its own, None where it states none.
-        table: the document's table the points are read from, None for a source
-            outside the workshop's documents.
+        source: a :class:`Source`, or the workshop's
+            :class:`~workshop.sources.documents.Document` that holds the table.
+        stated_speedup: the speed-up at the largest count, where the source
+            states one.
+        table: the document's table the points are read from, if any.
     """
 
     name: str

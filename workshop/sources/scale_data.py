@@ -1,22 +1,10 @@
-"""The published figures at scale, as data, in three kinds of record (built on those
-of :mod:`workshop.sources.published`):
-
-- :class:`ScaleTable` (a :class:`~workshop.sources.published.PublishedTable`): a
-  printed table. All-reduce bus bandwidth by message size on the 8 GPUs of one
-  node (nccl-tests), the weak scaling of GPT-3 175B training on 128 to 2,048 H100
-  GPUs (NVIDIA's NeMo Megatron recipe), and matrix-product rates by size;
-- :class:`QuotedBandwidth` (a :class:`~workshop.sources.published.PublishedQuote`):
-  one bus bandwidth an NCCL maintainer gave in an answer, with the line rate of the
-  link it ran over; and plain quotes of published model-FLOPs utilisation at scale;
-- :class:`QuotedFigures`: a quote whose numbers a program reads, each by name
-  (memory bandwidths, the best matrix-product rates, published iteration times).
-
-Only figures read in their source are here, as the source prints them (a table's
-typing slip included: see ``scale_sources()``); every source is named exactly, with
-its address. The benchmarks read them through :mod:`workshop.bench.published_scale`,
-the planner through :func:`scale_table`, :func:`published_quote` and
-:func:`quoted_figures` (its GPU and network records
-and its published runs): each figure is written here once.
+"""The published figures at scale, as data: printed tables (:class:`ScaleTable`:
+nccl-tests busbw, NeMo's GPT-3 175B weak scaling, matrix-product rates), quoted
+bandwidths (:class:`QuotedBandwidth`) and quotes whose numbers a program reads
+(:class:`QuotedFigures`). Only figures read in their source are here, as it prints
+them, each with its exact source and address; the benchmarks
+(:mod:`workshop.bench.published_scale`) and the planner read them from here, so
+each is written once.
 """
 
 from __future__ import annotations
@@ -44,13 +32,12 @@ class ScaleTable(PublishedTable):
     """A published table at scale: ``points`` are (x, y) in the units named here.
 
     Attributes:
-        x_unit: what the first number counts: "bytes" (message size) or "GPUs".
-        y_unit: what the second is, e.g. "busbw GB/s" or "tokens/s (all GPUs)".
+        x_unit: "bytes" (message size) or "GPUs".
+        y_unit: e.g. "busbw GB/s" or "tokens/s (all GPUs)".
         world_size: GPUs in one all-reduce (bus-bandwidth tables), else None.
-        columns: the source's other columns, ``(name, values)``, one value per point.
-        size_labels: the message sizes as the source writes them, where it rounds.
-        seq: tokens per sequence; ``flops_per_sequence``: the model FLOPs of one
-            sequence the source gives; ``peak_tflops``: the peak it divides by.
+        columns: the source's other columns, ``(name, values)``.
+        size_labels: the message sizes as the source writes them.
+        seq, flops_per_sequence, peak_tflops: what an MFU is worked out from.
     """
 
     x_unit: str = "GPUs"
@@ -90,9 +77,9 @@ class QuotedBandwidth(PublishedQuote):
 
     Attributes:
         link: "InfiniBand" (between nodes) or "NVLink" (within one).
-        line_rate_gbs: the link's line rate in GB/s, one direction: a node's NICs
-            together (Gb/s / 8), or one GPU's NVLink.
-        busbw_gbs: the quoted busbw, (low, high): equal ends for a single figure.
+        line_rate_gbs: one direction, GB/s: a node's NICs together, or one GPU's
+            NVLink.
+        busbw_gbs: (low, high); equal ends for a single figure.
     """
 
     link: str = "InfiniBand"

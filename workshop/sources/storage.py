@@ -1,12 +1,6 @@
 """The file systems of SHARCNET's Graham cluster, as W. Guan's slides give them
-(document 004): a worked example of "where your data lives" on a real site.
-
-Used by notebook 05, section 1::
-
-    print(storage_table())
-
-The figures are the document's, of its time; a site's current figures are on its
-own documentation pages (and ``quota`` or ``diskusage_report`` tells yours).
+(document 004): notebook 05's worked example of "where your data lives". The
+figures are of the document's time; ``quota`` or ``diskusage_report`` tells yours.
 """
 
 from __future__ import annotations
@@ -25,14 +19,9 @@ class FileSystem:
     """One file system of a cluster, as a site's storage table describes it.
 
     Attributes:
-        name: the space, e.g. "scratch".
-        path: where it is mounted, or the variable naming it ("$SLURM_TMPDIR").
-        kind: the file system behind it ("NFS", "Lustre", "local SSD").
-        quota: the quota as the site states it.
-        backed_up: whether the site backs it up.
-        purged: "no", or the purge rule.
-        default: whether every account has it ("yes", or "transient": made for
-            each job and gone after it).
+        name, path, kind: e.g. "scratch", "$SLURM_TMPDIR", "Lustre".
+        quota, backed_up, purged: as the site states them.
+        default: "yes" (every account has it) or "transient" (made for each job).
         on_compute_nodes: "yes" (every node sees it) or "per node".
         holds: what to keep there (the workshop's advice, not the site's words).
     """
@@ -121,8 +110,7 @@ def format_table(
         The table, columns two spaces apart, a rule under the headers.
 
     Raises:
-        ValueError: widths or a row that do not match the headers in number, or a
-            width below 3.
+        ValueError: widths or a row that do not match the headers, or a width below 3.
 
     Example:
         >>> print(format_table(["a", "b"], [3, 3], [["x", "y z"]]))
@@ -166,13 +154,11 @@ def format_table(
 def storage_table(
     systems: Sequence[FileSystem] = GRAHAM_STORAGE, source: str | None = "004"
 ) -> str:
-    """The storage table of a site, at most 88 characters wide, under a line that
-    names its source.
+    """The storage table of a site, at most 88 characters wide, under its source.
 
     Args:
         systems: the file systems; Graham's (document 004) by default.
-        source: the key of the document the figures come from, None for no source
-            line.
+        source: the document the figures come from, None for no source line.
 
     Raises:
         ValueError: an unknown source key.

@@ -1,12 +1,9 @@
 """Splitting a global batch among ranks.
 
-Under DDP there is no global batch in the code: every rank's ``DataLoader`` has a
-``batch_size`` of its own, and one optimizer step averages ``world_size`` of those
-batches. The global batch is therefore ``per-rank batch x world_size``, and a global
-batch that does not divide by ``world_size`` cannot be kept: it must be rounded.
-TensorFlow's Estimator refused such a split outright (W. Guan's SHARCNET slides,
-document 004 of the workshop's sources, mark its 6-GPU run of batch 256 as not
-possible). Notebook 02, section 6, prints the split with :func:`per_rank_batch`.
+Under DDP the global batch is ``per-rank batch x world_size``, so one that does not
+divide by ``world_size`` must be rounded; TensorFlow's Estimator refused it outright
+(W. Guan's SHARCNET slides, document 004 of the workshop's sources). Notebook 02,
+section 6, prints the split with :func:`per_rank_batch`.
 """
 
 from __future__ import annotations
@@ -22,18 +19,15 @@ def per_rank_batch(global_batch: int, world_size: int, *, exact: bool = True) ->
     Args:
         global_batch: samples per optimizer step, over all ranks together.
         world_size: number of ranks.
-        exact: True: refuse a global batch that does not divide by ``world_size``
-            (as TensorFlow's Estimator did). False: round the per-rank batch down;
-            the step then trains on ``per_rank_batch * world_size`` samples, fewer
-            than asked for.
+        exact: refuse a global batch that does not divide by ``world_size``;
+            False rounds the per-rank batch down (fewer samples per step).
 
     Returns:
         ``global_batch // world_size``.
 
     Raises:
-        ValueError: a value that is not a whole number of 1 or more, more ranks
-            than samples, or (with ``exact``) a global batch that does not divide
-            by ``world_size``; the message names the nearest global batches that do.
+        ValueError: a count below 1, more ranks than samples, or (with ``exact``)
+            a global batch that does not divide (the nearest that do are named).
 
     Example:
         >>> per_rank_batch(256, 4)

@@ -1,19 +1,11 @@
 """Checkpoints for DDP training: saved by rank 0 only, written atomically, loaded on
 every rank onto its own device.
 
-Atomic means a reader only ever finds a whole checkpoint: the old one or the new
-one, never half of the new one. The bytes go to a temporary file in the same
-directory, are flushed to the disk, and the temporary file is then renamed over the
-checkpoint with ``os.replace``, which POSIX makes a single step. A job killed
-mid-write (Slurm's time limit, a node failure) leaves the previous checkpoint intact,
-plus a stray temporary file that the next save removes.
-
-What can be saved loads: :func:`load_checkpoint` reads with
+Atomic: the bytes go to a temporary file beside the checkpoint and are renamed over
+it (``os.replace``, one step), so a job killed mid-write leaves the previous one
+intact. What can be saved loads: :func:`load_checkpoint` reads with
 ``torch.load(weights_only=True)`` (opening a file runs no code), so a save keeps
-plain data only. Numpy scalars and enum members become the plain values they hold;
-anything else the loader would refuse stops the save, naming where it is
-(``extra['history'][3]``). A failed save or load names the checkpoint's path, the
-cause and a fix (``checkpoint_errors``), never the hidden temporary file.
+plain data only and refuses anything else, naming where it is.
 
 Notebook 02, section "Checkpointing", uses it::
 
@@ -132,38 +124,26 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     **extra: Any,
 ) -> Path:
-    """Save the model (and optimizer) to ``path``: rank 0 writes, every rank waits.
-
-    Call it on every rank at the same point. Under DDP all ranks hold the same
-    weights, so one copy is enough; the barrier afterwards means no rank runs ahead
-    (and, say, loads or deletes the file) before it is complete.
+    """Save the model (and optimizer) to ``path``: rank 0 writes, every rank waits
+    (call it on every rank at the same point; no rank runs ahead of the file).
 
     Args:
         path: the checkpoint file; its directory is created if missing.
-        model: the model, plain or DDP-wrapped (the inner model is saved, so the
-            checkpoint loads into either).
-        optimizer: its state (momentum, Adam's moments) is saved too; without it a
-            resumed run would not continue exactly where it stopped.
-        **extra: plain values to keep beside them (epoch, step, the learning
-            rate, accuracy so far): numbers, strings, lists, tuples, dicts,
-            tensors. A numpy scalar is kept as the Python number it holds
-            (``np.float64(0.5)`` loads as ``0.5``) and an enum member as its
-            ``.value``, because :func:`load_checkpoint` could not read them back.
+        model: the model, plain or DDP-wrapped (the inner model is saved).
+        optimizer: its state is saved too, so a resumed run continues exactly.
+        **extra: plain values to keep beside them (epoch, step, accuracy):
+            numbers, strings, lists, tuples, dicts, tensors; numpy scalars and
+            enum members are kept as the plain values they hold.
 
     Returns:
         The path written.
 
     Raises:
-        TypeError: a value (in ``extra``, the model's or the optimizer's state)
-            that :func:`load_checkpoint` could not read back, e.g. a numpy array
-            or a namedtuple; the message names where it is
-            (``extra['history'][3]``) and its type. Raised on every rank. Also a
-            ``model`` that is not a module, an ``optimizer`` that is not a
-            torch.optim optimizer, or a ``path`` that is not a path.
-        OSError: the file could not be written (a parent of ``path`` is a file,
-            ``path`` is a folder, the folder is read-only or not yours, the disk
-            or quota is full); the message names ``path``, the cause and a fix,
-            and any previous checkpoint at ``path`` is left intact.
+        TypeError: a value :func:`load_checkpoint` could not read back (named
+            by place, e.g. ``extra['history'][3]``, on every rank); or a model,
+            optimizer or path of the wrong kind.
+        OSError: the file could not be written; the message names ``path``, the
+            cause and a fix, and a previous checkpoint there is left intact.
 
     Example:
         >>> save_checkpoint("ckpt.pt", ddp_model, optimizer, epoch=3)  # doctest: +SKIP
@@ -210,12 +190,8 @@ def load_checkpoint(
     map_location: str | torch.device | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` into ``model`` (and
-    ``optimizer``) on this rank.
-
-    Every rank reads the file itself. The tensors go to ``map_location``, by default
-    the device of the model's own parameters: a checkpoint saved by rank 0 from
-    ``cuda:0`` would otherwise land on ``cuda:0`` in every rank, so all ranks of a
-    node would crowd one GPU.
+    ``optimizer``) on this rank, onto the model's device (else a checkpoint saved
+    from ``cuda:0`` would crowd every rank of a node onto one GPU).
 
     Args:
         path: the checkpoint file.
@@ -229,16 +205,10 @@ def load_checkpoint(
     Raises:
         FileNotFoundError: no file at ``path``.
         IsADirectoryError: ``path`` is a folder.
-        ValueError: ``map_location`` names a device this machine does not have;
-            the file is cut short or damaged (cut anywhere), is not a checkpoint
-            of :func:`save_checkpoint`, or holds a value that
-            ``torch.load(weights_only=True)`` refuses (each said apart, with the
-            type refused); it was saved from a model of another shape (the
-            message names the first parameters that differ, with both shapes,
-            and those only one of the two has) or, for the optimizer, over other
-            parameters, or of another class (both named); or it holds no
-            optimizer state but an optimizer was passed. Each message names
-            ``path``.
+        ValueError: a device this machine lacks; a file damaged, not from
+            :func:`save_checkpoint` or holding a refused value; a model of another
+            shape (the first differences named), an optimizer over other
+            parameters or of another class, or none saved. Each names ``path``.
         PermissionError: ``path`` cannot be opened for reading.
         TypeError: ``optimizer`` is not a torch.optim optimizer.
 
@@ -334,8 +304,7 @@ def load_checkpoint(
 
 
 def _shape(value: Any) -> list[int] | None:
-    """The shape of a tensor; None for other values, and for a lazy module's
-    parameter, which takes the shape of what is loaded into it."""
+    """A tensor's shape; None for other values and a lazy module's parameter."""
     try:
         return list(value.shape)
     except (AttributeError, RuntimeError, ValueError):
@@ -348,13 +317,8 @@ def _names(keys: list[str], most: int = 3) -> str:
 
 
 def _mismatch(own: dict[str, Any], saved: dict[str, Any]) -> list[str]:
-    """How the checkpoint's model state differs from the model's: the first two
-    entries of another shape (both shapes), and those only one of the two has.
-    Empty when they fit.
-
-    torch lists every mismatch, in a message that grows with the model and names no
-    file; the first few and the fix say enough.
-    """
+    """How the checkpoint's model state differs from the model's (empty when they
+    fit): the first few differences say enough, where torch lists every one."""
     reshaped = []
     for key, value in own.items():
         theirs, ours = _shape(saved.get(key)), _shape(value)
@@ -378,18 +342,8 @@ def _mismatch(own: dict[str, Any], saved: dict[str, Any]) -> list[str]:
 # yet the loader refuses both (it checks the class each value is rebuilt from). Only
 # classes its allowlist has held since torch 2.4 are here, so the file also loads
 # with the oldest torch the workshop supports.
-_LEAVES = (
-    type(None),
-    bool,
-    int,
-    float,
-    str,
-    torch.Tensor,
-    nn.Parameter,
-    torch.Size,
-    torch.device,
-    torch.dtype,
-)
+_LEAVES = (type(None), bool, int, float, str)  # Python's plain values, and torch's
+_LEAVES += (torch.Tensor, nn.Parameter, torch.Size, torch.device, torch.dtype)
 _CONTAINERS = (dict, OrderedDict, list, tuple)
 
 
@@ -436,26 +390,19 @@ def _refuse(where: str, value: Any, why: str = "") -> TypeError:
 
 
 def plain_copy(value: Any, where: str) -> Any:
-    """``value`` with numpy scalars and enum members replaced by plain equivalents.
-
-    ``np.float64(0.5)`` becomes ``0.5`` (``.item()``), ``np.int64(3)`` becomes ``3``
-    and an enum member becomes its ``.value``; dict keys are treated alike.
-    Containers are copied only where something inside them changed, so a state
-    dict keeps its identity (and its ``_metadata``) when nothing did.
+    """``value`` with numpy scalars (``.item()``) and enum members (``.value``)
+    replaced, keys too; containers are copied only where something inside changed.
 
     Args:
         value: what is about to be saved.
-        where: how the user would write its place, e.g. ``"extra['acc']"``; error
-            messages name the offending value by extending it.
+        where: how the user would write its place, e.g. ``"extra['acc']"``.
 
     Returns:
         ``value`` itself, or a copy holding only values the loader accepts.
 
     Raises:
-        TypeError: a value the loader would refuse and that has no exact plain
-            equivalent (a numpy array, a namedtuple, a set, an arbitrary object),
-            naming its place (``extra['history'][3]``) and its type; or a
-            container that holds itself.
+        TypeError: a value the loader would refuse, with no exact plain
+            equivalent (named by place and type); or a container that holds itself.
 
     Example:
         >>> plain_copy({"acc": [1.5]}, "extra")

@@ -43,9 +43,8 @@ def check_destination(path: Path) -> None:
 
 
 def os_error_in(error: BaseException) -> OSError | None:
-    """The OSError that made a write fail: ``error`` itself, or the one behind a
-    RuntimeError (torch.save reports a full disk as "unexpected pos", raised while
-    handling the OSError that says why). None for any other error."""
+    """The OSError that made a write fail: ``error`` itself, or the one behind
+    torch.save's RuntimeError ("unexpected pos" for a full disk); else None."""
     seen: set[int] = set()
     current: BaseException | None = error
     while isinstance(current, OSError | RuntimeError) and id(current) not in seen:
@@ -123,12 +122,8 @@ def write_error(path: Path, cause: OSError, state: dict[str, Any]) -> OSError:
 
 
 def check_device(map_location: Any) -> None:
-    """Refuse a device that does not exist here before torch.load meets it.
-
-    torch.load would fail half-way with a message about deserialising, or (an
-    index past the last GPU) with a CUDA error from deep inside. Counting devices
-    does not start CUDA, so forked ranks can still use it afterwards.
-    """
+    """Refuse a device that does not exist here before torch.load fails deep inside
+    on it (counting devices does not start CUDA, so ranks can still fork)."""
     if not isinstance(map_location, str | torch.device):
         return  # a dict or a function: torch.load's own business
     try:

@@ -68,9 +68,7 @@ def _cifar_root(path: str | Path) -> Path:
 
 
 def _published_md5() -> dict[str, str]:
-    """File name -> MD5 sum of CIFAR-10's python version as published on its site,
-    read from torchvision's CIFAR10 (its ``train_list``, ``test_list`` and ``meta``).
-    """
+    """File name -> published MD5 sum, as torchvision's CIFAR10 lists them."""
     from torchvision.datasets import CIFAR10
 
     sums = {name: md5 for name, md5 in CIFAR10.train_list + CIFAR10.test_list}
@@ -95,21 +93,15 @@ def _md5(raw: bytes) -> str:
     return hashlib.md5(raw, usedforsecurity=False).hexdigest()
 
 
-# MD5 sums already computed in this process (forked ranks inherit them), by
-# (device, inode, size, mtime, ctime): a notebook that loads CIFAR-10 again does not
-# hash 170 MB again. The ctime is part of the key because no user can set it: a file
-# written or replaced since it was hashed has another ctime (or inode), and is hashed
-# again. Not shared between processes: ranks started together would all miss anyway,
-# and a record kept on disk would be one more file to trust.
+# MD5 sums computed in this process (forked ranks inherit them), so a notebook does
+# not hash 170 MB twice. Keyed by the ctime too, which no user can set: a file
+# replaced since has another. Not kept on disk: that would be one more file to trust.
 _MD5_SEEN: dict[tuple[int, ...], str] = {}
 
 
 def _read_checked(path: Path, published: str | None) -> bytes:
-    """The bytes of ``path``, read once; their MD5 sum checked when ``published``.
-
-    The sum is taken of the very bytes that are then unpickled, so nothing can
-    swap the file between the check and the read.
-    """
+    """The bytes of ``path``, read once (so nothing can swap the file between the
+    check and the read); their MD5 sum checked when ``published``."""
     with open(path, "rb") as f:
         raw = f.read()
         stat = os.fstat(f.fileno())
@@ -145,9 +137,8 @@ _RECONSTRUCT = np.ndarray((0,), np.uint8).__reduce__()[0]
 
 
 class _NDArrayName:
-    """What ``numpy.ndarray`` means inside a batch: only the argument of numpy's
-    _reconstruct that says "a plain array", never called (numpy.ndarray(shape,
-    dtype, buffer, ...) would be one more way of making arrays to think about)."""
+    """``numpy.ndarray`` inside a batch: only _reconstruct's "a plain array" marker,
+    never called (one way of making arrays to trust, not two)."""
 
     def __call__(self, *args: Any) -> None:
         raise _Refused("numpy.ndarray(...) called directly")
@@ -260,9 +251,8 @@ def _cifar_classes(path: Path, published: str | None) -> list[str]:
 
 
 class _CIFAR10(Dataset):
-    """CIFAR-10 images held as uint8 (N, 32, 32, 3), turned into tensors one at a
-    time. Same attributes as torchvision's CIFAR10 (data, targets, classes,
-    class_to_idx, transform); made only by :func:`cifar10`."""
+    """CIFAR-10 as uint8 (N, 32, 32, 3), with torchvision's CIFAR10 attributes;
+    made only by :func:`cifar10`."""
 
     def __init__(
         self,
@@ -273,13 +263,9 @@ class _CIFAR10(Dataset):
         root: Path,
         split: str,
     ) -> None:
-        self.data = data
-        self.targets = targets
-        self.classes = classes
+        self.data, self.targets, self.classes = data, targets, classes
         self.class_to_idx = {name: i for i, name in enumerate(classes)}
-        self.transform = transform
-        self.root = str(root)
-        self.split = split
+        self.transform, self.root, self.split = transform, str(root), split
         self.train = split == "train"
 
     def __len__(self) -> int:
@@ -302,39 +288,27 @@ class _CIFAR10(Dataset):
 def cifar10(
     path: str | Path, split: str = "train", *, verify_md5: bool = True
 ) -> Dataset:
-    """CIFAR-10 from a directory already on disk; never downloads.
-
-    Reads the python version of CIFAR-10 safely, which matters for a folder that
-    others can write (a shared datasets directory on a cluster): each file's MD5 sum
-    is checked against the published one (torchvision's list) before it is read, and
-    the files are unpickled by a reader that builds only what a CIFAR-10 file holds
-    (dicts, lists, strings, numbers, uint8 arrays) and refuses anything else, so a
-    planted file cannot run code. The sums are computed once per file and process.
-    Images come back as float32 tensors (3, 32, 32), normalised per channel with
+    """CIFAR-10 from a directory already on disk, read safely (see the module);
+    never downloads. Images are float32 (3, 32, 32), normalised with
     :data:`CIFAR10_MEAN` and :data:`CIFAR10_STD`; labels are ints 0..9.
 
     Args:
-        path: the directory that contains ``cifar-10-batches-py`` (the "CIFAR-10
-            python version" archive, unpacked), or that folder itself. On a cluster,
-            the shared datasets directory.
+        path: the directory that contains ``cifar-10-batches-py`` (the python
+            version, unpacked), or that folder itself.
         split: "train" (50,000 images) or "test" (10,000).
-        verify_md5: check each file against its published MD5 sum (the default).
-            False accepts files whose sums differ, such as a small stand-in with
-            the same layout; they are still read by the safe reader, never by plain
-            pickle, so a planted file is refused either way.
+        verify_md5: False accepts files whose sums differ (a small stand-in); they
+            are still read by the safe reader.
 
     Returns:
         A map-style dataset of (image, label), with torchvision's CIFAR10
         attributes ``data``, ``targets``, ``classes`` and ``class_to_idx``.
 
     Raises:
-        FileNotFoundError: no ``cifar-10-batches-py`` at ``path``, or some of its
-            files are missing; the message says what was found.
-        ValueError: an unknown split; ``verify_md5`` not True or False; a file
-            whose MD5 sum is not the published one, or that is damaged or not in
-            CIFAR-10's format (the message names the file and how to get it again).
-        pickle.UnpicklingError: a file that asks to run code (a function or class
-            that no CIFAR-10 file names); nothing of it has run.
+        FileNotFoundError: no ``cifar-10-batches-py`` at ``path``, or files of it
+            missing.
+        ValueError: an unknown split or ``verify_md5``; a file with another MD5
+            sum, damaged or not in CIFAR-10's format (named, with how to refetch).
+        pickle.UnpicklingError: a file that asks to run code; nothing of it ran.
 
     Example:
         >>> train = cifar10("/shared/datasets")            # doctest: +SKIP

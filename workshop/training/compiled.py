@@ -1,18 +1,9 @@
 """The compiled path: ``torch.compile`` for the training loop, and what it costs.
 
-``torch.compile`` traces the model's Python into graphs and hands each to a backend
-(by default inductor, which writes fused kernels: C++ on a CPU, Triton on a GPU).
-The first call of each new graph pays for the tracing and the code generation; a
-later call whose inputs differ in shape (the smaller last batch of an epoch) may
-compile again, once, with that dimension left symbolic. Under
-``DistributedDataParallel`` the graph is cut at the gradient buckets' boundaries,
-so that each bucket's all-reduce still starts while the backward pass goes on:
-one graph per bucket.
-
-:func:`workshop.training.loop.train` takes ``compile=True`` (inductor) or a
-backend's name; it counts the graphs each step compiled (:func:`graphs_compiled`),
-and its History keeps the steps that compiled and their time apart from the
-steady state.
+The first call of each new graph pays for tracing and code generation; a batch of
+another shape may compile once more; under DDP there is one graph per gradient
+bucket. :func:`workshop.training.loop.train` takes ``compile=True`` (inductor) or a
+backend's name, and counts the graphs each step compiled (:func:`graphs_compiled`).
 """
 
 from __future__ import annotations
@@ -43,18 +34,10 @@ INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def keep_compiled_code_in_cache(environ: dict[str, str] | None = None) -> str | None:
-    """Point torch.compile's cache (``TORCHINDUCTOR_CACHE_DIR``) at this user's cache
-    folder, ``~/.cache/scaling-pytorch-hpc/inductor`` (or under
-    ``$XDG_CACHE_HOME``), unless it is set already; returns the folder set, or None.
-
-    Left unset, torch makes ``torchinductor_USER`` in the temporary folder as soon as
-    any process imports ``torch._dynamo`` (torchrun's agent does on its way out), and
-    keeps its compiled kernels there. The package sets it when imported, before any
-    of its code compiles, so that the kernel, its ranks, the bench and the commands
-    a cell runs (they inherit the variable) share one cache that is where a cache
-    belongs. Where that folder cannot be made (no home, or one not writable), the
-    variable is left unset and torch's default holds.
-    """
+    """Point torch.compile's cache (``TORCHINDUCTOR_CACHE_DIR``) at
+    ``~/.cache/scaling-pytorch-hpc/inductor`` unless it is set, or that cannot be
+    made; returns the folder set, or None. Left unset, torch keeps its kernels in
+    the temporary folder; set at import, it is inherited by ranks and commands."""
     environ = os.environ if environ is None else environ
     if environ.get(INDUCTOR_CACHE):
         return None
@@ -105,9 +88,8 @@ def check_compile(value: Any) -> str | None:
 
 
 def _configured_compiler() -> str:
-    """The C++ compiler inductor builds with in this process: the last entry of
-    torch._inductor.config.cpp.cxx, which inductor reads from ``$CXX`` (else
-    ``g++``) when it is first imported, not at each compile."""
+    """The C++ compiler inductor builds with in this process (its config, read from
+    ``$CXX`` at its first import, not at each compile)."""
     try:
         from torch._inductor import config
 
@@ -178,18 +160,10 @@ def inductor_unavailable() -> str | None:
     """Why inductor cannot compile for a CPU in this process, in one line with what
     to do; None when it can.
 
-    Inductor writes C++ for a CPU and builds it with ``$CXX``, else ``g++``. A
-    compiler's name on the PATH is not enough (a node's g++ can lack its back end,
-    cc1plus), so this compiles a tiny function with inductor once, here, and keeps
-    the answer for the process (a notebook's kernel). The first step is quick: no
-    compiler on the PATH is said without compiling. The probe's cost is mostly the
-    warm-up the next compile would pay anyway (inductor's imports, its check of the
-    CPU's vector units, its precompiled header): on the 2-core machine, about 4 s in
-    a fresh process with inductor's caches warm, about 20 s cold. It runs in this
-    process, so that it tests the compiler this process's inductor
-    will use, and it has no time limit for the same reason: a compile that hangs
-    here would hang the real one too. (A GPU's kernels need Triton's toolchain
-    instead: the node check, ``python -m workshop check-node``, tries it.)
+    A compiler on the PATH is not enough (g++ can lack cc1plus), so this compiles a
+    tiny function with inductor once, in this process and without a time limit (it
+    tests what the real compile will meet), and keeps the answer. Its cost is mostly
+    the warm-up the next compile would pay anyway: about 4 s warm, 20 s cold.
 
     Example:
         >>> print(inductor_unavailable())  # doctest: +SKIP
@@ -216,11 +190,9 @@ def inductor_unavailable() -> str | None:
 
 
 def _quiet_cuda_home_guess() -> None:
-    """Import ``torch.utils.cpp_extension`` (inductor does, at its first compile)
-    without its warning "No CUDA runtime is found, using CUDA_HOME=...": on a
-    machine with no GPU but a CUDA toolkit on the PATH it guesses CUDA's home at
-    import and says so on stderr, which concerns GPU builds only, not a CPU's C++,
-    and would print into the lesson's cell on some machines and not others."""
+    """Import ``torch.utils.cpp_extension`` without its "No CUDA runtime is found"
+    warning, which concerns GPU builds only and would print into a lesson's cell on
+    some machines and not others."""
     log = logging.getLogger("torch.utils.cpp_extension")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -269,16 +241,9 @@ def _probe_inductor(compiler: str) -> str | None:
 
 @contextlib.contextmanager
 def no_triton_pool() -> Iterator[None]:
-    """Inductor compiling for a CPU starts no pool of compile workers.
-
-    Each inductor compile starts ("warms") a pool of worker processes for Triton's
-    kernels, which a CPU's C++ kernels never use (they build in threads). On a
-    2-core machine the pool's processes, still starting while the first steps after
-    a quick compile (inductor's caches warm) ran, took the CPU from them: the
-    compiled steady state measured a fraction of eager's. With torch 2.11 the
-    process could then hang at exit, waiting for them. ``TORCH_WARM_POOL=0``, read
-    by torch when it compiles, leaves the pool unstarted.
-    """
+    """Inductor compiling for a CPU starts no pool of Triton compile workers: on 2
+    cores they took the CPU from the first steps (a fraction of eager's speed was
+    measured) and, with torch 2.11, hung the process at exit."""
     before = os.environ.get("TORCH_WARM_POOL")
     os.environ["TORCH_WARM_POOL"] = "0"
     try:
@@ -295,17 +260,10 @@ _GRAPHS = [0]
 
 
 def compile_model(model: nn.Module, backend: str | None) -> nn.Module:
-    """``model`` compiled with ``backend`` (None: the model itself). The compiled
-    module shares the model's parameters: an optimizer made on either steps both,
-    and a DDP model keeps ``no_sync`` (the wrapper passes attributes through).
-
-    Each graph Dynamo hands the backend is counted (:func:`graphs_compiled`): under
-    DDP it hands one per gradient bucket, which is the split to see.
-
-    torch.compile's caches in this process are emptied first: its compiled code
-    serves any model of the same code, so a second run would borrow the first one's
-    warm-up and report none. (Inductor's cache on disk still spares a recompilation
-    its code generation: that is what a job that starts again gets too.)"""
+    """``model`` compiled with ``backend`` (None: the model itself), sharing its
+    parameters; each graph handed to the backend is counted
+    (:func:`graphs_compiled`). Dynamo's caches are emptied first, or a second run
+    would borrow the first one's warm-up and report none."""
     if backend is None:
         return model
     import torch
@@ -331,6 +289,5 @@ def compile_model(model: nn.Module, backend: str | None) -> nn.Module:
 
 def graphs_compiled() -> int:
     """Graphs the models of :func:`compile_model` have handed their backend in this
-    process so far: a step that raised it compiled (the first step, a
-    recompilation, or under DDP one graph per bucket)."""
+    process so far: a step that raised it compiled."""
     return _GRAPHS[0]

@@ -1,21 +1,9 @@
 """Datasets and data loaders for the training lessons.
 
-Three sources, from smallest to largest:
-
-* :func:`digits`: scikit-learn's 1,797 handwritten digits, shipped inside the
-  scikit-learn package, so every notebook runs offline and trains in seconds on a CPU
-  (notebook 01, notebook 02's DDP section, the tests).
-* :func:`cifar10`: CIFAR-10 read from a directory that is already on disk, the usual
-  case on a cluster, where compute nodes often cannot reach the internet and datasets
-  live in a shared folder. Its files are checked against their published MD5 sums
-  and unpickled by a reader that runs no code, since others may write that folder
-  (:mod:`workshop.training.cifar`, re-exported here).
-* :func:`synthetic`: random images made on demand, for throughput measurements where
-  the data does not matter but its shape does.
-
-:func:`make_loader` (in :mod:`workshop.training.loaders`, re-exported here) wraps any of
-them in a seeded ``DataLoader`` and :func:`~workshop.training.loaders.time_loader`
-measures how fast a loader delivers samples.
+:func:`digits` (scikit-learn's 1,797 handwritten digits: offline, seconds on a CPU)
+and :func:`synthetic` (random images made on demand, for throughput measurements);
+CIFAR-10 from a shared folder is in :mod:`workshop.training.cifar`, and
+:func:`~workshop.training.loaders.make_loader` wraps any of them in a seeded loader.
 """
 
 from __future__ import annotations
@@ -45,14 +33,9 @@ _CACHE_FORMAT = 1  # raise it when what a cache file holds changes
 
 
 def _digits_cache_file(seed: int) -> Path | None:
-    """Where this user's copy of a split lives, named after the scikit-learn data
-    file it came from (its path, size and time) and the seed; None where there is no
-    scikit-learn or no home to keep it in.
-
-    Every rank that torchrun, srun, mpirun or a spawn starts is a fresh Python:
-    without the copy each one imports scikit-learn to split the same 1,797 images,
-    about a second of CPU, more than the epoch it then trains on a laptop.
-    """
+    """Where this user's copy of a split lives, keyed by scikit-learn's data file and
+    the seed (None without either): a fresh rank would otherwise import scikit-learn
+    to split the same images, about a second, more than an epoch on a laptop."""
     spec = importlib.util.find_spec("sklearn")  # finds it, does not import it
     if spec is None or spec.origin is None:
         return None
@@ -94,12 +77,8 @@ def _write_cached(path: Path, arrays: tuple[np.ndarray, ...]) -> None:
 
 @functools.lru_cache(maxsize=4)
 def _digits_arrays(seed: int) -> tuple[np.ndarray, ...]:
-    """The digits as float32 images in [0, 1], split 80/20, stratified by label.
-
-    Cached: a notebook asks for the train and the test split one after the other, and
-    both must come from the same split of the same data; and on disk, for the next
-    process (:func:`_digits_cache_file`).
-    """
+    """The digits as float32 images in [0, 1], split 80/20, stratified by label;
+    cached here (both splits from one split) and on disk for the next process."""
     cache = _digits_cache_file(seed)
     if cache is not None:
         cached = _read_cached(cache)
@@ -131,27 +110,21 @@ def _split_digits(seed: int) -> tuple[np.ndarray, ...]:
 def digits(split: str = "train", size: int = 16, seed: int = 0) -> TensorDataset:
     """scikit-learn's handwritten digits as a ready-to-train ``TensorDataset``.
 
-    1,797 grey-scale 8x8 images of the digits 0-9, split 80/20 (1,437 train, 360
-    test) with a fixed, seeded split stratified by label. Images are scaled to [0, 1],
-    upsampled to ``size`` x ``size`` with bilinear interpolation (a convolutional net
-    has more room to work on 16x16 than on 8x8), then normalised with the mean and
-    standard deviation of the training split at that size; the test split uses the
-    training split's statistics, as it must. No download: the data ships inside
-    scikit-learn. The split is kept in ``~/.cache/scaling-pytorch-hpc`` (or
-    ``$XDG_CACHE_HOME``), so that a fresh rank need not import scikit-learn again.
+    1,797 grey-scale 8x8 images, a seeded 80/20 split (1,437 train, 360 test),
+    upsampled bilinearly to ``size`` and normalised with the training split's
+    statistics. No download; the split is kept in ``~/.cache/scaling-pytorch-hpc``.
 
     Args:
         split: "train" or "test".
         size: side of the returned images in pixels; 8 keeps the originals.
-        seed: seed of the train/test split; the same seed always gives the same split.
+        seed: seed of the train/test split.
 
     Returns:
         A ``TensorDataset`` of (image, label): images float32 of shape
         (N, 1, size, size), labels int64 in 0..9.
 
     Raises:
-        ValueError: an unknown split, a size that is not a whole number >= 1, or a
-            seed that is not one >= 0.
+        ValueError: an unknown split, a size below 1 or a negative seed.
 
     Example:
         >>> train = digits("train")
@@ -185,10 +158,8 @@ class _Synthetic(Dataset):
     def __init__(
         self, n: int, image_size: int, channels: int, num_classes: int, seed: int
     ) -> None:
-        self.n = n
+        self.n, self.num_classes, self.seed = n, num_classes, seed
         self.shape = (channels, image_size, image_size)
-        self.num_classes = num_classes
-        self.seed = seed
 
     def __len__(self) -> int:
         return self.n
@@ -221,12 +192,8 @@ def synthetic(
     seed: int = 0,
 ) -> Dataset:
     """Random images and labels for throughput measurements (ImageNet-shaped by
-    default).
-
-    Each sample is made when it is asked for, from a generator seeded with
-    ``(seed, index)``: the same index always gives the same sample, and a dataset of a
-    million images costs no memory. The images are noise, so a model learns nothing
-    from them; use them to time steps, not to check accuracy.
+    default), each made when asked for from ``(seed, index)``: no memory held, the
+    same sample for the same index, and nothing to learn.
 
     Args:
         n: number of samples.
@@ -247,11 +214,7 @@ def synthetic(
         >>> data[3][0].shape
         torch.Size([3, 64, 64])
     """
-    for name, value in (
-        ("n", n),
-        ("image_size", image_size),
-        ("channels", channels),
-        ("num_classes", num_classes),
-    ):
+    sizes = {"n": n, "image_size": image_size, "channels": channels}
+    for name, value in (sizes | {"num_classes": num_classes}).items():
         whole(name, value, fix="e.g. synthetic(1024, image_size=224)")
     return _Synthetic(n, image_size, channels, num_classes, seed)

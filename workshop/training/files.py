@@ -1,21 +1,12 @@
 """Datasets on disk: many small image files, or one packed file (notebooks 01 and 05).
 
 A parallel file system (Lustre, GPFS) serves big files fast and small files slowly:
-every ``open`` is a round trip to its metadata server. The lessons measure this on the
-same images stored three ways, all written here from scikit-learn's digits (no
-download):
-
-* :func:`write_image_files`: one PNG file per image, in ``<label>/<index>.png``
-  folders (the layout of torchvision's ``ImageFolder``), read by :class:`ImageFiles`;
-* :func:`pack_tar`: the PNG files in one uncompressed tar archive, read by
-  :class:`TarImages` (one file opened per process, every image still decoded); the
-  archive a batch job copies to a node's local disk and unpacks there
-  (``slurm/stage_data.sbatch``);
-* :func:`pack_images`: the decoded pixels in one ``.npy`` file of records, read by
-  :class:`PackedImages` through memory mapping (one file, nothing to decode).
-
-:func:`count_opens` counts the files a block of code opens, in worker processes too,
-and :func:`time_epochs` times passes over a loader.
+every ``open`` is a round trip to its metadata server. The lessons measure this on
+scikit-learn's digits stored three ways: a PNG file per image
+(:func:`write_image_files`, :class:`ImageFiles`), one tar of them (:func:`pack_tar`,
+:class:`TarImages`) and one ``.npy`` of decoded pixels (:func:`pack_images`,
+:class:`PackedImages`); :func:`count_opens` counts the files opened and
+:func:`time_epochs` times passes over a loader.
 """
 
 from __future__ import annotations
@@ -63,12 +54,9 @@ def write_image_files(
     size: int = 32,
     limit: int | None = None,
 ) -> Path:
-    """Write scikit-learn's digits as one grey-scale PNG file per image.
-
-    The layout is ``folder/<label>/<index>.png``, the one torchvision's
-    ``ImageFolder`` reads: the label is the name of the folder. Images are the
-    digits of :func:`workshop.digits` (same seeded split) upsampled to ``size``,
-    before normalisation, stored as 8-bit pixels.
+    """Write the digits of :func:`workshop.digits` (the same split, before
+    normalisation) as one 8-bit PNG file per image, ``folder/<label>/<index>.png``
+    (torchvision's ``ImageFolder`` layout).
 
     Args:
         folder: where to write; created if missing, and must hold no files yet.
@@ -117,8 +105,8 @@ def write_image_files(
 
 
 def _labelled_files(folder: Path) -> list[tuple[Path, int]]:
-    """``(path, label)`` of every ``<label>/<name>.png`` under ``folder``, sorted by
-    the file's name, so that every format lists the images in the same order."""
+    """``(path, label)`` of every ``<label>/<name>.png``, in the order every format
+    lists the images."""
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{folder} is not a folder; write one with write_image_files(folder) or "
@@ -219,11 +207,8 @@ def _audit(event: str, args: tuple) -> None:
 
 @contextmanager
 def count_opens(under: str | os.PathLike[str]) -> Iterator[OpenCount]:
-    """Count the files opened under a folder while the block runs.
-
-    Counts this process and the ``DataLoader`` workers it forks during the block
-    (the default on Linux): each worker inherits the counter, a number in shared
-    memory. Workers started another way (spawn, forkserver) are not seen.
+    """Count the files opened under a folder while the block runs, here and in the
+    ``DataLoader`` workers forked meanwhile (not those spawned another way).
 
     Args:
         under: count only files whose path starts with this folder.
@@ -251,10 +236,8 @@ def count_opens(under: str | os.PathLike[str]) -> Iterator[OpenCount]:
 
 
 def time_epochs(loader: Iterable, epochs: int = 1) -> list[float]:
-    """Seconds for each full pass over ``loader``, doing nothing with the batches.
-
-    Each pass includes starting the loader's worker processes, unless it keeps them
-    (``persistent_workers=True``): compare the first pass with the next.
+    """Seconds for each full pass over ``loader``, doing nothing with the batches
+    (each pass starts the workers, unless ``persistent_workers=True``).
 
     Args:
         loader: a ``DataLoader`` (or any iterable of batches).
@@ -284,11 +267,8 @@ def time_epochs(loader: Iterable, epochs: int = 1) -> list[float]:
 
 
 def pack_tar(folder: str | os.PathLike[str], archive: str | os.PathLike[str]) -> Path:
-    """Pack a folder into one uncompressed tar archive, names relative to ``folder``.
-
-    Uncompressed, so that copying and unpacking it costs disk speed, not CPU (PNG
-    files are compressed already); ``tar -xf ARCHIVE`` unpacks it, as a batch job
-    does on a node's local disk.
+    """Pack a folder into one uncompressed tar archive (PNGs are compressed already,
+    so unpacking costs disk speed, not CPU), names relative to ``folder``.
 
     Args:
         folder: the folder to pack (its files, not the folder itself).
@@ -316,11 +296,8 @@ def pack_tar(folder: str | os.PathLike[str], archive: str | os.PathLike[str]) ->
 
 
 class TarImages(Dataset):
-    """Images read from the PNG files inside one tar archive (:func:`pack_tar`).
-
-    The archive is indexed once; then each process opens it once and reads every
-    image at its offset: one file opened per process instead of one per image, but
-    every image is still decoded.
+    """Images read from the PNG files inside one tar archive (:func:`pack_tar`):
+    one file opened per process instead of one per image, each image still decoded.
 
     Args:
         archive: a tar of ``<label>/<name>.png`` members.
@@ -384,10 +361,8 @@ def _record_dtype(shape: tuple[int, ...]) -> np.dtype:
 
 
 def pack_images(folder: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-    """Decode every image of a folder once and store them in one ``.npy`` file.
-
-    One record per image, ``(label, pixels)``, in the order :class:`ImageFiles`
-    lists them, so both give the same sample at the same index.
+    """Decode every image of a folder once into one ``.npy`` file of ``(label,
+    pixels)`` records, in :class:`ImageFiles`'s order.
 
     Args:
         folder: a folder of ``<label>/<name>.png`` files, all of one size.
@@ -423,8 +398,7 @@ def pack_images(folder: str | os.PathLike[str], path: str | os.PathLike[str]) ->
 
 class PackedImages(Dataset):
     """Images read from one ``.npy`` file of records (:func:`pack_images`) through
-    memory mapping: one file opened per process, pages read as they are touched,
-    nothing decoded.
+    memory mapping: one file opened per process, nothing decoded.
 
     Args:
         path: the ``.npy`` file.

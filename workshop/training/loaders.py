@@ -33,28 +33,22 @@ def make_loader(
     Args:
         dataset: any map-style dataset.
         batch_size: samples per batch (per rank, under DDP).
-        shuffle: reshuffle at every pass. Must be False with a ``sampler``: a
-            ``DistributedSampler`` shuffles by itself.
-        num_workers: background processes that load batches; 0 loads in the
-            training process itself.
-        pin_memory: put batches in page-locked memory, so copies to a GPU can run
-            while the GPU computes (only useful with a GPU; torch warns without one).
-        persistent_workers: keep the worker processes from one pass over the data to
-            the next instead of starting them again at every epoch.
+        shuffle: reshuffle at every pass; False with a ``sampler``.
+        num_workers: background processes that load batches; 0: this process.
+        pin_memory: page-locked batches, so copies to a GPU overlap its compute.
+        persistent_workers: keep the workers from one pass to the next.
         seed: seeds the shuffling (and, through it, the workers' random seeds).
-        sampler: chooses the indices instead of ``shuffle``, e.g. a
-            ``DistributedSampler`` that gives each rank its own share.
+        sampler: chooses the indices instead of ``shuffle`` (a
+            ``DistributedSampler`` gives each rank its own share).
         drop_last: drop a last batch smaller than ``batch_size``.
 
     Returns:
         A ``DataLoader``.
 
     Raises:
-        ValueError: ``batch_size`` below 1, ``num_workers`` below 0,
-            ``persistent_workers`` without workers, ``shuffle`` with a sampler, or
-            a seed that is not a whole number.
-        TypeError: a dataset that is not map-style (None, a generator), or a
-            ``shuffle`` or ``drop_last`` that is not True or False.
+        ValueError: a count out of range, ``persistent_workers`` without workers,
+            ``shuffle`` with a sampler, or a seed that is not a whole number.
+        TypeError: a dataset that is not map-style, or a switch not True or False.
 
     Example:
         >>> from workshop.training.data import digits
@@ -114,11 +108,8 @@ def _batch_samples(batch: Any) -> int:
 
 
 def time_loader(loader: Iterable, batches: int) -> float:
-    """Samples per second delivered by iterating ``loader``, doing nothing else.
-
-    The clock starts before the iterator is created, so the time includes starting
-    worker processes, which ``persistent_workers=True`` pays only on the first pass:
-    call this twice on the same loader to see the difference.
+    """Samples per second delivered by iterating ``loader``, doing nothing else,
+    starting its workers included (``persistent_workers=True`` pays that once).
 
     Args:
         loader: a ``DataLoader`` (or any iterable of batches).

@@ -1,15 +1,9 @@
 """The training loop: one code path for a notebook, DDP ranks and Slurm jobs.
 
-Notebook 01 calls :func:`train` on one device; notebook 02 wraps the same model in
-``DistributedDataParallel``, gives the loader a ``DistributedSampler`` and calls the
-same :func:`train` on every rank; a Slurm job runs that script under ``srun``. What
-changes between them is the model wrapper and the sampler, never the loop::
-
-    history = train(SmallCNN(), make_loader(digits(), 64, shuffle=True), epochs=3)
-
-:func:`train_step` is the loop's building block (one optimizer step over one or more
-micro-batches), for lessons that write their own loop; it and :func:`evaluate` live
-in :mod:`workshop.training.steps` and are re-exported here.
+Between notebook 01 (one device), notebook 02 (DDP ranks) and a Slurm job, the
+model wrapper and the sampler change, never the loop. :func:`train_step` and
+:func:`evaluate` (re-exported from :mod:`workshop.training.steps`) serve lessons
+that write their own loop.
 """
 
 from __future__ import annotations
@@ -60,9 +54,8 @@ def _groups(loader: Iterable, size: int) -> Iterator[list[Any]]:
 
 
 def _check_objects(model: Any, loader: Any, eval_loader: Any) -> None:
-    """Refuse, before a step, a model or loader of the wrong kind (a loader given
-    for the model, None for a loader), which would fail deep inside torch or only
-    after the first epoch."""
+    """Refuse, before a step, a model or loader of the wrong kind, which would fail
+    deep inside torch or only after the first epoch."""
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"model must be a torch.nn.Module, got {type(model).__name__}; e.g. "
@@ -130,61 +123,42 @@ def train(
     compile: bool | str = False,
 ) -> History:
     """Train a classifier with cross-entropy loss; the same loop on one device and
-    on every rank of a DDP job.
-
-    The model is moved to ``device`` (in place) and trained there. For DDP, wrap it
-    (on its device) before calling, give the loader a ``DistributedSampler`` and call
-    ``train`` on every rank: the sampler is reseeded each epoch
-    (``set_epoch``), only rank 0 prints, and the History holds the whole job's
-    figures.
+    on every rank of a DDP job (wrap the model and give the loader a
+    ``DistributedSampler`` first: only rank 0 prints, the History holds the job's).
 
     Args:
         model: a module (plain or DDP-wrapped) mapping inputs to class scores.
-        loader: batches of (inputs, targets), e.g. from
-            :func:`workshop.training.loaders.make_loader`.
-        epochs: passes over the data.
+        loader: batches of (inputs, targets).
         lr: learning rate; None takes the optimizer's default in :data:`OPTIMIZERS`
             (0.05 for SGD, 1e-3 for Adam).
         optimizer: "sgd" (with momentum 0.9) or "adam"; made anew at each call.
-        schedule: "cosine" (the learning rate decays from ``lr`` to near 0 over the
-            run: ``epochs`` passes, or ``max_steps`` if that ends it sooner) or
-            "constant".
-        device: see :func:`resolve_device`; None picks the rank's device, else a
-            GPU if there is one, else the CPU.
-        amp: None (float32), "bf16" (bfloat16 autocast, no scaler needed: it has
-            float32's range) or "fp16" (float16 autocast with a GradScaler; GPU only).
-        accumulate: micro-batches per optimizer step (gradient accumulation): the
-            effective batch is ``accumulate`` times the loader's.
-        channels_last: train with the channels-last memory format (faster
-            convolutions on GPUs with tensor cores). With DDP, convert the model
-            (``model.to(memory_format=torch.channels_last)``) before wrapping it,
-            so DDP's gradient buckets match the weights' layout.
+        schedule: "cosine" (decays from ``lr`` to near 0 over the run) or "constant".
+        device: see :func:`resolve_device`.
+        amp: None (float32), "bf16" (bfloat16 autocast, no scaler) or "fp16"
+            (float16 autocast with a GradScaler; GPU only).
+        accumulate: micro-batches per optimizer step (gradient accumulation).
+        channels_last: train in the channels-last memory format; with DDP, convert
+            the model before wrapping it, so the gradient buckets match its layout.
         eval_loader: if given, :func:`evaluate` on it after each epoch.
         max_steps: stop after this many optimizer steps in all, even mid-epoch.
-        progress: True prints progress lines (rank 0 only), False prints nothing,
-            or a :class:`workshop.training.progress.Progress` configured as you like.
-        seed: if given, ``torch.manual_seed(seed)`` first, for dropout and random
-            augmentations. The model's initial weights are drawn before ``train``:
-            seed those yourself; the shuffling is seeded by ``make_loader``.
-        compile: True trains the model through ``torch.compile`` (inductor), or a
-            backend's name ("aot_eager" traces and splits the graph but generates no
-            code); wrap a DDP model before. The History then says which steps
-            compiled (the first, and a recompilation when a batch's shape changed)
-            and their time, apart from the steady state
+        progress: True prints (rank 0 only), False not, or a configured
+            :class:`workshop.training.progress.Progress`.
+        seed: if given, ``torch.manual_seed(seed)`` first (dropout, augmentations;
+            not the model's initial weights, drawn before ``train``).
+        compile: True trains through ``torch.compile`` (inductor), or a backend's
+            name ("aot_eager"); wrap a DDP model before. The History times the
+            compiled steps apart
             (:meth:`~workshop.training.progress.History.compile_summary`).
 
     Returns:
         A :class:`workshop.training.progress.History`.
 
     Raises:
-        ValueError: a bad argument (unknown ``amp``, ``optimizer``, ``schedule``;
-            "fp16" on a CPU; counts below 1) or a loader that yields nothing; the
-            message says what to pass.
-        TypeError: a model, loader or switch of the wrong kind (None for a loader,
-            "no" for False).
-        RuntimeError: ``compile=True`` on a CPU where inductor cannot compile
-            (:func:`~workshop.training.compiled.inductor_unavailable` says why, in
-            one line, and what to do).
+        ValueError: a bad argument ("fp16" on a CPU, counts below 1, an unknown
+            name) or a loader that yields nothing.
+        TypeError: a model, loader or switch of the wrong kind.
+        RuntimeError: ``compile=True`` where inductor cannot compile
+            (:func:`~workshop.training.compiled.inductor_unavailable` says why).
 
     Example:
         >>> torch.manual_seed(0)                                    # doctest: +SKIP
@@ -224,10 +198,8 @@ def train(
     # The compiled module shares the model's parameters; the optimizer steps them.
     stepped = compile_model(model, backend)
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
-    if isinstance(progress, Progress):
-        reporter = progress
-    else:
-        reporter = Progress(enabled=None if progress else False)
+    own = isinstance(progress, Progress)
+    reporter = progress if own else Progress(enabled=None if progress else False)
     try:
         steps_per_epoch: int | None = math.ceil(len(loader) / accumulate)
     except TypeError:  # an iterable without a length
@@ -249,10 +221,9 @@ def train(
         samples = 0
         start = time.perf_counter()
         for step, group in enumerate(_groups(loader, accumulate), start=1):
+            lr_now = base_lr * _lr_factor(schedule, history.steps, planned)
             for param_group in opt.param_groups:
-                param_group["lr"] = base_lr * _lr_factor(
-                    schedule, history.steps, planned
-                )
+                param_group["lr"] = lr_now
             graphs = graphs_compiled() if backend else 0
             began = time.perf_counter()
             result = train_step(

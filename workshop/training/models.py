@@ -39,12 +39,9 @@ def _conv_bn_relu(in_channels: int, out_channels: int) -> nn.Sequential:
 
 class SmallCNN(nn.Module):
     """A small convolutional classifier: three conv-BatchNorm-ReLU blocks with
-    max-pooling between them, global average pooling, one linear layer.
-
-    Trained by :func:`workshop.training.loop.train` with its defaults on
-    :func:`workshop.training.data.digits` (16x16, batches of 64), it reaches about 98 %
-    test accuracy in three epochs of well under a second each on one CPU core. Global
-    average pooling makes it accept any image size of 4x4 or more.
+    max-pooling between them, global average pooling (any image of 4x4 or more), one
+    linear layer. On :func:`workshop.training.data.digits` it reaches about 98 % test
+    accuracy in three epochs of under a second each on one CPU core.
 
     Args:
         in_channels: channels of the input images (1 for digits, 3 for CIFAR-10).
@@ -62,11 +59,8 @@ class SmallCNN(nn.Module):
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 32):
         super().__init__()
-        for name, value in (
-            ("in_channels", in_channels),
-            ("num_classes", num_classes),
-            ("width", width),
-        ):
+        sizes = {"in_channels": in_channels, "num_classes": num_classes}
+        for name, value in (sizes | {"width": width}).items():
             whole(name, value, fix="e.g. SmallCNN(in_channels=3, width=32)")
         self.features = nn.Sequential(
             _conv_bn_relu(in_channels, width),
@@ -85,10 +79,8 @@ class SmallCNN(nn.Module):
 
 
 def resnet(name: str = "resnet18", num_classes: int = 1000, in_channels: int = 3):
-    """A torchvision ResNet with random weights; never downloads anything.
-
-    Compute nodes often have no internet access, and the lessons measure speed, not
-    accuracy, so pretrained weights are never asked for.
+    """A torchvision ResNet with random weights; never downloads anything (compute
+    nodes often have no internet, and the lessons measure speed, not accuracy).
 
     Args:
         name: one of :data:`RESNETS`.
@@ -100,8 +92,7 @@ def resnet(name: str = "resnet18", num_classes: int = 1000, in_channels: int = 3
         A ``torchvision.models.ResNet``.
 
     Raises:
-        ValueError: an unknown name (the message lists the valid ones), or a count
-            below 1.
+        ValueError: an unknown name, or a count below 1.
 
     Example:
         >>> count_parameters(resnet("resnet18"))
@@ -128,9 +119,8 @@ def resnet(name: str = "resnet18", num_classes: int = 1000, in_channels: int = 3
 
 def smallest_image(name: str, batch: int) -> int:
     """The smallest image side, in pixels, that a model trains on in batches of
-    ``batch``: SmallCNN's two 2x2 poolings need 4 pixels, and BatchNorm in training
-    needs two values per channel, which a batch of 1 has only where the last stage
-    (a quarter of the side in SmallCNN, 1/32 in a ResNet) keeps more than 1 pixel.
+    ``batch`` (BatchNorm needs two values per channel: from a batch of 1, only where
+    the last stage keeps more than 1 pixel).
 
     Args:
         name: "smallcnn" (or "cnn") or one of :data:`RESNETS`.
@@ -150,10 +140,7 @@ def smallest_image(name: str, batch: int) -> int:
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
-    """Number of parameters (numbers to learn) in ``model``.
-
-    A parameter shared between layers counts once. Works on a model wrapped in
-    ``DistributedDataParallel`` too.
+    """Number of parameters (numbers to learn) in ``model``, a shared one once.
 
     Args:
         model: any module.
@@ -181,14 +168,9 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 # --- what a model holds ---------------------------------------------------------
 def held_bytes(parts: Mapping[str, Iterable[Any]]) -> dict[str, int]:
-    """Bytes of memory the tensors of each part hold, each storage counted once.
-
-    Several tensors can share one block of memory (a view of a flat buffer, a
-    parameter and the slice of it an optimizer updates), so bytes are counted per
-    storage, not per tensor: a storage belongs to the first part that names it, and
-    it counts whole (a view into a bigger buffer keeps the whole buffer alive).
-    Sharded ``DTensor`` values count their local shard; ``None`` and tensors on the
-    "meta" device (shapes without memory) count nothing.
+    """Bytes of memory the tensors of each part hold, each storage counted once,
+    whole, in the first part that names it (a view keeps its whole buffer alive). A
+    ``DTensor`` counts its local shard; ``None`` and "meta" tensors count nothing.
 
     Args:
         parts: for each part ("params", "grads", "optimizer", ...), its tensors.
@@ -226,11 +208,8 @@ def held_bytes(parts: Mapping[str, Iterable[Any]]) -> dict[str, int]:
 def saved_tensor_bytes(
     run: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()
 ) -> int:
-    """Bytes of the tensors autograd saves for the backward pass while ``run()`` runs.
-
-    Counted with ``torch.autograd.graph.saved_tensors_hooks``: each storage once (a
-    view counts its whole base), ``exclude`` (the parameters) left out. On the meta
-    device tensors have no storage, so they are told apart by their base tensor.
+    """Bytes of the tensors autograd saves for the backward pass while ``run()`` runs,
+    each storage once (a view counts its whole base), ``exclude`` left out.
 
     Example:
         >>> lin = torch.nn.Linear(4, 4)

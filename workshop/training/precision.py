@@ -1,14 +1,9 @@
 """What mixed precision changes, measured: the memory autograd keeps for the backward
 pass, and the time of a step.
 
-Used by notebook 01, section 5::
-
-    fp32 = saved_activation_bytes(model, x)
-    bf16 = saved_activation_bytes(model, x, amp="bf16")
-
-and, to show what a gradient scaler is for, :func:`float_format` (the range of each
-floating-point type) and :func:`low_precision_loss` (a loss whose backward pass runs
-in float16 or bfloat16 and hands every weight a chosen gradient)::
+Notebook 01, section 5, measures :func:`saved_activation_bytes` with and without
+``amp="bf16"``, and shows what a gradient scaler is for with :func:`float_format`
+and :func:`low_precision_loss`::
 
     (low_precision_loss(w, 1e-8) * 2.0**16).backward()   # w.grad / 2**16: 1e-8
 """
@@ -28,11 +23,9 @@ __all__ = [
 ]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-#: Differences allowed between a split run (tensor or pipeline parallel, a model
-#: cut across devices) and the whole one, relative to the largest number compared
-#: (at least 1). A split adds the same float32 numbers in another order, which moves
-#: the last bits only (about 1e-7 relative), so the two agree well within this but
-#: not bit for bit.
+#: Differences allowed between a split run (a model cut across devices) and the whole
+#: one, relative to the largest number compared (at least 1): a split adds the same
+#: float32 numbers in another order (about 1e-7 relative), so not bit for bit.
 RELATIVE_TOLERANCE = 1e-5
 
 
@@ -51,11 +44,8 @@ def autocast(amp: str | None, device_type: str):
 
 
 def saved_activation_bytes(model, x, amp: str | None = None) -> int:
-    """Bytes of the tensors autograd keeps from ``model(x)`` for the backward pass.
-
-    Activations, not weights, fill a GPU's memory during training; under autocast
-    most of them are kept in 16 bits instead of 32. Each distinct tensor is counted
-    once, whatever the number of operations that keep it.
+    """Bytes of the tensors autograd keeps from ``model(x)`` for the backward pass
+    (under autocast, most in 16 bits), each distinct tensor once.
 
     Args:
         model: the model (its parameters may stay in float32: autocast casts copies).
@@ -108,6 +98,7 @@ def float_format(dtype: Any) -> dict[str, Any]:
         ValueError: ``dtype`` is not a floating-point torch dtype.
 
     Example:
+        >>> import torch
         >>> float_format(torch.float16)["smallest_subnormal"] == 2.0**-24
         True
     """
@@ -136,13 +127,10 @@ def low_precision_loss(weights: Any, gradient: float, dtype: Any = None) -> Any:
     """A float32 loss whose backward pass runs in ``dtype`` and gives every weight
     the gradient ``gradient``.
 
-    It is one layer's worth of mixed precision: the weights are cast to ``dtype``
-    (as autocast does), multiplied by an input ``a``, and the float32 loss sums the
-    result times ``b``, with ``a = b = sqrt(gradient)``. In the backward pass the
-    gradient arriving from above (``b``, times any loss scale) is cast to ``dtype``
-    and multiplied by the input ``a`` in ``dtype``: that product is where a small
-    float16 gradient rounds to 0 and a large one overflows to inf. Plain
-    operations, no autocast, so it behaves the same on every device and torch.
+    One layer's worth of mixed precision, without autocast (the same on every
+    device): ``sum(w.to(dtype) * a) * b`` with ``a = b = sqrt(gradient)``; backward
+    multiplies ``b`` (times any loss scale) by ``a`` in ``dtype``, where a small
+    float16 gradient rounds to 0 and a large one overflows to inf.
 
     Args:
         weights: a float32 tensor with ``requires_grad``, on any device.
@@ -158,6 +146,7 @@ def low_precision_loss(weights: Any, gradient: float, dtype: Any = None) -> Any:
             ``dtype``, or a ``gradient`` out of range.
 
     Example:
+        >>> import torch
         >>> w = torch.zeros(3, requires_grad=True)
         >>> low_precision_loss(w, 1e-8).backward()
         >>> w.grad      # 1e-8 is below float16's smallest value

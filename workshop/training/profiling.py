@@ -6,13 +6,9 @@ Used by notebook 01, section 6::
     report = workshop.training.profile_steps(one_step, steps=3, trace_dir="traces")
     print(report.table)
 
-Over a long training loop: which steps a ``schedule`` records, and what
-``tensorboard_trace_handler`` wrote. :func:`profile_steps` profiles a few steps in one
-go. In a real training loop the profiler runs inside the loop, ``prof.step()`` marks
-each step, and ``schedule(wait=, warmup=, active=, repeat=)`` picks the steps to record:
-each cycle skips ``wait`` steps, runs ``warmup`` steps with the profiler on but the
-results dropped, records ``active`` steps, and hands them to ``on_trace_ready``.
-Used by notebook 05, section 5::
+Inside a long training loop, ``schedule(wait=, warmup=, active=, repeat=)`` picks
+the steps to record; notebook 05, section 5, reads which it picked and what
+``tensorboard_trace_handler`` wrote::
 
     recorded_steps(12, wait=1, warmup=1, active=3, repeat=2)   # [2, 3, 4, 7, 8, 9]
     for trace in trace_files("log"):
@@ -57,10 +53,9 @@ class Profile:
     """The result of :func:`profile_steps`.
 
     Attributes:
-        activities: what was recorded ("CPU", and "CUDA" when the step used the
-            GPU).
+        activities: what was recorded ("CPU", and "CUDA" when the step used it).
         steps: how many steps were recorded (after the warm-up).
-        top: the costliest operators, most expensive first, as plain data.
+        top: the costliest operators, most expensive first.
         table: ``torch.profiler``'s own table of the same operators.
         trace: the trace file written, if a ``trace_dir`` was given.
     """
@@ -81,26 +76,17 @@ def profile_steps(
     row_limit: int = 10,
     cuda: bool | None = None,
 ) -> Profile:
-    """Run ``step`` ``warmup + steps`` times and profile the last ``steps`` runs.
-
-    The warm-up steps run first, unrecorded: the first step of a model pays one-off
-    costs (memory allocation, kernel selection) that would mislead the table.
-
-    GPU work is recorded when the step uses the GPU: by default, when CUDA is in
-    use in this process once the warm-up has run. A step on the CPU of a GPU node
-    is then profiled on the CPU alone, and CUDA stays untouched, so a notebook
-    kernel can still fork ranks afterwards.
+    """Run ``step`` ``warmup + steps`` times and profile the last ``steps`` runs (the
+    first pays one-off costs, allocation and kernel selection, that would mislead).
 
     Args:
         step: one training step (forward, backward, optimizer step), no arguments.
         steps: steps recorded.
         warmup: steps run before recording.
-        trace_dir: where to write the trace (a ``.pt.trace.json`` file that Perfetto
-            and TensorBoard's profiler plugin open); no trace when omitted.
+        trace_dir: where to write a ``.pt.trace.json`` trace; none when omitted.
         row_limit: operators kept in ``top`` and ``table``.
-        cuda: record GPU work too (True), or not (False); None decides from
-            whether CUDA is in use after the warm-up (pass True for a step that
-            first touches the GPU with ``warmup=0``).
+        cuda: record GPU work too; None: when CUDA is in use after the warm-up (so a
+            CPU step leaves CUDA untouched and the kernel can still fork ranks).
 
     Returns:
         A :class:`Profile`.
@@ -193,14 +179,9 @@ _HANDLER_NAME = re.compile(
 
 
 def quiet_profiler() -> None:
-    """Keep two kinds of noise out of a notebook cell that profiles with a schedule:
-    Kineto's log lines (an error per run on a machine without a GPU,
-    "gpuGetDeviceCount failed") and torch's warning, from 2.5 on, that each cycle's
-    events are cleared once its trace is written (what a schedule is for).
-
-    Call it before the first profiler of the process. A ``KINETO_LOG_LEVEL`` you set
-    yourself is kept.
-    """
+    """Silence Kineto's log lines and torch's "Profiler clears events" warning (what
+    a schedule is for) in a notebook cell; call it before the first profiler. A
+    ``KINETO_LOG_LEVEL`` you set yourself is kept."""
     import warnings
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
@@ -216,12 +197,8 @@ def recorded_steps(
     repeat: int = 0,
     skip_first: int = 0,
 ) -> list[int]:
-    """The steps (0, 1, ... ``steps`` - 1) that ``torch.profiler.schedule`` records.
-
-    Step ``s`` is the work between the ``s``-th and the ``s+1``-th ``prof.step()``
-    call; the trace names it ``ProfilerStep#s``. After ``skip_first`` steps, cycles
-    of ``wait + warmup + active`` steps follow, the last ``active`` of each recorded;
-    ``repeat`` cycles at most (0: as many as the loop runs).
+    """The steps (0, 1, ... ``steps`` - 1; the trace's ``ProfilerStep#s``) that
+    ``torch.profiler.schedule`` records.
 
     Args:
         steps: how many steps the loop runs.
@@ -238,13 +215,8 @@ def recorded_steps(
         >>> recorded_steps(12, wait=1, warmup=1, active=3, repeat=2)
         [2, 3, 4, 7, 8, 9]
     """
-    whole("steps", steps, 0)
-    for name, value in (
-        ("wait", wait),
-        ("warmup", warmup),
-        ("repeat", repeat),
-        ("skip_first", skip_first),
-    ):
+    counts = {"steps": steps, "wait": wait, "warmup": warmup, "repeat": repeat}
+    for name, value in (counts | {"skip_first": skip_first}).items():
         whole(name, value, 0)
     whole("active", active, 1)
     cycle = wait + warmup + active
@@ -306,9 +278,8 @@ def trace_steps(path: str | os.PathLike) -> list[int]:
 
 
 def stable_trace_name(path: str | os.PathLike) -> str:
-    """A trace file's name with what changes from run to run replaced: the default
-    worker name ``<host>_<pid>`` and the time, e.g.
-    ``HOST_PID.TIME.pt.trace.json``; other names are returned as they are.
+    """A trace file's name with the default worker name ``<host>_<pid>`` and the
+    time replaced (they change from run to run); other names as they are.
 
     Example:
         >>> stable_trace_name("log/node7_4242.1795661088284050921.pt.trace.json")

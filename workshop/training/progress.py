@@ -1,18 +1,14 @@
 """What the training loop reports: progress lines while it runs, a History at the end.
 
-Progress lines are readable in a notebook and in a Slurm log.
-
-Plain lines only, one at a time, never rewritten in place: a carriage-return progress
-bar becomes one enormous line in a batch job's log file. A line appears at most once
-every ``every`` seconds during an epoch, and once at the end of each epoch::
+Plain lines, never rewritten in place (a carriage-return bar becomes one enormous line
+in a Slurm log): at most one every ``every`` seconds, and one per epoch::
 
     epoch 1/3  step 40/90  loss 0.512  1234 samples/s
     epoch 1/3  loss 0.498  accuracy 0.861  eval accuracy 0.903  1210 samples/s  1.2 s
 
-For output that must be the same at every run (a notebook's checked cells), pass
-``every=None`` (epoch-end lines only) and ``show_speed=False`` (no samples/s, no
-seconds); a :class:`History` prints without times unless asked
-(``history.table(times=True)``).
+For output that is the same at every run (a notebook's checked cells), pass
+``every=None`` and ``show_speed=False``; a :class:`History` prints no times unless
+asked.
 """
 
 from __future__ import annotations
@@ -27,20 +23,15 @@ __all__ = ["History", "Progress"]
 
 
 class Progress:
-    """Prints what the training loop is doing, at a bounded rate.
-
-    Give one to :func:`workshop.training.loop.train` as ``progress=`` to change how it
-    reports; ``train`` calls :meth:`start`, :meth:`due`, :meth:`step` and
-    :meth:`epoch_end`.
+    """Prints what the training loop is doing, at a bounded rate; give one to
+    :func:`workshop.training.loop.train` as ``progress=``.
 
     Args:
         every: seconds between two step lines within an epoch; None prints epoch-end
             lines only (the same lines at every run); 0 prints every step.
         show_speed: add samples/s (and the epoch's seconds) to the lines.
-        enabled: print at all. None (the default) prints on global rank 0 only, so
-            N ranks of a distributed job do not print N copies of each line.
-        stream: where lines go; ``sys.stdout`` at the time of printing when None, so
-            a notebook cell or a redirect in force at that time gets them.
+        enabled: print at all; None prints on global rank 0 only.
+        stream: where lines go; None: ``sys.stdout`` at the time of printing.
         clock: seconds, for tests; ``time.monotonic`` by default.
 
     Raises:
@@ -68,11 +59,8 @@ class Progress:
                 f"every={every!r} must be seconds >= 0, or None for epoch-end lines "
                 "only; pass every=10, for example"
             )
-        self.every = every
-        self.show_speed = show_speed
-        self.enabled = enabled
-        self.stream = stream
-        self._clock = clock
+        self.every, self.show_speed, self.enabled = every, show_speed, enabled
+        self.stream, self._clock = stream, clock
         self._on = bool(enabled)
         self._epochs = 1
         self._steps: int | None = None
@@ -87,17 +75,12 @@ class Progress:
             self._on = rank_info().is_main
         else:
             self._on = bool(self.enabled)
-        self._epochs = epochs
-        self._steps = steps_per_epoch
-        self._last_time = self._clock()
-        self._last_samples = 0
+        self._epochs, self._steps = epochs, steps_per_epoch
+        self._last_time, self._last_samples = self._clock(), 0
 
     def due(self) -> bool:
-        """True when a step line should be printed now.
-
-        Cheap, so the loop can ask at every step and fetch the loss from the GPU (a
-        wait for the GPU to finish) only when a line is due.
-        """
+        """True when a step line is due: cheap, so the loop waits for the GPU's loss
+        only then."""
         return (
             self._on
             and self.every is not None
@@ -105,15 +88,8 @@ class Progress:
         )
 
     def step(self, epoch: int, step: int, loss: float, samples: int) -> None:
-        """Print a step line.
-
-        Args:
-            epoch: the epoch, counted from 1.
-            step: optimizer steps done in this epoch.
-            loss: mean training loss so far in this epoch.
-            samples: samples processed so far in this epoch; the line shows the
-                rate since the previous line.
-        """
+        """Print a step line: ``step`` optimizer steps and ``samples`` so far in
+        ``epoch`` (from 1), their mean ``loss``, the rate since the previous line."""
         now = self._clock()
         parts = [self._epoch_label(epoch), self._step_label(step), f"loss {loss:.3f}"]
         if self.show_speed and now > self._last_time:
@@ -131,16 +107,8 @@ class Progress:
         samples_per_second: float | None = None,
         seconds: float | None = None,
     ) -> None:
-        """Print an epoch's summary; speed and time only with ``show_speed``.
-
-        Args:
-            epoch: the epoch, counted from 1.
-            loss: mean training loss of the epoch.
-            accuracy: training accuracy of the epoch.
-            eval_accuracy: accuracy on the evaluation data, if measured.
-            samples_per_second: training throughput of the epoch.
-            seconds: the epoch's training time.
-        """
+        """Print an epoch's summary (``epoch`` from 1); speed and time only with
+        ``show_speed``."""
         parts = [
             self._epoch_label(epoch),
             f"loss {loss:.3f}",
@@ -180,9 +148,8 @@ class Progress:
 class History:
     """What :func:`workshop.training.loop.train` measured, one entry per epoch.
 
-    Under ``torch.distributed`` the figures are those of the whole job (summed over
-    ranks), the same on every rank. Two histories compare equal when they learned the
-    same (losses, accuracies, steps); the times are left out of the comparison.
+    In a job the figures are the whole job's, the same on every rank. Two histories
+    compare equal when they learned the same; times are left out of the comparison.
 
     Attributes:
         loss: mean training loss over the epoch's samples (while the model learned).
@@ -191,9 +158,8 @@ class History:
         samples_per_second: training samples per second of the epoch.
         seconds: the epoch's training time (evaluation not included).
         steps: optimizer steps taken in all.
-        compiled_steps: under ``train(compile=...)``, the steps (counted from 1)
-            during which ``torch.compile`` compiled a graph: the first, and each
-            recompilation.
+        compiled_steps: under ``train(compile=...)``, the steps (from 1) during
+            which ``torch.compile`` compiled a graph.
         graphs: graphs compiled during those steps (one per DDP bucket).
         warmup_seconds: the time of those steps, compiling included.
         warmup_samples: the samples those steps trained on.
@@ -237,8 +203,7 @@ class History:
 
     @property
     def epochs(self) -> int:
-        """Number of epochs recorded (a run cut short by max_steps counts its last,
-        partial epoch)."""
+        """Number of epochs recorded (a partial last one included)."""
         return len(self.loss)
 
     @property
@@ -260,8 +225,7 @@ class History:
         """The history as a text table, one row per epoch.
 
         Args:
-            times: add samples/s and seconds. Leave False where the output must be
-                the same at every run (a notebook's checked cells).
+            times: add samples/s and seconds (not the same at every run).
 
         Returns:
             The table, without a trailing newline.

@@ -1,9 +1,6 @@
 """One optimizer step and one evaluation: the building blocks of the training loop.
 
-:func:`train_step` runs one optimizer step over one or more micro-batches (gradient
-accumulation, mixed precision, ``no_sync`` under DDP), for lessons that write their
-own loop (notebook 02's resumable loop); :func:`evaluate` measures accuracy, summed
-over the ranks of a DDP job; :func:`resolve_device` picks where to train.
+For lessons that write their own loop (notebook 02's resumable loop);
 :func:`workshop.training.loop.train` is the loop built from them.
 """
 
@@ -29,10 +26,8 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @dataclass
 class StepResult:
-    """What one :func:`train_step` did, as tensors on the training device.
-
-    Tensors, not floats, so a loop can add them up at every step without making the
-    CPU wait for the GPU; ``.item()`` them when a number is needed.
+    """What one :func:`train_step` did, as tensors on the training device (so a loop
+    adds them up without making the CPU wait for the GPU).
 
     Attributes:
         loss_sum: the step's training loss summed over its samples.
@@ -51,12 +46,8 @@ class StepResult:
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """The device to train on.
-
-    None picks, in order: this rank's device when ``torch.distributed`` is
-    initialised (its own GPU under NCCL, the CPU under gloo, see
-    :func:`workshop.env.rank_device`), else the current CUDA GPU if there is
-    one, else the CPU.
+    """The device to train on; None picks this rank's device inside a job
+    (:func:`workshop.env.rank_device`), else a GPU if there is one, else the CPU.
 
     Args:
         device: a device, a name such as "cuda:1" or "cpu", or None.
@@ -148,22 +139,16 @@ def train_step(
 ) -> StepResult:
     """One optimizer step over one or more micro-batches (gradient accumulation).
 
-    Each micro-batch's mean loss is weighted by its share of the step's samples
-    before ``backward``, so the accumulated gradient is that of one batch holding
-    all of them: ``loss / k`` for k micro-batches of equal size. (Only for a model
-    without BatchNorm, or in eval mode: BatchNorm normalises each micro-batch by its
-    own statistics.) In a model wrapped in ``DistributedDataParallel``, all but the
-    last micro-batch run under ``no_sync()``, so gradients cross the network once
-    per step, not once per micro-batch.
+    Each micro-batch's loss is weighted by its share of the step's samples, so the
+    gradient is that of one batch holding all of them (BatchNorm aside). Under DDP
+    all but the last run under ``no_sync()``: gradients cross the network once.
 
     Args:
-        model: the model (plain or DDP-wrapped), already on its device; its mode
-            (train or eval) is left as it is.
+        model: the model (plain or DDP-wrapped), on its device; its mode is kept.
         micro_batches: (inputs, targets) pairs; one pair for plain training.
         optimizer: steps the model's parameters.
         amp: None, "bf16" or "fp16" autocast for the forward pass.
-        scaler: a ``torch.amp.GradScaler``; required with "fp16", whose small
-            gradients would otherwise underflow to zero.
+        scaler: a ``torch.amp.GradScaler``; required with "fp16".
         channels_last: convert 4-D inputs to the channels-last memory format.
 
     Returns:
@@ -253,11 +238,8 @@ def evaluate(
     loader: Iterable,
     device: str | torch.device | None = None,
 ) -> float:
-    """Accuracy of ``model`` on the (inputs, targets) batches of ``loader``.
-
-    Runs in eval mode (BatchNorm uses its running statistics) and restores the mode
-    the model was in. Under ``torch.distributed`` the counts are summed over ranks,
-    so every rank must call it (and gets the whole job's accuracy).
+    """Accuracy of ``model`` on the (inputs, targets) batches of ``loader``, in eval
+    mode (then restored). In a job every rank must call it: counts are summed.
 
     Args:
         model: the model, plain or DDP-wrapped.

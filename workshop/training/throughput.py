@@ -1,15 +1,9 @@
 """Why more devices are not always faster: measure a training step's cost and split
 it into a fixed part and a part that grows with the batch.
 
-A step costs ``fixed + per_sample * batch``. The fixed part (launching kernels,
-Python, the optimizer, synchronisation) does not shrink when the batch is split across
-devices; only the per-sample part does. A small model is almost all fixed cost, so
-more devices barely help; a large model is almost all per-sample cost, so they do.
-
-The fit must survive a busy machine: timings there are noisy, and noise grows with
-the time measured, so a plain least-squares line, pulled by the slowest (largest)
-batch, can put the fixed cost below zero. :func:`fit_step_cost` fits relative
-errors instead, with both costs kept at zero or above.
+A step costs ``fixed + per_sample * batch``; splitting the batch across devices
+shrinks only the per-sample part, so a small model (almost all fixed cost: kernel
+launches, Python, the optimizer) barely speeds up.
 
 Used by notebook 01, section 7::
 
@@ -57,9 +51,8 @@ class StepCost:
         return self.fixed_s / self.seconds(batch_size)
 
     def speedup_limit(self, batch_size: float) -> float:
-        """The speed-up that no number of devices can beat when ``batch_size`` is
-        split between them (Amdahl's law): 1 / the fixed share on one device;
-        ``math.inf`` when there is no fixed cost.
+        """The speed-up no number of devices can beat when ``batch_size`` is split
+        between them (Amdahl's law); ``math.inf`` without a fixed cost.
 
         Example:
             >>> StepCost(0.01, 0.001).speedup_limit(30)
@@ -129,16 +122,10 @@ def time_steps(
 def fit_step_cost(timings: Sequence[StepTiming]) -> StepCost:
     """Fit ``seconds = fixed + per_sample * batch`` to timings, robustly.
 
-    Made for timings from a busy machine. Timings at the same batch size count as
-    their median, so one disturbed repeat does not move the line. The line is
-    fitted to relative errors (least squares weighted by 1 / seconds²): a step's
-    noise grows with its length, and weighted by absolute error a few percent of
-    the largest batch's step outweighs the smallest batch's whole fixed cost, which
-    then came out negative. Both costs are kept at zero or above: where the best
-    line has a negative part, the best line with that part zero is taken. So the
-    fixed cost is zero only when the timings say so (they grow in proportion to the
-    batch, or faster); check before dividing by it, as
-    :meth:`StepCost.speedup_limit` does.
+    Made for a busy machine: repeats at one batch size count as their median, and
+    the line is fitted to relative errors (weights 1 / seconds²), since noise grows
+    with a step's length and would otherwise push the fixed cost below zero. Both
+    costs are kept >= 0; the fixed cost may be 0 (check before dividing by it).
 
     Args:
         timings: steps timed at two or more batch sizes, e.g. by :func:`time_steps`.
@@ -202,10 +189,8 @@ def projected_speedup(
     devices: Sequence[int],
     comm_s: float = 0.0,
 ) -> list[float]:
-    """Speed-up of a step when ``global_batch`` is split across each device count.
-
-    Every device pays the fixed cost; each computes ``global_batch / n`` samples; with
-    more than one device a step also pays ``comm_s`` to combine the gradients.
+    """Speed-up of a step when ``global_batch`` is split across each device count
+    (each pays the fixed cost, and ``comm_s`` with more than one device).
 
     Example:
         >>> projected_speedup(StepCost(0.0, 0.001), 100, [1, 2, 4])

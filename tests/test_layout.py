@@ -41,7 +41,7 @@ ALLOWED = {
     "cluster": {"base", "ranks"},
     "training": {"base", "ranks"},
     "planner": {"base", "sources", "comm", "draw", "ranks", "training"},
-    "parallel": {"base", "comm", "ranks", "training", "planner"},
+    "parallel": {"base", "comm", "training", "planner"},
     "lessons": {
         "base",
         "sources",

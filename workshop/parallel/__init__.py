@@ -7,10 +7,11 @@ unsplit computation.
 - Sharded data parallelism: measure_zero_memory, measure_fsdp_memory, and
   check_sharded (ZeRO 1-3 and FSDP2 against the unsplit model).
 - The parameter server: parameter_server, async_parameter_server,
-  allreduce_baseline, traffic_per_step, sharded_parameter_server, server_traffic.
+  allreduce_baseline, sharded_parameter_server.
 
-Imports ``comm``, ``ranks``, ``training``, ``planner`` (the ZeRO formula) and the base
-modules.
+Each runs inside ranks that a notebook cell starts with ``workshop.launch``; none
+starts ranks itself. Imports ``comm``, ``training``, ``planner`` (the ZeRO formula)
+and the base modules: nothing from ``ranks``.
 """
 
 from .._exports import offer
@@ -27,11 +28,9 @@ _NAMES = {
     "parameter_server": "param_server",
     "run_pipeline": "pipeline_ranks",
     "schedule_order": "pipeline_schedules",
-    "server_traffic": "param_shards",
     "sharded_parameter_server": "param_shards",
     "tensor_parallel_bytes": "tensor_check",
     "TensorParallelMLP": "tensor",
-    "traffic_per_step": "param_server",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = offer(__name__, _NAMES)

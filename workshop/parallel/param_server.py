@@ -5,7 +5,8 @@ parameters, ``SAMPLES_PER_WORKER`` rows per worker. :func:`parameter_server`'s r
 receives W gradients and sends W copies each step, so its traffic grows with W;
 :func:`allreduce_baseline` sends about 2(N-1)/N gradients per rank, flat in N;
 :func:`async_parameter_server` applies each gradient as it arrives, some of them
-*stale*; :func:`traffic_per_step` counts every rank's bytes from traces.
+*stale*. Notebook 04 counts every rank's bytes per step from the runs' traces
+(:func:`workshop.comm.traffic.bytes_per_step`).
 
 Example::
 
@@ -20,17 +21,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..checks import message, positive_number, whole, whole_list
-from ..comm.traffic import bytes_per_step
+from ..checks import message, positive_number, whole
 from ..env import group_place, rank_device
-from ..ranks.launcher import launch
 
 __all__ = [
     "SAMPLES_PER_WORKER",
     "allreduce_baseline",
     "async_parameter_server",
     "parameter_server",
-    "traffic_per_step",
 ]
 
 #: Rows of data in each worker's shard.
@@ -304,52 +302,3 @@ def async_parameter_server(
     out = {"role": "worker", "rank": rank, "slow": slow, "computed_on": computed_on}
     out.update(version=version, checksum=float(params.double().sum()))
     return out
-
-
-def traffic_per_step(
-    workers: Sequence[int] = (2, 3, 4),
-    steps: int = 2,
-    width: int = 1000,
-    seed: int = 0,
-    backend: str = "auto",
-) -> list[dict[str, Any]]:
-    """Bytes per step of the server, a worker and an all-reduce rank, counted from
-    traces (:func:`workshop.comm.traffic.bytes_per_step`) of both synchronous runs,
-    for each number of workers. Call it from a notebook cell (not a rank).
-
-    Args:
-        workers: the numbers of workers W to run, each 1 or more.
-        steps, width, seed: as for :func:`parameter_server`.
-        backend: for :func:`~workshop.ranks.launcher.launch`.
-
-    Returns:
-        One dict per W: ``workers``, ``gradient_bytes`` (4 * width), and bytes per
-        step ``server_sent``, ``server_received``, ``worker_sent``,
-        ``worker_received`` (rank 1 of the server's run), ``allreduce_sent``,
-        ``allreduce_received`` (the all-reduce run's busiest rank).
-
-    Raises:
-        ValueError: a W below 1, or bad steps/width.
-
-    Example:
-        >>> traffic_per_step((2, 4))[1]["server_received"]          # doctest: +SKIP
-        16000.0
-    """
-    check_run(steps, 1.0, width)
-    whole_list("workers", workers, fix="e.g. workers=(2, 3, 4)")
-    rows = []
-    options = {"backend": backend, "trace": True, "show": "none"}
-    for w in workers:
-        ps = launch(
-            parameter_server, steps, 0.1, width, seed, world_size=w + 1, **options
-        )
-        ar = launch(
-            allreduce_baseline, steps, 0.1, width, seed, world_size=w, **options
-        )
-        server, worker = bytes_per_step(ps.traces, steps)[:2]
-        ring = max(bytes_per_step(ar.traces, steps), key=lambda r: r["sent"])
-        row = {"workers": w, "gradient_bytes": 4 * width}
-        for who, n in (("server", server), ("worker", worker), ("allreduce", ring)):
-            row |= {f"{who}_sent": n["sent"], f"{who}_received": n["received"]}
-        rows.append(row)
-    return rows

@@ -4,7 +4,7 @@ Notebook 04, section 5: with S servers, each holds 1/S of the parameters and
 receives W / S gradients' worth of bytes per step, but every worker still moves a
 whole gradient and a whole parameter vector. :func:`sharded_parameter_server` runs
 it (S = 1 is :func:`~workshop.parallel.param_server.parameter_server`);
-:func:`server_traffic` counts every rank's bytes per step from traces.
+notebook 04 counts every rank's bytes per step from the run's traces.
 
 Example::
 
@@ -14,13 +14,10 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from ..checks import whole, whole_list
-from ..comm.traffic import bytes_per_step
+from ..checks import whole
 from ..env import group_place, rank_device
-from ..ranks.launcher import launch
 from .param_server import (
     check_run,
     final_params,
@@ -29,7 +26,7 @@ from .param_server import (
     shard_of,
 )
 
-__all__ = ["server_traffic", "sharded_parameter_server"]
+__all__ = ["sharded_parameter_server"]
 
 
 def _check_servers(servers: Any, width: int) -> None:
@@ -123,69 +120,3 @@ def sharded_parameter_server(
         losses.append(regression_loss(params, data))
     out.update(role="worker", slice=[0, width], losses=losses)
     return out | final_params(params)
-
-
-def server_traffic(
-    workers: int = 4,
-    servers: Sequence[int] = (1, 2),
-    steps: int = 2,
-    width: int = 1000,
-    seed: int = 0,
-    backend: str = "auto",
-) -> list[dict[str, Any]]:
-    """Bytes per step through each server and each worker, counted from traces of
-    :func:`sharded_parameter_server`, for each number of servers S. Call it from a
-    notebook cell (not a rank).
-
-    Args:
-        workers: W, the number of workers, 1 or more.
-        servers: the numbers of servers S to run, each 1 or more.
-        steps, width, seed: as for :func:`sharded_parameter_server`.
-        backend: for :func:`~workshop.ranks.launcher.launch`.
-
-    Returns:
-        One dict per S: ``servers``, ``workers``, ``gradient_bytes`` (4 * width),
-        ``server_received``/``server_sent`` and ``worker_sent``/``worker_received``
-        (the busiest's), ``per_server`` ((received, sent) of each server).
-
-    Raises:
-        ValueError: W below 1, an S below 1 or above ``width``, or bad
-            steps/width.
-
-    Example:
-        >>> [r["server_received"] for r in server_traffic(4, (1, 2))]  # doctest: +SKIP
-        [16000.0, 8000.0]
-    """
-    check_run(steps, 1.0, width)
-    whole("workers", workers, fix="e.g. workers=4")
-    whole_list("servers", servers, fix="e.g. servers=(1, 2)")
-    for s in servers:
-        _check_servers(s, width)
-    rows = []
-    for s in servers:
-        options = {"backend": backend, "trace": True, "show": "none"}
-        run = launch(
-            sharded_parameter_server,
-            steps,
-            0.1,
-            width,
-            seed,
-            s,
-            world_size=s + workers,
-            **options,
-        )
-        counts = bytes_per_step(run.traces, steps)
-        on_servers, on_workers = counts[:s], counts[s:]
-        rows.append(
-            {
-                "servers": s,
-                "workers": workers,
-                "gradient_bytes": 4 * width,
-                "server_received": max(c["received"] for c in on_servers),
-                "server_sent": max(c["sent"] for c in on_servers),
-                "worker_sent": max(c["sent"] for c in on_workers),
-                "worker_received": max(c["received"] for c in on_workers),
-                "per_server": [(c["received"], c["sent"]) for c in on_servers],
-            }
-        )
-    return rows

@@ -52,3 +52,25 @@ def test_the_calibrated_estimate_of_the_job_is_its_measured_step(
     own = [calibration_from(f["calibration"], "rank") for f in figures]
     assert {f["threads"] for f in figures} == {c.threads for c in own} == {1}
     _within(job_step_time(figures), job_time_against_estimate(figures))
+
+
+# A GPU job's group names a backend per device, "cpu:gloo,cuda:nccl" (an H200 run
+# found its calibration refused for it). Here one of the same form on the CPU.
+_COMPOUND_GROUP = """
+import os, sys
+import torch.distributed as dist
+from workshop.planner.calibrating import calibrate_here
+store = dist.FileStore(os.path.join(sys.argv[1], "store"), 1)
+dist.init_process_group("cpu:gloo,cuda:gloo", store=store, rank=0, world_size=1)
+print(dist.get_backend(), calibrate_here("tiny", "fp32", 64).allreduce_backend)
+dist.destroy_process_group()
+"""
+
+
+def test_a_compound_group_is_recorded_as_its_all_reduce_backend(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPOUND_GROUP, str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=clean_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cpu:gloo,cuda:gloo", "gloo"]

@@ -71,14 +71,17 @@ def test_fsdp_with_tensor_parallelism_holds_what_the_estimate_says():
 
 def _holds_the_estimate(result):
     """Parameters and gradients to the byte; Adam's state plus its 4-byte step counter
-    per tensor; the activations plus the loss's scalar (16 bytes at most)."""
+    per tensor; the activations plus the loss's scalar (16 bytes at most) and, on CUDA,
+    the flash attention kernel's random seed and offset (two 8-byte scalars a layer,
+    saved even without dropout: an H200 held 68 bytes more for "tiny"'s 4 layers)."""
     gpu, network = layout_machine(result)
     est = estimate("tiny", result["layout"], gpu, network, gpus_per_node=4, mfu=1.0)
     held, tensors = result["held"], sum(1 for _ in build_transformer(TINY).parameters())
     assert held["params"] == est.memory["parameters"]
     assert held["grads"] == est.memory["gradients"]
     assert 0 <= held["optimizer"] - est.memory["optimizer"] <= 4 * tensors
-    assert 0 <= held["activations"] - est.memory["activations"] <= 16
+    rng_state = 16 * TINY.layers if result["device"].startswith("cuda") else 0
+    assert 0 <= held["activations"] - est.memory["activations"] <= 16 + rng_state
 
 
 def test_ddp_memory_is_the_estimates(ddp_run):

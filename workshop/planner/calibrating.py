@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..env import backend_name
 from .calibration import Calibration
 from .layout import ModelShape, check_counts, model_shape
 
@@ -460,7 +461,9 @@ def calibrate_here(model: str | ModelShape, precision: str, tokens: int) -> Cali
     import torch.distributed as dist
 
     shape = model_shape(model)
-    cuda = torch.cuda.is_available() and dist.get_backend() == "nccl"
+    # A job's group on GPUs is "cpu:gloo,cuda:nccl": its all-reduce runs on NCCL.
+    backend = backend_name(dist.get_backend())
+    cuda = torch.cuda.is_available() and backend == "nccl"
     squares = (256, 1024, 4096) if cuda else (64, 256, 1024)
     least, samples = 0.02, 3
     stream = 256 << 20 if cuda else 64 << 20
@@ -470,7 +473,6 @@ def calibrate_here(model: str | ModelShape, precision: str, tokens: int) -> Cali
         shapes, shape, tokens, precision, threads, samples, least, stream
     )
     seconds = allreduce_times(ALLREDUCE_BYTES, samples, least)
-    backend = dist.get_backend()
     return _record(
         measured, precision, threads, ALLREDUCE_BYTES, seconds, backend,
         dist.get_world_size(),

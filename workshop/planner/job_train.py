@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .._cli import read_with, writable_folder
-from ..env import rank_device
+from ..env import backend_name, rank_device
 from ..features import fsdp2_fully_shard
 from ..ranks.worker import process_group
 from .fake_rank import tensor_parallel
@@ -247,7 +247,7 @@ def train_planned(
         "node": node_rank,
         "host": socket.gethostname(),
         "device": str(device),
-        "backend": dist.get_backend(),
+        "backend": backend_name(dist.get_backend()),  # "nccl", not "cpu:gloo,cuda:nccl"
         "model": shape_fields(shape),
         "layout": dataclasses.asdict(layout),
         "stage": stage,

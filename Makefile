@@ -29,7 +29,7 @@ DRY_RUN ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup environment lab test test-fast test-notebooks test-cpus test-site lint \
-	wheelhouse clean check-node portal portal-stop record record-table
+	wheelhouse clean check-node portal portal-stop record record-table bench-board
 
 help:
 	@echo "make lab    set up .venv, then open the workshop in JupyterLab"
@@ -59,6 +59,8 @@ help:
 	@echo "make portal  a private JupyterHub whose learners' servers are Slurm jobs on"
 	@echo "            the private two-node cluster, on 127.0.0.1 (as root; PORTAL_ARGS="
 	@echo "            \"--learners 6 --folder DIR\"); make portal-stop stops it all"
+	@echo "make bench-board  the class board under 100 learners posting every second,"
+	@echo "            on a hub of its own (BENCH_ARGS=\"--seconds 60 --json board.json\")"
 	@echo "make clean  remove .venv"
 
 setup:
@@ -127,8 +129,14 @@ COMPILE = $(RUN_PYTHON) -m compileall -q workshop > /dev/null 2>&1 || true
 # is kept.
 WAIT_POLICY = export OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE}
 
+# The tests and the recordings never write to the record of the lessons kept for
+# whoever runs them (~/.local/share/scaling-pytorch-hpc/progress.json): the
+# notebooks' kernels and the checks they run keep nothing.
+NO_PROGRESS = export WORKSHOP_PROGRESS=off
+
 # $(1): the pytest command line; exit code 5 (nothing collected) is a failure.
-run_pytest = @echo "$(1)"; $(COMPILE); $(WAIT_POLICY); rc=0; $(1) || rc=$$?; \
+run_pytest = @echo "$(1)"; $(COMPILE); $(WAIT_POLICY); $(NO_PROGRESS); rc=0; \
+	$(1) || rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then \
 		echo "make: FAILED: pytest collected no tests (exit code 5)" >&2; \
 	fi; \
@@ -168,7 +176,7 @@ test-cpus: environment
 NOTEBOOK ?=
 RECORD_ARGS ?=
 record: environment
-	@$(COMPILE); $(WAIT_POLICY); \
+	@$(COMPILE); $(WAIT_POLICY); $(NO_PROGRESS); \
 		$(RUN_PYTHON) scripts/record.py $(NOTEBOOK) $(RECORD_ARGS)
 
 record-table: environment
@@ -208,3 +216,10 @@ portal: environment
 
 portal-stop:
 	$(RUN_PYTHON) -m workshop portal stop $(PORTAL_ARGS)
+
+# The class board's benchmark (workshop/instructor/board_bench.py, docs/benchmarks.md):
+# a JupyterHub, its proxy and the board of its own in a folder it removes, 100
+# simulated learners posting every second; needs no root and no Slurm.
+BENCH_ARGS ?=
+bench-board: environment
+	$(RUN_PYTHON) -m workshop.instructor.board_bench $(BENCH_ARGS)

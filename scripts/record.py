@@ -686,7 +686,9 @@ def describe_machine(env: dict[str, str]) -> dict:
 def kernel_env(marker: str, inductor_cache: str | None = None) -> dict[str, str]:
     """The kernel's environment: this one, make test's OMP_WAIT_POLICY (the
     Makefile's WAIT_POLICY: OpenMP's idle threads sleep rather than spin, which
-    changes no result; one already set is kept), and the marker.
+    changes no result; one already set is kept), no record of the lessons
+    (WORKSHOP_PROGRESS=off: the checks a recording runs are not the recorder's
+    own progress), and the marker.
 
     ``inductor_cache``: an empty folder for torch.compile's cache on disk, unless
     TORCHINDUCTOR_CACHE_DIR is set already. Inductor's cache is kept across
@@ -695,6 +697,7 @@ def kernel_env(marker: str, inductor_cache: str | None = None) -> dict[str, str]
     first run's that a learner's new machine pays (tens of seconds)."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env["WORKSHOP_PROGRESS"] = "off"
     if inductor_cache is not None:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", inductor_cache)
     env[MARKER] = marker

@@ -30,6 +30,12 @@ from pathlib import Path
 import leftovers
 import pytest
 
+# The suite never writes to the developer's own record of the lessons (the exercises
+# it checks, the cells its kernels run): recording is off for this process and all
+# it starts (nbval's kernels, ranks, scripts). A test of the record sets its own
+# file (monkeypatch.setenv("WORKSHOP_PROGRESS", str(tmp_path / ...))).
+os.environ["WORKSHOP_PROGRESS"] = "off"
+
 from workshop.cluster.commands import free_port  # (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -444,7 +444,8 @@ TOP_NAMES = {
     "training": ["digits", "cifar10", "make_loader", "per_rank_batch", "SmallCNN",
                  "resnet", "count_parameters", "train", "train_step", "evaluate",
                  "Progress", "save_checkpoint", "load_checkpoint", "has_collective"],
-    "the workshop": ["doctor", "check", "quiz"],
+    "the workshop": ["doctor", "check", "quiz", "progress", "raise_hand", "lower_hand",
+                     "hand"],
     "topics": ["draw", "comm", "bench", "cluster", "parallel", "planner", "training",
                "machine", "lessons", "sources"],
 }  # fmt: skip

@@ -250,6 +250,8 @@ def test_make_prefers_the_venv_where_there_is_one(tmp_path):
     assert ".venv/bin/python -m compileall -q workshop" in done.stdout
     # OpenMP's threads sleep between parallel regions, unless told otherwise.
     assert "export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}" in done.stdout
+    # The suite keeps no record of the lessons in the home of whoever runs it.
+    assert "export WORKSHOP_PROGRESS=off" in done.stdout
 
 
 def test_make_test_shares_the_files_between_workers_where_xdist_is_there(tmp_path):

@@ -385,3 +385,11 @@ def test_the_kernel_compiles_into_an_empty_inductor_cache(monkeypatch):
     assert record.kernel_env("m", "/tmp/empty")["TORCHINDUCTOR_CACHE_DIR"] == (
         "/scratch/mine"
     )
+
+
+def test_the_kernel_keeps_no_record_of_the_lessons(monkeypatch):
+    # A recording's checks and cells are not the progress of whoever records: the
+    # kernel writes nothing to their ~/.local/share/scaling-pytorch-hpc/, whatever
+    # the caller's WORKSHOP_PROGRESS says.
+    monkeypatch.setenv("WORKSHOP_PROGRESS", "/home/someone/progress.json")
+    assert record.kernel_env("m")["WORKSHOP_PROGRESS"] == "off"

@@ -14,7 +14,9 @@ Training (every notebook)
     load_checkpoint. has_collective asks this torch whether gloo runs a collective.
 The workshop itself
     doctor (what this machine has), check (an exercise's answer), quiz (the quiz that
-    closes a notebook).
+    closes a notebook), progress (your exercises, quizzes and where you stopped),
+    raise_hand, lower_hand and hand (ask the instructor for help, or say you are
+    done: a portal's class board shows it).
 
 Topics, each with its own table of contents (``help(workshop.draw)``):
     draw      pictures of what the ranks did (notebooks 01, 02, 04)
@@ -47,6 +49,8 @@ from ._version import __version__ as __version__
 from .env import RankInfo, backend_name, rank_device
 from .features import has_collective
 from .lessons.exercises import check
+from .lessons.notebook_place import watch_cells as _watch_cells
+from .lessons.progress import hand, lower_hand, progress, raise_hand
 from .lessons.quiz import quiz
 from .machine.doctor import doctor
 from .ranks.launcher import launch
@@ -67,6 +71,10 @@ from .training.steps import evaluate, train_step
 # makes the cache folder): torch.compile's cache in the user's cache folder, not a
 # torchinductor_USER folder in /tmp, for this process and all it starts.
 _keep_compiled()
+# In a Jupyter kernel, each cell's notebook, section and error type go into the
+# learner's record (workshop.progress() shows it); nothing is printed, no output
+# changes. Elsewhere (a script, a rank) this does nothing.
+_watch_cells()
 
 __all__ = [
     "LaunchError",
@@ -84,17 +92,21 @@ __all__ = [
     "doctor",
     "draw",
     "evaluate",
+    "hand",
     "has_collective",
     "launch",
     "lessons",
     "load_checkpoint",
+    "lower_hand",
     "machine",
     "make_loader",
     "parallel",
     "per_rank_batch",
     "planner",
     "process_group",
+    "progress",
     "quiz",
+    "raise_hand",
     "rank_device",
     "resnet",
     "save_checkpoint",

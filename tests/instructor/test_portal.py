@@ -10,9 +10,11 @@ skips with the reason elsewhere.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -237,6 +239,41 @@ def test_bad_command_lines_are_refused_in_one_line(argv, code, says, tmp_path, c
     assert last.startswith(("workshop portal: ", "python -m workshop portal: error"))
     assert "Traceback" not in err and out == ""
     assert (places["portal"] / "portal.json").exists()  # nothing was stopped
+
+
+def test_a_class_from_before_the_board_gets_one_when_its_hub_starts_again(
+    tmp_path, monkeypatch
+):
+    # Its portal.json has no board_port: the hub started again gets a board on a
+    # port none of the class's others is (the dead hub's own port is free now, so
+    # a free port alone is not enough), and the board's folder, root's only.
+    settings = {"port": 20001, "hub_port": 20002, "proxy_api_port": 20003}
+    (tmp_path / "portal.json").write_text(json.dumps(settings))
+    offered = iter([[20002], [20001], [20003], [20004]])
+    monkeypatch.setattr(portal, "quiet_ports", lambda count: next(offered))
+    portal._give_board(tmp_path, dict(settings))
+    given = json.loads((tmp_path / "portal.json").read_text())
+    assert given == {**settings, "board_port": 20004}
+    assert stat.S_IMODE((tmp_path / "board").stat().st_mode) == 0o700
+    # Given once: a class that has one keeps it, and its state.
+    (tmp_path / "board" / "board.json").write_text("{}")
+    portal._give_board(tmp_path, given)
+    assert json.loads((tmp_path / "portal.json").read_text()) == given
+    assert (tmp_path / "board" / "board.json").read_text() == "{}"
+
+
+def test_start_names_the_board_and_whom_to_log_in_as(tmp_path, capsys):
+    started = portal.Portal(
+        tmp_path, "http://127.0.0.1:8123/", ["pupil01"], {}, tmp_path / "slurm.conf",
+        4321, "pupiladmin",
+    )  # fmt: skip
+    portal._print_portal(started)
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        "the instructor's board: http://127.0.0.1:8123/services/board/ "
+        "(log in as pupiladmin)"
+    ) in lines
+    assert started.board_url == "http://127.0.0.1:8123/services/board/"
 
 
 # ---- a running portal -------------------------------------------------------------

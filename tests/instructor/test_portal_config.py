@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PrefixLoader, nodes
-from traitlets.config import Config
+from traitlets.config import Config, PyFileConfigLoader
 
 # The portal's packages (pip install -e ".[portal]"), which a GPU node's wheelhouse
 # rightly leaves out: there these tests skip, saying so.
@@ -22,8 +22,14 @@ pytest.importorskip(
 )
 
 from batchspawner import SlurmSpawner
+from jupyterhub import scopes
+from jupyterhub.app import JupyterHub
+from jupyterhub.roles import get_default_roles
+from jupyterhub.services.service import Service
+from jupyterhub.spawner import LocalProcessSpawner
 
 from workshop.instructor import portal_hub
+from workshop.instructor.board import INSTRUCTOR_SCOPE
 from workshop.instructor.portal_endings import Ending
 from workshop.instructor.portal_hub import (
     COPIED,
@@ -36,7 +42,7 @@ from workshop.instructor.portal_hub import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _folder(tmp_path, root):
+def _folder(tmp_path, root, **more):
     (tmp_path / "secrets").mkdir(parents=True)
     (tmp_path / "secrets" / "learners.json").write_text(json.dumps({}))
     (tmp_path / "secrets" / "api_token").write_text("not-a-real-token\n")
@@ -47,7 +53,7 @@ def _folder(tmp_path, root):
         "python": str(root / ".venv" / "bin" / "python"), "slurm_conf": "/x/slurm.conf",
         "python_env": {}, "start_timeout": 120,
     }  # fmt: skip
-    (tmp_path / "portal.json").write_text(json.dumps(settings))
+    (tmp_path / "portal.json").write_text(json.dumps({**settings, **more}))
     return tmp_path
 
 
@@ -198,3 +204,111 @@ def test_a_server_may_take_five_times_the_longest_start_measured(tmp_path):
     c = Config()
     configure(c, longer)
     assert (c.PortalSpawner.start_timeout, c.PortalSpawner.http_timeout) == (600, 600)
+
+
+def _roles(c) -> dict[str, dict]:
+    return {role["name"]: role for role in c.JupyterHub.load_roles}
+
+
+def test_the_board_is_a_service_the_hub_starts_with_its_scope_and_roles(
+    tmp_path, monkeypatch
+):
+    folder = _folder(tmp_path / "portal", ROOT, board_port=8002)
+    c = Config()
+    configure(c, folder)
+    services = {service["name"]: service for service in c.JupyterHub.services}
+    assert set(services) == {"classroom", "board"}  # the classroom's is kept
+    board = services["board"]
+    # Hub-managed: the hub runs this command (its own Python, which imports the
+    # workshop from the project), on the port portal.json gave it, and starts it
+    # again after a hub restart; its state lives in the portal's folder.
+    assert board["command"] == [
+        sys.executable, "-m", "workshop.instructor.board",
+        "--state", str(folder / "board"),
+    ]  # fmt: skip
+    assert board["url"] == "http://127.0.0.1:8002"
+    assert board["cwd"] == str(ROOT)
+    assert board["environment"] == {"SLURM_CONF": "/x/slurm.conf"}  # for squeue
+    assert board["oauth_no_confirm"] is True and board["display"] is True
+    assert board["oauth_client_allowed_scopes"] == [INSTRUCTOR_SCOPE]
+    # Every key is a field of JupyterHub's Service (the hub refuses any other).
+    assert set(board) <= set(Service.class_trait_names()), set(board)
+    roles = _roles(c)
+    access = "access:services!service=board"
+    # The instructor (the portal's admin) and an "instructors" group read it; every
+    # user may reach it, so that their server's token can post their own record.
+    assert roles["board-instructors"]["users"] == ["teacher"]
+    assert roles["board-instructors"]["groups"] == ["instructors"]
+    assert set(roles["board-instructors"]["scopes"]) == {INSTRUCTOR_SCOPE, access}
+    assert set(roles["user"]["scopes"]) == {"self", access}
+    assert roles["board-service"]["services"] == ["board"]
+    assert "list:users" in roles["board-service"]["scopes"]
+    assert roles["classroom"]["services"] == ["classroom"]
+    # The server's token keeps JupyterHub's own server scopes (activity, and the
+    # batchspawner's report of its port) and may reach the board.
+    server = next(r for r in get_default_roles() if r["name"] == "server")
+    token_scopes = c.PortalSpawner.server_token_scopes
+    assert set(server["scopes"]) | {access} == set(token_scopes)
+    # Every scope named exists in this JupyterHub once the custom one is defined
+    # (as the hub does at start; a copy of its table, not the process's own).
+    monkeypatch.setattr(scopes, "scope_definitions", dict(scopes.scope_definitions))
+    with pytest.raises(scopes.ScopeNotFound, match=INSTRUCTOR_SCOPE):
+        scopes._check_scopes_exist([INSTRUCTOR_SCOPE])
+    scopes.define_custom_scopes(c.JupyterHub.custom_scopes)
+    named = [scope for role in roles.values() for scope in role["scopes"]]
+    scopes._check_scopes_exist(named + token_scopes + [INSTRUCTOR_SCOPE])
+    # The kernels find it through the proxy, at the hub's public address.
+    url = c.PortalSpawner.environment["WORKSHOP_BOARD_URL"]
+    assert url == "http://127.0.0.1:8000/services/board/"
+    assert url.startswith(c.JupyterHub.bind_url) and url.endswith("/")
+    # The server's other variables are kept beside it.
+    assert c.PortalSpawner.environment["SLURM_CONF"] == "/x/slurm.conf"
+
+
+def test_a_portal_json_from_before_the_board_configures_none(tmp_path):
+    # A class started before the board existed and configured as it is (portal
+    # start gives it a board_port on its next hub start): the hub still starts.
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT))
+    assert [service["name"] for service in c.JupyterHub.services] == ["classroom"]
+    assert set(_roles(c)) == {"classroom"}
+    assert "WORKSHOP_BOARD_URL" not in c.PortalSpawner.environment
+    assert "server_token_scopes" not in c.PortalSpawner
+    assert "custom_scopes" not in c.JupyterHub
+
+
+def test_a_sites_lines_in_docs_set_the_board_up_as_the_portal_does(tmp_path):
+    # docs/portal.md's jupyterhub_config.py lines for a site's own hub, loaded as
+    # JupyterHub loads its config file, against what the portal configures.
+    text = (ROOT / "docs" / "portal.md").read_text()
+    section = text[text.index("### On a site's own JupyterHub") :]
+    (tmp_path / "jupyterhub_config.py").write_text(
+        re.search(r"```python\n(.*?)```", section, re.S)[1]
+    )
+    site = JupyterHub(
+        config=PyFileConfigLoader(
+            "jupyterhub_config.py", path=str(tmp_path)
+        ).load_config()
+    )
+    spawner = LocalProcessSpawner(config=site.config)
+    c = Config()
+    configure(c, _folder(tmp_path / "portal", ROOT, board_port=8002))
+    ours = next(s for s in c.JupyterHub.services if s["name"] == "board")
+    (theirs,) = site.services
+    assert theirs["command"][:3] == ours["command"][:3]  # python -m the board
+    assert theirs["command"][3] == "--state" == ours["command"][3]
+    # The same but for where it listens, where it keeps its state and its cwd.
+    same = set(ours) - {"url", "command", "cwd"}
+    assert {k: theirs[k] for k in same - {"environment"}} == {
+        k: ours[k] for k in same - {"environment"}
+    }
+    assert set(theirs["environment"]) == set(ours["environment"]) == {"SLURM_CONF"}
+    assert site.custom_scopes == c.JupyterHub.custom_scopes
+    board_roles = [r for r in c.JupyterHub.load_roles if r["name"] != "classroom"]
+    for role in board_roles:
+        role.pop("users", None)
+    for role in site.load_roles:
+        role.pop("users", None)  # the site's instructors, the portal's admin
+    assert site.load_roles == board_roles
+    assert spawner.server_token_scopes == c.PortalSpawner.server_token_scopes
+    assert spawner.environment["WORKSHOP_BOARD_URL"].endswith("/services/board/")

@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from workshop.cluster import slurm_watchdog
 from workshop.instructor.portal_handover import (
     check_archive,
     ipc_objects,
     remove_ipc,
     shared_places,
+    stop,
     sweep,
 )
 
@@ -169,3 +173,28 @@ def test_an_archive_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
         check_archive(tmp_path / "new", portal)
     monkeypatch.undo()
     assert check_archive(tmp_path / "new", portal) == tmp_path / "new"
+
+
+def test_stop_ends_the_board_and_removes_its_state(tmp_path, monkeypatch):
+    # A portal folder as a hub killed a moment ago leaves it: its board's state,
+    # and its board still running (it ends itself within a second; stop does not
+    # wait for that). Another portal's board runs on.
+    folder, other = tmp_path / "portal", tmp_path / "other"
+    (folder / "board").mkdir(parents=True, mode=0o700)
+    (folder / "board" / "board.json").write_text('{"learners": {}}')
+    monkeypatch.setattr(slurm_watchdog, "stop_cluster", lambda folder, script: [])
+    sleeping = "import time; time.sleep(60)"
+    boards = [
+        subprocess.Popen([sys.executable, "-c", sleeping, "-m",
+                          "workshop.instructor.board", "--state", str(f / "board")])
+        for f in (folder, other)
+    ]  # fmt: skip
+    try:
+        stop(folder)
+        assert boards[0].wait(timeout=10) == -signal.SIGTERM
+        assert boards[1].poll() is None
+        assert not (folder / "board").exists()
+    finally:
+        for board in boards:
+            board.kill()
+            board.wait()

@@ -5,6 +5,7 @@ private cluster."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import os
@@ -21,17 +22,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import clean_env, needs_private_slurm, open_to_all
 from test_portal import _cli
 
 from workshop.instructor import portal
+from workshop.instructor.board import INSTRUCTOR_SCOPE
 from workshop.instructor.portal_classroom import NOTEBOOK, Hub, Kernel, classroom
 from workshop.instructor.portal_handover import ipc_objects
 from workshop.instructor.portal_hub import COPY
 from workshop.instructor.portal_learners import processes_of
-from workshop.instructor.portal_status import hub_pid
+from workshop.instructor.portal_status import board_answers, board_pids, hub_pid
+from workshop.lessons import board_client
 
 LEARNERS = 6
 
@@ -179,11 +183,14 @@ def test_the_portal_answers_on_loopback_only_and_keeps_its_secrets_private(runni
         ("127.0.0.1", int(running.url.rsplit(":", 1)[1][:-1]))
     ):
         pass
-    listening = _listening(_portal_pids(running))
     settings = json.loads((running.folder / "portal.json").read_text())
+    _board_up(running)  # the hub starts it, and it takes a moment to answer
+    listening = _listening(_portal_pids(running))
     ports = {port for _, port, _ in listening}
-    # The proxy (for browsers, and its API), the hub: all found, and on loopback.
-    assert {settings[k] for k in ("port", "proxy_api_port", "hub_port")} <= ports
+    # The proxy (for browsers, and its API), the hub, its board: all found, and on
+    # loopback.
+    keys = ("port", "proxy_api_port", "hub_port", "board_port")
+    assert {settings[k] for k in keys} <= ports
     outside = [(a, p) for a, p, _ in listening if not a.startswith("127.")]
     assert outside == []
     for name in (
@@ -395,6 +402,257 @@ def test_a_class_survives_its_hub_killed_and_started_again(running, capsys):
     )
 
 
+# ---- the class board (a service of the portal's hub) ---------------------------
+ACCESS = "access:services!service=board"
+
+
+def _board(
+    running, path: str, token: str | None = None, body: bytes | None = None
+) -> tuple[int, Any]:
+    """One request to the board through the proxy: GET, or POST ``body``, with
+    ``token`` if given; (status, its JSON, else its text)."""
+    request = urllib.request.Request(
+        running.board_url + path,
+        data=body,
+        method="GET" if body is None else "POST",
+        headers={"Authorization": f"token {token}"} if token else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            code, text = answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        code, text = error.code, error.read().decode()
+    try:
+        return code, json.loads(text)
+    except json.JSONDecodeError:
+        return code, text
+
+
+def _instructor_token(running) -> str:
+    """A token of the portal's admin that may read the board (a script's)."""
+    code, answer = Hub.of(running.folder).call(
+        "POST",
+        f"hub/api/users/{running.instructor}/tokens",
+        {"scopes": [INSTRUCTOR_SCOPE, ACCESS], "expires_in": 3600, "note": "a test"},
+    )
+    assert code == 201, answer
+    return answer["token"]
+
+
+async def _server_token(hub: Hub, name: str) -> str:
+    """The token of ``name``'s server, as their kernel has it."""
+    async with Kernel(hub, name) as kernel:
+        out = await kernel.run("import os\nprint(os.environ['JUPYTERHUB_API_TOKEN'])")
+    assert out.error is None, out.error
+    return out.text.strip()
+
+
+def _with_server(running, names: list[str]) -> Hub:
+    """The hub, with a server for each of ``names`` (started where a test above
+    has not left one running: when this test runs alone)."""
+    hub = Hub.of(running.folder)
+    active = hub.active()
+    for name in names:
+        if name not in active:
+            hub.start_server(name)
+    return hub
+
+
+def _wait_for(what: str, probe, timeout: float, poll: float = 0.5):
+    """``probe()`` once it is truthy; AssertionError naming ``what`` and the last
+    answer after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got or time.monotonic() > deadline:
+            assert got, f"{what}: not within {timeout:.0f} s; last: {got!r}"
+            return got
+        time.sleep(poll)
+
+
+def _board_up(running) -> list[int]:
+    """The board's pids, once it answers (the hub starts it with itself)."""
+    port = json.loads((running.folder / "portal.json").read_text())["board_port"]
+    _wait_for("the board", lambda: board_answers(port), 120)
+    return board_pids(running.folder)
+
+
+def _record(running, token: str, name: str) -> dict | None:
+    code, answer = _board(running, f"api/records/{name}", token)
+    return answer if code == 200 else None
+
+
+@needs_private_slurm
+@needs_proxy
+def test_the_board_is_the_hubs_service_on_loopback_and_keeps_its_state_private(
+    running,
+):
+    folder, name = running.folder, running.learners[0]
+    settings = json.loads((folder / "portal.json").read_text())
+    (board,) = _board_up(running)
+    parent = int(Path(f"/proc/{board}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert parent == hub_pid(folder)  # the hub started it: a managed service
+    listening = [(a, p) for a, p, pid in _listening({board}) if pid == board]
+    assert listening == [("127.0.0.1", settings["board_port"])]
+    shown = f"  board      {running.board_url} (log in as {running.instructor})"
+    assert shown in portal.status(folder).splitlines()
+    hub = _with_server(running, [name])
+
+    async def cell() -> str:
+        async with Kernel(hub, name) as kernel:
+            out = await kernel.run(
+                "import os, workshop\nprint(os.environ['WORKSHOP_BOARD_URL'])\n"
+                'workshop.check("01.accumulate", 8)'
+            )
+        assert out.error is None, out.error
+        return out.text
+
+    text = asyncio.run(cell())
+    # The server has the board's address; the kernel's check reached the board.
+    assert text.splitlines()[0] == running.board_url
+    token = _instructor_token(running)
+    _wait_for(
+        f"{name}'s check on the board",
+        lambda: (
+            (_record(running, token, name) or {})
+            .get("exercises", {})
+            .get("01.accumulate", {})
+            .get("passed")
+        ),
+        timeout=30,
+    )
+    # Written there, the hub's user's only: the folder 0700, the file 0600.
+    state = folder / "board"
+    saved = _wait_for("board.json", lambda: (state / "board.json").exists(), 10)
+    assert saved and stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE((state / "board.json").stat().st_mode) == 0o600
+    assert (state / "board.json").stat().st_uid == os.geteuid()
+    assert name in json.loads((state / "board.json").read_text())["learners"]
+
+
+@needs_private_slurm
+@needs_proxy
+def test_a_learner_gets_403_on_the_board_and_on_anothers_record(running):
+    me, other = running.learners[1], running.learners[2]
+    hub = _with_server(running, [me])
+    token = asyncio.run(_server_token(hub, me))  # what their kernel posts with
+    refused = {
+        "": "the board's page",
+        "api/table": "the table",
+        "board.csv": "the CSV",
+        f"api/records/{other}": "another learner's record",
+    }
+    for path, what in refused.items():
+        code, answer = _board(running, path, token)
+        assert code == 403, (what, code, answer)
+        said = answer["error"] if isinstance(answer, dict) else html.unescape(answer)
+        assert "the instructor's" in said, (what, said)
+    code, answer = _board(running, f"api/hands/{other}/clear", token, b"")
+    assert code == 403 and "instructor's" in answer["error"], answer
+    # Their own record they may read; the instructor reads the whole class.
+    assert _board(running, f"api/records/{me}", token)[0] in (200, 404)
+    code, table = _board(running, "api/table", _instructor_token(running))
+    assert code == 200, table
+    assert sorted(row["learner"] for row in table["learners"]) == running.learners
+    # In a browser, logged in to the hub: the learner is sent through the hub's
+    # OAuth to the board, which refuses them; their hub menu lists it (their token
+    # may reach it). The instructor's browser gets the page.
+    status, _, browser = _log_in(running.url, me, running.passwords[me], "/hub/home")
+    assert status == 200
+    with browser.open(running.url + "hub/home", timeout=30) as answer:
+        assert "/services/board/" in answer.read().decode()
+    with pytest.raises(urllib.error.HTTPError) as refusal:
+        browser.open(running.board_url, timeout=60)
+    assert refusal.value.code == 403
+    assert "is the instructor's" in html.unescape(refusal.value.read().decode())
+    admin = running.instructor
+    status, _, browser = _log_in(running.url, admin, running.passwords[admin])
+    assert status == 200
+    with browser.open(running.board_url, timeout=60) as answer:
+        assert answer.status == 200 and "api/table" in answer.read().decode()
+
+
+@needs_private_slurm
+@needs_proxy
+def test_bad_posts_are_refused_with_one_clear_sentence(running):
+    me, other = running.learners[1], running.learners[2]
+    hub = _with_server(running, [me])
+    token = asyncio.run(_server_token(hub, me))
+    before = _board(running, f"api/records/{me}", token)
+    good = {"version": 1, "seq": 10**5, "where": None, "exercises": {},
+            "quizzes": {}, "error": None, "hand": None}  # fmt: skip
+    bad = [
+        (b"{not json", 400, "JSON"),
+        (json.dumps({**good, "code": "print(1)"}).encode(), 400, "'code'"),
+        (json.dumps({**good, "learner": other}).encode(), 403, "names another"),
+        (json.dumps({**good, "where": {"notebook": "x" * 17000, "section": ""}})
+         .encode(), 413, "KiB"),
+    ]  # fmt: skip
+    for body, status, says in bad:
+        code, answer = _board(running, "api/records", token, body)
+        assert code == status, (body[:60], code, answer)
+        assert says in answer["error"], answer
+        assert "\n" not in answer["error"]  # one sentence
+    # Without a token: nobody, and no page's _xsrf either.
+    code, answer = _board(running, "api/records", None, json.dumps(good).encode())
+    assert code == 403, answer
+    # Nothing of it reached the learner's record.
+    assert _board(running, f"api/records/{me}", token) == before
+
+
+@needs_private_slurm
+@needs_proxy
+def test_a_stopped_board_never_fails_a_learners_cell(running):
+    name = running.learners[2]
+    hub = _with_server(running, [name])
+    token = _instructor_token(running)
+    (board,) = _board_up(running)
+
+    def passed_on_the_board():
+        record = _record(running, token, name) or {}
+        return record.get("exercises", {}).get("01.dp", {}).get("passed") and record
+
+    async def cells() -> tuple[list, dict, float]:
+        async with Kernel(hub, name) as kernel:
+            outs = [
+                await kernel.run('import workshop\nworkshop.check("01.dp", (1, 2))')
+            ]
+            # The board hangs (it holds its port and never answers): a post waits
+            # for its timeout, in the kernel's thread, not in the cell.
+            os.kill(board, signal.SIGSTOP)
+            outs.append(await kernel.run('workshop.check("01.dp", (3, 4))'))
+            # Gone: the connection is refused.
+            os.kill(board, signal.SIGKILL)
+            killed = time.monotonic()
+            outs.append(await kernel.run('workshop.check("01.dp", (64, 4))'))
+            # The hub starts its board again (it looks every 30 s); the kernel,
+            # still running, sends its latest record again until it is taken.
+            new = await asyncio.to_thread(
+                _wait_for, "a new board", lambda: board_pids(running.folder), 120
+            )
+            assert new != [board]
+            record = await asyncio.to_thread(
+                _wait_for, f"{name}'s record on the new board", passed_on_the_board, 180
+            )
+            return outs, record, time.monotonic() - killed
+
+    try:
+        (first, hung, gone), record, seconds = asyncio.run(cells())
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(board, signal.SIGKILL)
+    for out, says in ((first, "Not yet"), (hung, "Not yet"), (gone, "Right")):
+        assert out.error is None and f"{says}: 01.dp" in out.text, out
+    # A cell that waited for the post would take its whole timeout at least.
+    timeout = board_client._POST_TIMEOUT_S
+    assert hung.seconds < timeout and gone.seconds < timeout, (hung, gone)
+    assert record["exercises"]["01.dp"]["failures"] == 2
+    print(
+        f"cells with the board hung: {hung.seconds:.2f} s, gone: {gone.seconds:.2f} "
+        f"s; the new board had the record {seconds:.1f} s after the kill"
+    )
+
+
 @needs_private_slurm
 @needs_proxy
 def test_a_cancelled_job_tells_its_learner_why_and_how_to_start_again(running):
@@ -552,3 +810,7 @@ def test_stop_ends_the_class_and_hands_nothing_of_it_to_the_next(
     assert list((folder / "secrets").iterdir()) == []
     assert not (folder / "hub.sqlite").exists()
     assert not (folder / "portal.json").exists()
+    # The board went with the hub, and its state (each learner's record) with the
+    # class.
+    assert board_pids(folder) == []
+    assert not (folder / "board").exists()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -112,3 +114,70 @@ def test_a_folder_without_a_portal_is_an_error_naming_it(tmp_path):
         portal_status.status(tmp_path)
     with pytest.raises(PortalError, match=r"the folder does not exist. HINT: start"):
         portal_status.status(tmp_path / "none")
+
+
+def _with_board(folder: Path) -> dict:
+    settings = json.loads((folder / "portal.json").read_text())
+    settings |= {"board_port": 8124, "instructor": "pupiladmin"}
+    (folder / "portal.json").write_text(json.dumps(settings))
+    return settings
+
+
+def test_the_board_is_named_with_its_address_and_whom_to_log_in_as(folder, monkeypatch):
+    _with_board(folder)
+    monkeypatch.setattr(portal_status, "hub_pid", lambda folder: 4321)
+    asked = []
+    monkeypatch.setattr(
+        portal_status, "board_answers", lambda port: asked.append(port) or True
+    )
+    lines = portal_status.status(folder).splitlines()
+    assert lines[2] == (
+        "  board      http://127.0.0.1:8123/services/board/ (log in as pupiladmin)"
+    )
+    assert asked == [8124]  # its own port, behind the proxy
+    # Not answering: said, with what happens next (the hub starts it again).
+    monkeypatch.setattr(portal_status, "board_answers", lambda port: False)
+    text = portal_status.status(folder)
+    assert "  board      NOT answering on port 8124: the hub starts it\n" in text
+    assert all(len(line) <= 88 for line in text.splitlines())
+    # A dead hub: the board went with it (the hub's service), and comes back
+    # with it.
+    monkeypatch.setattr(portal_status, "hub_pid", lambda folder: None)
+    text = portal_status.status(folder)
+    assert (
+        "  board      stopped with the hub (then at "
+        "http://127.0.0.1:8123/services/board/)" in text
+    )
+
+
+def test_a_class_from_before_the_board_says_it_has_none(folder, monkeypatch):
+    monkeypatch.setattr(portal_status, "hub_pid", lambda folder: 4321)
+    text = portal_status.status(folder)
+    assert "  board      none: the class began before the board; portal restart" in text
+
+
+def test_the_boards_port_is_asked_whether_it_answers():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert portal_status.board_answers(port) is True
+    assert portal_status.board_answers(port) is False  # closed now
+
+
+def test_the_boards_processes_are_found_by_their_state_folder(tmp_path):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    sleeping = "import time; time.sleep(60)"
+    started = [
+        subprocess.Popen([sys.executable, "-c", sleeping, "-m",
+                          "workshop.instructor.board", "--state", str(f / "board")])
+        for f in (ours, theirs)
+    ]  # fmt: skip
+    try:
+        assert portal_status.board_pids(ours) == [started[0].pid]
+        assert portal_status.board_pids(theirs) == [started[1].pid]
+        assert portal_status.board_pids(tmp_path) == []
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()

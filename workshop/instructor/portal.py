@@ -51,6 +51,7 @@ from .portal_learners import (
     unreachable,
 )
 from .portal_status import (
+    board_url,
     gone_from_the_class,
     hub_pid,
     no_portal,
@@ -83,6 +84,11 @@ class Portal:
     def token(self) -> str:
         """The hub's admin API token (``DIR/secrets/api_token``), for REST calls."""
         return (self.folder / "secrets" / "api_token").read_text().strip()
+
+    @property
+    def board_url(self) -> str:
+        """The instructor's class board, a service of the hub, through its proxy."""
+        return board_url(self.url)
 
 
 def _private_file(path: Path, text: str) -> None:
@@ -227,13 +233,15 @@ def start(
     _check_can_start(folder)
     proxy = proxy_command()
     made_above = [parent for parent in folder.parents if not parent.exists()]
-    for sub in ("run", "log", "secrets", "home"):
+    for sub in ("run", "log", "secrets", "home", "board"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     # The learners reach their homes through it, and through the folders made
     # above it (a umask of 077 would have closed them).
     for opened in [folder, *made_above]:
         opened.chmod(0o755)
-    (folder / "secrets").chmod(0o700)
+    # The board's state names each learner and what they did: root's only.
+    for private in ("secrets", "board"):
+        (folder / private).chmod(0o700)
     # Another prefix (a test's) gets an admin of its own, so that two portals never
     # share, move or remove each other's users.
     admin = INSTRUCTOR if prefix == "learner" else f"{prefix}admin"
@@ -266,12 +274,13 @@ def start(
         for name in ("cookie_secret", "proxy_token", "api_token"):
             _private_file(folder / "secrets" / name, secrets.token_hex(32))
         # Below the system's own port range: no outgoing connection takes them.
-        port, hub_port, api_port = quiet_ports(3)
+        port, hub_port, api_port, board_port = quiet_ports(4)
         settings = {
             "root": str(ROOT),
             "port": port,
             "hub_port": hub_port,
             "proxy_api_port": api_port,
+            "board_port": board_port,
             "proxy": str(proxy),
             "python": str(python),
             "python_env": python_env,
@@ -377,6 +386,7 @@ def _reattach(folder: Path, learners: int | None, prefix: str | None) -> Portal:
             f"the class in {folder} cannot be started again: {'; '.join(problems)}. "
             f"HINT: end it ({portal_command('stop', folder)}) and start a new one"
         )
+    _give_board(folder, settings)
     # The proxy outlives a killed hub; the new hub stops it by its pid file, starts
     # its own, and routes each server of its database that still answers.
     try:
@@ -391,6 +401,20 @@ def _reattach(folder: Path, learners: int | None, prefix: str | None) -> Portal:
     portal.outcome = "restarted"
     portal.servers_kept = len(Hub.of(folder).servers_answering(names, 60))
     return portal
+
+
+def _give_board(folder: Path, settings: dict) -> None:
+    """The board's folder (0700), and a port for it where the class began before
+    the board existed: its hub, started again, starts the board too. The servers
+    started before then post nothing; a new server of theirs does."""
+    (folder / "board").mkdir(mode=0o700, exist_ok=True)
+    if "board_port" in settings:
+        return
+    taken = {settings[key] for key in ("port", "hub_port", "proxy_api_port")}
+    settings["board_port"] = next(
+        port for port in iter(lambda: quiet_ports(1)[0], None) if port not in taken
+    )
+    _write_json(folder / "portal.json", settings)
 
 
 def restart(folder: str | os.PathLike[str] = DEFAULT_FOLDER) -> Portal:
@@ -513,6 +537,7 @@ def _print_portal(portal: Portal) -> None:
         f"ssh -L {port}:127.0.0.1:{port} THIS-MACHINE)"
     )
     print(f"learners: {', '.join(portal.learners)}; admin: {portal.instructor}")
+    print(f"the instructor's board: {portal.board_url} (log in as {portal.instructor})")
     print(f"passwords: {portal.folder / 'secrets' / 'passwords.txt'} (root only)")
     print(f"stop it: {stop_command(portal.folder)}")
 

@@ -268,8 +268,12 @@ class Kernel:
                 self.hub.call, "DELETE", f"user/{self.user}/api/kernels/{self.id}"
             )
 
-    async def run(self, code: str, timeout: float = 300) -> Output:
-        """Run ``code`` as one cell; what it printed, showed and raised."""
+    async def run(
+        self, code: str, timeout: float = 300, cell_id: str | None = None
+    ) -> Output:
+        """Run ``code`` as one cell; what it printed, showed and raised. With
+        ``cell_id``, as the notebook's cell of that id, as JupyterLab sends it (the
+        kernel's ``post_run_cell`` hooks see it)."""
         msg_id = uuid.uuid4().hex
         now = datetime.datetime.now(datetime.timezone.utc).isoformat()
         message = {
@@ -282,7 +286,7 @@ class Kernel:
                 "date": now,
             },
             "parent_header": {},
-            "metadata": {},
+            "metadata": {"cellId": cell_id} if cell_id else {},
             "buffers": [],
             "channel": "shell",
             "content": {

@@ -36,7 +36,7 @@ from ..cluster.slurm_here import LOCAL_SLURM
 from ..cluster.slurm_watchdog import _quiet
 from .portal_classroom import Hub, HubError
 from .portal_learners import PortalError, _end, _pid, processes_of
-from .portal_status import hub_pid
+from .portal_status import BOARD, board_pids, hub_pid
 
 # Where a learner's processes may write outside their home on Linux (the FHS and
 # systemd's places): temporary folders, POSIX shared memory and message queues, lock
@@ -347,8 +347,9 @@ def stop(
     """End the class in ``folder``: its servers (through the hub), the hub and
     proxy, the jobs left and the cluster it started, every learner process; then
     the learners' files (:func:`hand_over`, or archived to ``keep_homes``), the
-    users ``start`` made, the secrets and the hub's database (its tokens would pass
-    to the next class's namesakes). What is not there is skipped.
+    users ``start`` made, the secrets, the hub's database (its tokens would pass
+    to the next class's namesakes) and the class board's state. What is not there
+    is skipped.
 
     Args:
         folder: the portal's folder.
@@ -383,6 +384,10 @@ def stop(
         stopped.servers_stopped, stopped.problems = _stop_servers(Hub.of(folder))
     end_hub(folder)
     _end(_pid(folder / "run" / "proxy.pid"), 5)
+    # The hub stops its board as it stops; one it left (a killed hub's, for the
+    # second it takes to notice) would write its state again after it went.
+    for pid in board_pids(folder):
+        _end(pid, 5)
     env = dict(os.environ, SLURM_CONF=str(conf))
     if not settings.get("own_cluster", True):
         # A cluster the portal did not start (start's slurm_conf): it keeps
@@ -412,6 +417,8 @@ def stop(
     for name in ("portal.json", "users.json", "run/hub.pid", "run/proxy.pid"):
         (folder / name).unlink(missing_ok=True)
     (folder / "hub.sqlite").unlink(missing_ok=True)
+    # The board's state: each learner's exercises, hands and errors.
+    shutil.rmtree(folder / BOARD, ignore_errors=True)
     if (folder / "secrets").is_dir():
         for secret in (folder / "secrets").iterdir():
             secret.unlink()

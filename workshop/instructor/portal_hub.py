@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ from batchspawner import SlurmSpawner
 from jupyterhub.auth import Authenticator
 from traitlets import Dict, Unicode
 
+from .board import INSTRUCTOR_SCOPE, INSTRUCTORS_GROUP
 from .portal_endings import Ending, ending_of
 from .portal_learners import hash_password
+from .portal_status import BOARD, board_url
 
 # The batch job of one learner's server ({{...}}: batchspawner's fields). --export:
 # only what the hub hands the server. It listens on its node's address, where the
@@ -233,6 +236,8 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
         **settings["python_env"],
     }
+    if "board_port" in settings:  # a portal.json from before the board has none
+        add_board(c, folder, settings)
     # Two waits in turn: start_timeout (sbatch until the server reports its port)
     # and http_timeout (until JupyterLab answers). Six learners at once on the
     # 2-core machine took 30-60 s in all; START_WAIT, 5 times the longest, leaves
@@ -252,6 +257,74 @@ def configure(c: Any, folder: str | os.PathLike[str]) -> None:
         "kept_folder": f"~/{COPY}",
         "autosave_seconds": autosave_seconds(settings_dir),
     }
+
+
+def add_board(c: Any, folder: Path, settings: dict[str, Any]) -> None:
+    """Add the class board to JupyterHub's config ``c``: a service the hub starts
+    and restarts, its scope and roles, and what each learner's server needs to
+    post to it (a token that may reach it, and its address). docs/portal.md shows
+    the same lines for a site's own hub.
+
+    Args:
+        c: JupyterHub's config, its services, roles and spawner's environment set.
+        folder: the portal's folder; the board keeps its state in ``folder/board``.
+        settings: portal.json's, with ``board_port``.
+
+    Example:
+        >>> add_board(c, Path(".portal"), settings)  # doctest: +SKIP
+    """
+    access = f"access:services!service={BOARD}"
+    c.JupyterHub.custom_scopes = {
+        INSTRUCTOR_SCOPE: {"description": "read the class board, clear hands"}
+    }
+    c.JupyterHub.services.append(
+        {
+            "name": BOARD,
+            "url": f"http://127.0.0.1:{settings['board_port']}",
+            # The hub's own interpreter, which imports the workshop (cwd: the
+            # project); the hub runs it as itself and starts it again if it dies.
+            "command": [
+                sys.executable,
+                "-m",
+                "workshop.instructor.board",
+                "--state",
+                str(folder / BOARD),
+            ],
+            "cwd": settings["root"],
+            "environment": {"SLURM_CONF": settings["slurm_conf"]},
+            # The instructor's browser logs in through the hub without a page
+            # asking to allow it; its OAuth token may carry only the board's scope.
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": [INSTRUCTOR_SCOPE],
+            "display": True,
+        }
+    )
+    c.JupyterHub.load_roles.extend(
+        [
+            # A server's token holds only scopes its owner holds: every learner may
+            # reach the board (it answers them 403 but for their own record).
+            {"name": "user", "scopes": ["self", access]},
+            {
+                "name": "board-instructors",
+                "scopes": [INSTRUCTOR_SCOPE, access],
+                "users": [settings["instructor"]],
+                "groups": [INSTRUCTORS_GROUP],
+            },
+            {
+                # Who the class is: the hub's users that are not instructors.
+                "name": "board-service",
+                "scopes": ["list:users", "read:users", "read:groups"],
+                "services": [BOARD],
+            },
+        ]
+    )
+    # JupyterHub's server role, and the board: the kernel posts with the server's
+    # own $JUPYTERHUB_API_TOKEN.
+    c.PortalSpawner.server_token_scopes = [
+        "users:activity!user", "access:servers!server", access,
+    ]  # fmt: skip
+    # Through the proxy, which every node of the portal's cluster reaches.
+    c.PortalSpawner.environment["WORKSHOP_BOARD_URL"] = board_url(c.JupyterHub.bind_url)
 
 
 def job_ended(user: Any) -> dict[str, str] | None:

@@ -4,6 +4,7 @@ the time they have left and their node, in a table that fits a projector::
 
     portal in /work/main/.portal
       hub        running (pid 41235) at http://127.0.0.1:8123/
+      board      http://127.0.0.1:8123/services/board/ (log in as instructor)
       passwords  /work/main/.portal/secrets/passwords.txt (root only)
 
       user        job  state     time left  node       job name
@@ -16,12 +17,89 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import socket
 import subprocess
 from pathlib import Path
 
 from .._house import WIDTH
 from .._procs import is_alive
 from .portal_learners import PortalError, _pid, portal_command
+
+# The class board's service name: its page is at /services/board/ (portal_hub.py).
+BOARD = "board"
+
+
+def board_url(url: str) -> str:
+    """The class board's address on the hub that answers at ``url``.
+
+    Example:
+        >>> board_url("http://127.0.0.1:8123/")
+        'http://127.0.0.1:8123/services/board/'
+    """
+    return f"{url}services/{BOARD}/"
+
+
+def board_answers(port: int) -> bool:
+    """Whether the board's own port (on 127.0.0.1, behind the proxy) takes a
+    connection now (within 2 s).
+
+    Args:
+        port: the board's port (``board_port`` in portal.json).
+
+    Returns:
+        True when something listens there.
+
+    Example:
+        >>> board_answers(8124)  # doctest: +SKIP
+        True
+    """
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def board_pids(folder: Path) -> list[int]:
+    """The processes of the class board of the portal in ``folder``: those whose
+    command line runs ``workshop.instructor.board`` on its state folder.
+
+    Args:
+        folder: the portal's folder (absolute, as start wrote it).
+
+    Returns:
+        Their pids; [] where none runs.
+
+    Example:
+        >>> board_pids(Path("/nowhere"))
+        []
+    """
+    state = str(folder / BOARD).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        if b"workshop.instructor.board" in words and state in words:
+            found.append(int(entry.name))
+    return found
+
+
+def _board_lines(settings: dict, url: str, hub_runs: bool) -> list[str]:
+    """What ``status`` says of the class board: where, and as whom to log in."""
+    if "board_port" not in settings:
+        return ["none: the class began before the board; portal restart adds it"]
+    if not hub_runs:
+        return [f"stopped with the hub (then at {board_url(url)})"]
+    if not board_answers(settings["board_port"]):
+        return [
+            f"NOT answering on port {settings['board_port']}: the hub starts it",
+            "again once it sees it gone (see log/hub.log)",
+        ]
+    return [f"{board_url(url)} (log in as {settings['instructor']})"]
 
 
 def no_portal(folder: Path) -> PortalError:
@@ -150,8 +228,8 @@ def _command_lines(command: str, indent: int) -> list[str]:
 
 
 def status(folder: str | os.PathLike[str]) -> str:
-    """The portal in ``folder``: its hub, the passwords file, and every learner's
-    jobs, one line each, at most 88 columns.
+    """The portal in ``folder``: its hub, the instructor's class board, the
+    passwords file, and every learner's jobs, one line each, at most 88 columns.
 
     Raises:
         PortalError: there is no portal in ``folder``.
@@ -171,10 +249,13 @@ def status(folder: str | os.PathLike[str]) -> str:
             "keeping the learners and their servers (their jobs below):",
             *_command_lines(portal_command("start", folder), 13),
         ]
+    board = _board_lines(settings, url, pid is not None)
     lines = [
         f"portal in {folder}",  # the only line with the folder: it fits from here
         f"  hub        {hub[0]}",
         *(f"             {more}" for more in hub[1:]),
+        f"  board      {board[0]}",
+        *(f"             {more}" for more in board[1:]),
         "  passwords  in secrets/passwords.txt there (root only)",
         "",
     ]

@@ -4,6 +4,11 @@
 ``notebook05.py`` hold each notebook's exercises and quiz; ``notebook01_devices.py``
 and its like hold the helpers of one notebook's lessons.
 
+The learner's record of the exercises, quizzes and cells (``learner_record.py``; the
+kernel's hook after each cell in ``notebook_place.py``; ``board_client.py`` posts it
+to a portal's class board) and its table and raised hand (``progress.py``:
+``workshop.progress``, ``raise_hand``, ``lower_hand``, ``hand``).
+
 - One node, many devices (notebook 01): lesson_devices, data_parallel_step,
   torch_data_parallel, TwoStageModel, pipeline_forward_backward, pipeline_schedule,
   bubble_fraction, check_split; the compiled path: compile_backend, break_even,

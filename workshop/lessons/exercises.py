@@ -20,8 +20,12 @@ from . import (
     notebook05,
 )
 from .judges import Exercise
+from .learner_record import record_verdict
 
 __all__ = ["EXERCISES", "check", "judge"]
+
+# The recorded reason of a failed check whose judge gives none.
+WRONG = "not the expected answer"
 
 
 # Every notebook's exercises, in the notebooks' order.
@@ -66,8 +70,16 @@ def judge(name: str, answer: Any) -> bool:
     exercise = EXERCISES[name]
     try:
         verdict = exercise.judge(answer)
+        # A judge that answers False gives no reason of its own; the board still
+        # says why the check failed.
+        reason = verdict if isinstance(verdict, str) else "" if verdict else WRONG
     except Exception as exc:  # a learner's function may raise: that is an answer too
         verdict = f"It raised {type(exc).__name__}: {exc}"
+        # The record (which a class board shows) gets the type alone: the message
+        # of the learner's own code can quote anything it holds.
+        reason = f"It raised {type(exc).__name__}"
+    # Into the learner's record (and a portal's board); it prints nothing.
+    record_verdict(name, verdict is True, reason)
     if verdict is True:
         print(f"Right: {name}")
         return True

@@ -20,6 +20,7 @@ from typing import Any
 
 from .._house import WIDTH
 from . import notebook01, notebook02, notebook03, notebook04, notebook05
+from .learner_record import record_answer
 from .questions import LETTERS, Question
 
 __all__ = ["QUIZZES", "Quiz", "Verdict", "quiz"]
@@ -102,6 +103,8 @@ class Quiz:
                 f"{option!r}; choose one of {', '.join(letters)}"
             )
         why = q.options[letters.index(chosen)].why
+        # Into the learner's record (and a portal's board); it prints nothing.
+        record_answer(self.notebook, question, chosen == q.right, len(self.questions))
         return Verdict(question, chosen, chosen == q.right, why)
 
     def text(self) -> str:

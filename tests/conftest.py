@@ -497,6 +497,19 @@ needs_private_slurm = pytest.mark.skipif(
 )
 
 
+def proxy_missing() -> str | None:
+    """Why the portal's proxy cannot run here (portal.proxy_command's own words:
+    configurable-http-proxy and node are not installed), or None where it can.
+    Imported here, not at the top: the portal's modules are the portal tests'."""
+    from workshop.instructor import portal
+
+    try:
+        portal.proxy_command()
+    except portal.PortalError as error:
+        return str(error)
+    return None
+
+
 # --- one private Slurm cluster for the whole run ---------------------------------
 #
 # Starting and stopping a private cluster costs seconds each time, so one serves

@@ -41,7 +41,7 @@ from browser_helpers import (
     wait_gone,
     wait_until,
 )
-from conftest import ROOT, needs_private_slurm, open_to_all
+from conftest import ROOT, needs_private_slurm, open_to_all, proxy_missing
 
 # The portal's packages (pip install -e ".[portal]": jupyterhub, batchspawner), which
 # a GPU node's wheelhouse rightly leaves out: there these tests skip, saying so.
@@ -93,14 +93,7 @@ class Class:
 
 
 def _skip_reason() -> str | None:
-    missing = browser_missing()
-    if missing:
-        return missing
-    try:
-        portal.proxy_command()
-    except portal.PortalError as error:
-        return str(error)
-    return None
+    return browser_missing() or proxy_missing()
 
 
 def _exercise_cell() -> tuple[str, str, str]:

@@ -43,7 +43,7 @@ from browser_helpers import (
     wait_gone,
     wait_until,
 )
-from conftest import needs_private_slurm, open_to_all
+from conftest import needs_private_slurm, open_to_all, proxy_missing
 
 # The portal's packages (pip install -e ".[portal]": jupyterhub, batchspawner), which
 # a GPU node's wheelhouse rightly leaves out: there these tests skip, saying so.
@@ -80,14 +80,7 @@ class Learner:
 
 
 def _skip_reason() -> str | None:
-    missing = browser_missing()
-    if missing:
-        return missing
-    try:
-        portal.proxy_command()
-    except portal.PortalError as error:
-        return str(error)
-    return None
+    return browser_missing() or proxy_missing()
 
 
 def _learner_jupyter(folder: Path, home: Path) -> list[str]:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import proxy_missing
 
 pytest.importorskip("jupyterhub")  # the portal extra: the hub, tornado
 pytest.importorskip("batchspawner")  # portal_hub's, whose add_board the hub runs
@@ -24,20 +25,9 @@ pytest.importorskip("batchspawner")  # portal_hub's, whose add_board the hub run
 from workshop._procs import is_alive, signal_group
 from workshop.instructor import board_bench
 from workshop.instructor.board_bench_hub import _children
-from workshop.instructor.portal import proxy_command
-from workshop.instructor.portal_learners import PortalError
-
-
-def _proxy_missing() -> str | None:
-    try:
-        proxy_command()
-    except PortalError as error:
-        return str(error)
-    return None
-
 
 pytestmark = pytest.mark.skipif(
-    _proxy_missing() is not None, reason=str(_proxy_missing())
+    proxy_missing() is not None, reason=str(proxy_missing())
 )
 
 

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("jupyterhub")
 import requests
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, proxy_missing
 
 from workshop.cluster.ports import quiet_ports
 from workshop.instructor import portal
@@ -36,16 +36,8 @@ INSTRUCTOR_SCOPES = ["custom:board:read", "access:services!service=board"]
 PASSWORD = "board-test"
 
 
-def _proxy_missing() -> str | None:
-    try:
-        portal.proxy_command()
-    except portal.PortalError as error:
-        return str(error)
-    return None
-
-
 pytestmark = pytest.mark.skipif(
-    _proxy_missing() is not None, reason=str(_proxy_missing())
+    proxy_missing() is not None, reason=str(proxy_missing())
 )
 
 CONFIG = """

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_env, needs_private_slurm, open_to_all
+from conftest import clean_env, needs_private_slurm, open_to_all, proxy_missing
 from test_portal import _cli
 
 from workshop.instructor import portal
@@ -40,16 +40,8 @@ from workshop.lessons import board_client
 LEARNERS = 6
 
 
-def _proxy_missing() -> str | None:
-    try:
-        portal.proxy_command()
-    except portal.PortalError as error:
-        return str(error)
-    return None
-
-
 needs_proxy = pytest.mark.skipif(
-    _proxy_missing() is not None, reason=str(_proxy_missing())
+    proxy_missing() is not None, reason=str(proxy_missing())
 )
 
 

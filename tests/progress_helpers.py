@@ -12,12 +12,22 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from workshop.instructor.board_record import Refused, parse_post
+
+# Whose token the stand-in takes each post to carry (the real board asks the hub).
+LEARNER = "learner"
+
 
 class BoardStandIn:
     """An HTTP server on 127.0.0.1 that keeps every post it receives (path,
     Authorization header, JSON body) and answers ``{"ok": true, "hand_cleared":
-    ...}``; ``status`` lists the codes of the next answers (then 200), and
-    ``clear_hands`` answers each posted hand as cleared, as an instructor would.
+    ...}``; ``status`` lists the codes of the next answers (then the board's own),
+    and ``clear_hands`` answers each posted hand as cleared, as an instructor would.
+
+    Every body is checked as the real board checks it (board_record.parse_post): a
+    record the board would refuse gets the board's status (400 or 413) and its
+    sentence, kept as ``"refused"``, so a test of the learner's side also finds a
+    record the board would not take.
 
     Use it in a ``with`` block: it stops on leaving it."""
 
@@ -32,8 +42,13 @@ class BoardStandIn:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 record = json.loads(body)
+                try:
+                    parse_post(body, LEARNER)
+                    code, refused = 200, None
+                except Refused as error:
+                    code, refused = error.status, str(error)
                 with board._arrived:
-                    code = board.status.pop(0) if board.status else 200
+                    code = board.status.pop(0) if board.status else code
                     hand = record.get("hand")
                     cleared = hand["seq"] if board.clear_hands and hand else None
                     board.posts.append(
@@ -43,13 +58,14 @@ class BoardStandIn:
                             "body": body.decode(),
                             "record": record,
                             "code": code,
+                            "refused": refused,
                         }
                     )
                     board._arrived.notify_all()
                 answer = (
                     {"ok": True, "hand_cleared": cleared}
                     if code == 200
-                    else {"error": "refused by the stand-in"}
+                    else {"error": refused or "refused by the stand-in"}
                 )
                 data = json.dumps(answer).encode()
                 self.send_response(code)

@@ -31,6 +31,7 @@ from workshop.lessons.learner_record import (
     board_poster,
     progress_file,
     read_record,
+    record_answer,
     record_cell,
     record_verdict,
     set_hand,
@@ -635,6 +636,49 @@ def test_the_post_carries_the_token_and_the_record_s_schema_alone(kept, monkeypa
     assert post["authorization"] == "token secret-token-1"
     assert set(post["record"]) == SCHEMA  # not the answers, not the cleared hand
     assert post["record"] == {k: v for k, v in _file(kept).items() if k in SCHEMA}
+
+
+def test_whatever_a_learner_does_the_board_takes_the_record(kept, monkeypatch):
+    # The two wings each write the schema down (lessons/ may not import
+    # instructor/): the learner's side cuts what it keeps to the board's limits, so
+    # the board never refuses a record, which would drop the learner from its table
+    # (a refusal is not sent again). The worst a learner can make: more exercises and
+    # quizzes than the board keeps, names at their longest, reasons, a notebook and
+    # a section of many lines, control characters and characters that JSON writes
+    # in 12 bytes, an error type in another alphabet. The stand-in checks each post
+    # as the board does.
+    wide = "\U0001f600"  # "\ud83d\ude00" in JSON
+    reason = f"\x1b[31m{wide * 300}\nthe second line"
+    with BoardStandIn() as board:
+        monkeypatch.setenv("WORKSHOP_BOARD_URL", board.url)
+        monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "tok")
+        # One exercise: its reason is posted, cut to the board's length.
+        record_verdict("01.dp", False, reason)
+        record_cell(wide * 200 + "\n.ipynb", "\x00" + wide * 200, "Ошибка" * 40)
+        raise_hand("help")
+        first = board.wait_for(lambda r: r["hand"] is not None)
+        # Then as many of everything as a learner can make.
+        for n in range(learner_record._MOST_EXERCISES + 5):
+            name = f"{n % 100:02d}.{'x' * 36}{n:04d}"  # 40 characters after the dot
+            record_verdict(name, False, reason)
+        for number in range(learner_record._MOST_QUIZZES + 2):
+            record_answer(f"{number:02d}", 1, True, 10**7)
+        record_cell(None, None, "package." + "E" * 200)  # a long class name
+        raise_hand("done")
+        last = board.wait_for(lambda r: (r["hand"] or {}).get("kind") == "done")
+    refused = [post["refused"] for post in board.posts if post["refused"]]
+    assert not refused, refused[0]
+    assert first["record"]["exercises"]["01.dp"]["reason"].startswith("[31m" + wide)
+    assert first["record"]["error"]["type"] == "Exception"  # no letter the board takes
+    kept_record = last["record"]
+    assert kept_record["error"]["type"] == ("package." + "E" * 200)[:80]
+    assert len(kept_record["exercises"]) == learner_record._MOST_EXERCISES
+    assert len(kept_record["quizzes"]) == learner_record._MOST_QUIZZES
+    # Over 16 KiB with their reasons: the reasons are left out of the post (the
+    # learner's own file keeps them).
+    assert len(last["body"].encode()) <= 16 * 1024
+    assert {e["reason"] for e in kept_record["exercises"].values()} == {""}
+    assert all(e["reason"] for e in _file(kept)["exercises"].values())
 
 
 def test_a_cell_never_waits_for_a_board_that_does_not_answer(

@@ -497,6 +497,17 @@ needs_private_slurm = pytest.mark.skipif(
 )
 
 
+def wait_exec(pids: list[int], text: str, within: float = 30.0) -> None:
+    """Wait until each of ``pids`` runs a command line holding ``text``: until it has
+    exec'd, a child just started shows its parent's command line, and a scan of the
+    process table for it (portal_status's) misses it (a CI run did)."""
+    deadline = time.monotonic() + within
+    for pid in pids:
+        while text.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, f"pid {pid} never ran {text!r}"
+            time.sleep(0.05)
+
+
 def proxy_missing() -> str | None:
     """Why the portal's proxy cannot run here (portal.proxy_command's own words:
     configurable-http-proxy and node are not installed), or None where it can.

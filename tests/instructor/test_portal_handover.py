@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import wait_exec
 
 from workshop.cluster import slurm_watchdog
 from workshop.instructor.portal_handover import (
@@ -190,6 +191,7 @@ def test_stop_ends_the_board_and_removes_its_state(tmp_path, monkeypatch):
         for f in (folder, other)
     ]  # fmt: skip
     try:
+        wait_exec([board.pid for board in boards], "workshop.instructor.board")
         stop(folder)
         assert boards[0].wait(timeout=10) == -signal.SIGTERM
         assert boards[1].poll() is None

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import wait_exec
 
 from workshop.instructor import portal_status
 from workshop.instructor.portal import MAX_FOLDER
@@ -174,6 +175,7 @@ def test_the_boards_processes_are_found_by_their_state_folder(tmp_path):
         for f in (ours, theirs)
     ]  # fmt: skip
     try:
+        wait_exec([process.pid for process in started], "workshop.instructor.board")
         assert portal_status.board_pids(ours) == [started[0].pid]
         assert portal_status.board_pids(theirs) == [started[1].pid]
         assert portal_status.board_pids(tmp_path) == []

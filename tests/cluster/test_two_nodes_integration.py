@@ -145,3 +145,72 @@ def test_mpirun_sbatch_starts_a_rank_on_each_node(cluster, tmp_path):
         assert checkpoint.is_file()  # rank 0 saved it, where the script said
     finally:
         checkpoint.unlink(missing_ok=True)
+
+
+def _mpirun_processes() -> dict[int, str]:
+    """The processes of an mpirun job (private-cluster tests run one at a time):
+    mpirun, srun starting Open MPI's daemons, the daemons (orted), the ranks."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone since
+        if re.search(r"\b(mpirun|orted)\b|slurm/ddp_minimal\.py", command):
+            found[int(entry.name)] = command[:120]
+    return found
+
+
+def _session_folders() -> set[str]:
+    """Open MPI's session folders under /tmp (its default place: the batch scripts
+    give it no other), two levels down: ompi.NODE.UID/{pid.N, jf.N}."""
+    return {
+        str(path)
+        for top in Path("/tmp").glob("ompi.*")
+        for path in [top, *top.glob("*")]
+    }
+
+
+@needs_private_slurm
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_a_cancelled_mpirun_job_leaves_no_process_nor_session_folder(cluster, tmp_path):
+    # scancel while the ranks train: Slurm signals mpirun and the daemons' step;
+    # mpirun ends its ranks and daemons and removes the session folders it and they
+    # made in /tmp (measured with Open MPI 4.1.4: none left).
+    before = _session_folders()
+    submitted = _slurm(cluster, "sbatch", "--parsable", f"--output={tmp_path}/%j.out",
+                       "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0",
+                       "--cpus-per-task=1", "slurm/mpirun.sbatch")  # fmt: skip
+    job = submitted.strip().split(";")[0]
+    checkpoint = ROOT / "runs" / "checkpoints" / f"mpirun-{job}.pt"
+    try:
+        # Cancelled while its two ranks and two daemons run (its output says little
+        # until the end: a pipe buffers the ranks' prints).
+        deadline = time.monotonic() + 120
+        running = _mpirun_processes()
+        while len([c for c in running.values() if c.startswith("python ")]) < 2:
+            assert time.monotonic() < deadline, f"job {job}'s ranks never started"
+            time.sleep(0.05)
+            running = _mpirun_processes()
+        made = _session_folders() - before
+        _slurm(cluster, "scancel", job)
+        shown = ""
+        while "JobState=CANCELLED" not in shown:
+            assert time.monotonic() < deadline + 60, f"job {job}: {shown}"
+            shown = _slurm(cluster, "scontrol", "show", "job", "-o", job)
+            time.sleep(0.2)
+        # mpirun, the daemons' srun, two daemons and two ranks.
+        daemons = [c for c in running.values() if re.match(r"\S*orted ", c)]
+        assert len(running) >= 5 and len(daemons) == 2, running
+        assert made, "the job made no session folder in /tmp"
+        while {*running} & {*_mpirun_processes()} or made & _session_folders():
+            if time.monotonic() > deadline + 90:
+                break
+            time.sleep(0.2)
+        left = {pid: running[pid] for pid in running if pid in _mpirun_processes()}
+        assert left == {}, f"left running after scancel {job}: {left}"
+        assert made & _session_folders() == set(), "session folders left in /tmp"
+    finally:
+        checkpoint.unlink(missing_ok=True)
